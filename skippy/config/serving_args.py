@@ -1,0 +1,160 @@
+"""Command-line flags of a stage server and typed reading of their values.
+
+``add_serving_arguments`` declares the reference ``serve-binary`` flags
+(notes §3.4).  Every flag defaults to None so the resolver can tell "unset"
+from "set to the default" and derive defaults from the stage config; values
+are left as strings and converted by :class:`FlagReader`, so any bad value
+becomes a one-line ConfigError naming the flag (``--flag must be ..., got X``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import math
+import os
+from typing import Any, TypeVar
+
+from skippy.config.errors import ConfigError
+
+__all__ = ["FlagReader", "add_serving_arguments"]
+
+E = TypeVar("E", bound=enum.Enum)
+
+# (flag, metavar, help) for value flags; metavar None marks an on/off switch.
+_FLAGS: tuple[tuple[str, str | None, str], ...] = (
+    ("--config", "PATH", "StageConfig JSON file (required)"),
+    ("--topology", "PATH", "StageTopology JSON file; the config is checked against it"),
+    ("--bind-addr", "ENDPOINT", "stage socket endpoint (default: the config's bind_addr)"),
+    ("--max-inflight", "N", "in-flight messages per connection (default 4, clamped to lane_count)"),
+    ("--reply-credit-limit", "N", "deferred prefill ACK window (default max_inflight - 1)"),
+    ("--async-prefill-forward", None, "forward prefill activations asynchronously (default)"),
+    ("--no-async-prefill-forward", None, "forward prefill activations synchronously"),
+    ("--downstream-wire-delay-ms", "MS", "emulated propagation delay downstream (default 0)"),
+    ("--downstream-wire-mbps", "MBPS", "emulated downstream bandwidth (default unlimited)"),
+    ("--downstream-connect-timeout-secs", "SECS", "wait for the downstream stage (default 60)"),
+    ("--telemetry-level", "LEVEL", "off | summary | debug (default summary)"),
+    ("--metrics-otlp-grpc", "URL", "OTLP gRPC endpoint for traces"),
+    ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)"),
+    ("--openai-model-id", "ID", "served model id (default: the config's model_id)"),
+    ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)"),
+    ("--openai-generation-concurrency", "N", "generation permits (default lane_count)"),
+    ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput"),
+    ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)"),
+    ("--openai-generation-queue-capacity", "N", "waiting requests (default clamp(8*N, 16, 256))"),
+    ("--openai-generation-admission-timeout-secs", "SECS", "queue wait limit; 0 = none (default)"),
+    ("--openai-prefill-chunk-size", "N", "fixed prefill chunk size (default 256)"),
+    ("--openai-prefill-chunk-policy", "POLICY", "fixed | schedule | adaptive-ramp (default)"),
+    ("--openai-prefill-chunk-schedule", "LIST", "chunk sizes for 'schedule', e.g. 128,256,384"),
+    ("--openai-prefill-adaptive-start", "N", "adaptive-ramp first chunk size (default 128)"),
+    ("--openai-prefill-adaptive-step", "N", "adaptive-ramp step (default 128)"),
+    ("--openai-prefill-adaptive-max", "N", "adaptive-ramp largest chunk (default 384)"),
+    ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)"),
+    ("--openai-draft-model-path", "PATH", "standalone draft model GGUF"),
+    ("--openai-speculative-window", "N", "draft tokens per verify window (default 4)"),
+    ("--openai-adaptive-speculative-window", None, "adapt the window to acceptance"),
+    ("--openai-native-mtp-draft-model-path", "PATH", "native MTP sidecar GGUF"),
+    ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file"),
+)
+
+
+def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the stage-server flags to ``parser`` (all default to None)."""
+    for flag, metavar, help_text in _FLAGS:
+        if metavar is None:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            required = flag == "--config"
+            parser.add_argument(
+                flag, metavar=metavar, default=None, required=required, help=help_text
+            )
+
+
+class FlagReader:
+    """Typed access to flag values in a Namespace (strings, or already-typed values)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+
+    def raw(self, flag: str) -> Any:
+        return getattr(self._args, flag.lstrip("-").replace("-", "_"), None)
+
+    def given(self, flag: str) -> bool:
+        return self.raw(flag) is not None
+
+    def switch(self, flag: str) -> bool:
+        return bool(self.raw(flag))
+
+    def text(self, flag: str, default: str | None = None) -> str | None:
+        value = self.raw(flag)
+        if value is None:
+            return default
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{flag} must be a non-empty string, got {value!r}")
+        return value.strip()
+
+    def integer(self, flag: str, default: int, *, minimum: int = 1) -> int:
+        value = self.raw(flag)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise ConfigError(f"{flag} must be an integer, got '{value}'") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{flag} must be an integer, got {value!r}")
+        if value < minimum:
+            bound = "> 0" if minimum == 1 else f">= {minimum}"
+            raise ConfigError(f"{flag} must be {bound}, got {value}")
+        return value
+
+    def number(self, flag: str, default: float, *, positive: bool = False) -> float:
+        value = self.raw(flag)
+        if value is None:
+            return default
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{flag} must be a number, got {value!r}") from None
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise ConfigError(f"{flag} must be finite and {bound}, got {value}")
+        return number
+
+    def choice(
+        self, flag: str, enum_type: type[E], default: E, aliases: dict[str, E] | None = None
+    ) -> E:
+        value = self.raw(flag)
+        if value is None:
+            return default
+        if isinstance(value, enum_type):
+            return value
+        key = str(value).strip()
+        if aliases and key in aliases:
+            return aliases[key]
+        try:
+            return enum_type(key)
+        except ValueError:
+            names = " | ".join(str(member.value) for member in enum_type)
+            raise ConfigError(f"{flag} must be one of {names}, got '{value}'") from None
+
+    def int_list(self, flag: str) -> tuple[int, ...] | None:
+        value = self.raw(flag)
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            parts = [str(item) for item in value]
+        else:
+            parts = str(value).split(",")
+        try:
+            sizes = tuple(int(part.strip(), 10) for part in parts)
+        except ValueError:
+            sizes = ()
+        if not sizes or any(size <= 0 for size in sizes):
+            raise ConfigError(
+                f"{flag} must be a comma-separated list of positive integers, got '{value}'"
+            )
+        return sizes

@@ -1,0 +1,161 @@
+"""SpeculativeDecodeConfig: the typed speculative-decoding plan (notes §9.1).
+
+A plan says which proposers run (native MTP heads, an N-gram proposer, an
+N-gram tail extending an MTP prefix) and how verify windows are sized.  Like
+the reference it rejects unknown keys at every level; ``validate()`` applies
+the semantic rules and is run by ``load`` / ``from_dict``.  ``to_json`` is
+stable (sorted keys) so a plan can be logged and compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from skippy.config.errors import FieldError
+from skippy.config.schema import ConfigModel, check
+
+__all__ = [
+    "MAX_CACHE_NGRAM",
+    "MAX_SUFFIX_NGRAM",
+    "MAX_VERIFY_WINDOW_PIPELINE_DEPTH",
+    "MIN_SUFFIX_NGRAM",
+    "NativeMtpConfig",
+    "NgramConfig",
+    "NgramExtensionConfig",
+    "NgramKind",
+    "SpeculativeDecodeConfig",
+    "VerifyWindowConfig",
+]
+
+MAX_CACHE_NGRAM = 4  # llama.cpp's request-local n-gram cache match window
+MIN_SUFFIX_NGRAM = 3
+MAX_SUFFIX_NGRAM = 64
+MAX_VERIFY_WINDOW_PIPELINE_DEPTH = 64
+
+
+class NgramKind(enum.StrEnum):
+    CACHE = "cache"
+    SUFFIX = "suffix"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NativeMtpConfig(ConfigModel):
+    """Drafts produced by the model's own multi-token-prediction heads."""
+
+    enabled: bool = False
+    max_draft_tokens: int = 1
+    min_draft_tokens: int = 0
+    reject_cooldown_tokens: int = 0
+    suppress_cooldown_drafts: bool = False
+    suppress_cooldown_draft_limit: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramConfig(ConfigModel):
+    """A request-local N-gram proposer (llama.cpp cache or pure suffix index)."""
+
+    kind: NgramKind = NgramKind.CACHE
+    min_ngram: int
+    max_ngram: int
+    max_proposal_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramExtensionConfig(ConfigModel):
+    """An N-gram tail appended to a native-MTP prefix."""
+
+    max_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyWindowConfig(ConfigModel):
+    """Size bounds of a verify window and how many may be in flight."""
+
+    min_tokens: int = 1
+    max_tokens: int = 4
+    pipeline_depth: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeDecodeConfig(ConfigModel):
+    """The full speculative-decoding plan, as loaded from ``--*speculative-config``."""
+
+    requested_strategy: str = "auto"
+    effective_strategy: str = "disabled"
+    native_mtp: NativeMtpConfig = field(default_factory=NativeMtpConfig)
+    ngram: NgramConfig | None = None
+    extension: NgramExtensionConfig | None = None
+    verify_window: VerifyWindowConfig = field(default_factory=VerifyWindowConfig)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> Self:
+        """Parse and validate; errors are ``<source>: field '...' ...``."""
+        plan = super().from_dict(data, source)
+        plan.validate(source)
+        return plan
+
+    def validate(self, source: str | None = None) -> None:
+        """Apply the plan rules; ConfigError naming the field (and ``source``)."""
+        try:
+            self._validate_rules()
+        except FieldError as error:
+            raise (error.in_source(source) if source else error) from None
+
+    def _validate_rules(self) -> None:
+        for name in ("requested_strategy", "effective_strategy"):
+            check(getattr(self, name).strip() != "", name, "must not be empty")
+        mtp = self.native_mtp
+        check(
+            mtp.min_draft_tokens <= mtp.max_draft_tokens,
+            "native_mtp.min_draft_tokens",
+            f"must be <= native_mtp.max_draft_tokens ({mtp.max_draft_tokens}),"
+            f" got {mtp.min_draft_tokens}",
+        )
+        if self.ngram is not None:
+            self._validate_ngram(self.ngram)
+        if self.extension is not None:
+            check(mtp.enabled, "extension", "requires native_mtp.enabled = true")
+            check(self.ngram is not None, "extension", "requires an ngram proposer")
+            limit = self.extension.max_tokens
+            check(limit > 0, "extension.max_tokens", f"must be > 0, got {limit}")
+        window = self.verify_window
+        low = window.min_tokens
+        check(low > 0, "verify_window.min_tokens", f"must be > 0, got {low}")
+        check(
+            window.min_tokens <= window.max_tokens,
+            "verify_window.max_tokens",
+            f"must be >= verify_window.min_tokens ({window.min_tokens}), got {window.max_tokens}",
+        )
+        depth = window.pipeline_depth
+        check(
+            0 < depth <= MAX_VERIFY_WINDOW_PIPELINE_DEPTH,
+            "verify_window.pipeline_depth",
+            f"must be in 1..{MAX_VERIFY_WINDOW_PIPELINE_DEPTH}, got {depth}",
+        )
+
+    @staticmethod
+    def _validate_ngram(ngram: NgramConfig) -> None:
+        low, high = ngram.min_ngram, ngram.max_ngram
+        check(low > 0, "ngram.min_ngram", f"must be > 0, got {low}")
+        check(low <= high, "ngram.max_ngram", f"must be >= ngram.min_ngram ({low}), got {high}")
+        tokens = ngram.max_proposal_tokens
+        check(tokens > 0, "ngram.max_proposal_tokens", f"must be > 0, got {tokens}")
+        if ngram.kind is NgramKind.CACHE:
+            check(
+                high <= MAX_CACHE_NGRAM,
+                "ngram.max_ngram",
+                f"must be <= {MAX_CACHE_NGRAM} for kind 'cache', got {high}",
+            )
+        else:
+            check(
+                low >= MIN_SUFFIX_NGRAM,
+                "ngram.min_ngram",
+                f"must be >= {MIN_SUFFIX_NGRAM} for kind 'suffix', got {low}",
+            )
+            check(
+                high <= MAX_SUFFIX_NGRAM,
+                "ngram.max_ngram",
+                f"must be <= {MAX_SUFFIX_NGRAM} for kind 'suffix', got {high}",
+            )

@@ -1,0 +1,275 @@
+"""Stage configuration: one stage's JSON config and the pipeline topology.
+
+``StageConfig`` is what a stage process is started with (reference notes
+§3.1, trimmed to what this project implements); ``StageTopology`` lists every
+stage of a pipeline (§3.2) and ``StageConfig.check_against`` enforces that a
+stage's config agrees with it.  Both load from JSON files with errors that
+name the file and the field, and dump back to the same JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from skippy.config.endpoint import normalize_zmq_endpoint
+from skippy.config.errors import ConfigError, FieldError
+from skippy.config.schema import ConfigModel, check, show
+
+__all__ = [
+    "FlashAttnType",
+    "KvCacheConfig",
+    "KvCacheMode",
+    "KvCachePayload",
+    "KvCacheType",
+    "LoadMode",
+    "PeerConfig",
+    "StageConfig",
+    "StageTopology",
+    "StageTopologyEntry",
+]
+
+
+class LoadMode(enum.StrEnum):
+    RUNTIME_SLICE = "runtime-slice"  # load the full GGUF, keep only owned layers
+    ARTIFACT_SLICE = "artifact-slice"  # load a pre-sliced GGUF
+
+
+class FlashAttnType(enum.StrEnum):
+    AUTO = "auto"
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+
+
+class KvCacheType(enum.StrEnum):
+    """llama.cpp KV cache element types (``cache_type_k`` / ``cache_type_v``)."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    IQ4_NL = "iq4_nl"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
+
+
+class KvCacheMode(enum.StrEnum):
+    DISABLED = "disabled"
+    AUTO = "auto"
+    RECORD = "record"
+    LOOKUP_RECORD = "lookup-record"
+
+
+class KvCachePayload(enum.StrEnum):
+    AUTO = "auto"
+    RESIDENT_KV = "resident-kv"
+    KV_RECURRENT = "kv-recurrent"
+    FULL_STATE = "full-state"
+
+
+def _require_text(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        check(value is None or value.strip() != "", name, "must not be empty")
+
+
+def _normalize_endpoint(obj: object, name: str, *, bind: bool) -> None:
+    try:
+        normalized = normalize_zmq_endpoint(getattr(obj, name), bind=bind)
+    except ValueError as error:
+        raise FieldError(name, str(error)) from None
+    object.__setattr__(obj, name, normalized)
+
+
+def _check_layer_range(start: int, end: int) -> None:
+    check(start < end, "layer_end", f"must be > layer_start ({start}), got {end}")
+
+
+@dataclass(frozen=True)
+class PeerConfig(ConfigModel):
+    """A neighbouring stage: its id, index and the endpoint to connect to."""
+
+    stage_id: str
+    stage_index: int
+    endpoint: str
+
+    def _check(self) -> None:
+        _require_text(self, "stage_id")
+        _normalize_endpoint(self, "endpoint", bind=False)
+
+
+@dataclass(frozen=True)
+class KvCacheConfig(ConfigModel):
+    """Prefix (prompt) KV cache settings (reference notes §3.3)."""
+
+    mode: KvCacheMode = KvCacheMode.AUTO
+    payload: KvCachePayload = KvCachePayload.AUTO
+    max_entries: int = 64
+    max_bytes: int = 0  # 0 = no byte cap
+    min_tokens: int = 64
+    shared_prefix_stride_tokens: int = 128
+    shared_prefix_record_limit: int = 2
+
+    def _check(self) -> None:
+        check(self.max_entries > 0, "max_entries", f"must be > 0, got {self.max_entries}")
+        stride = self.shared_prefix_stride_tokens
+        check(stride > 0, "shared_prefix_stride_tokens", f"must be > 0, got {stride}")
+
+    @property
+    def should_lookup(self) -> bool:
+        return self.mode is KvCacheMode.LOOKUP_RECORD
+
+    @property
+    def should_record(self) -> bool:
+        return self.mode in (KvCacheMode.RECORD, KvCacheMode.LOOKUP_RECORD)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageConfig(ConfigModel):
+    """The JSON config one stage process starts from."""
+
+    run_id: str
+    topology_id: str
+    model_id: str
+    model_path: str | None = None  # None or "default" = the packaged default model
+    stage_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    ctx_size: int = 512
+    lane_count: int = 4
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    n_threads: int | None = None
+    cache_type_k: KvCacheType = KvCacheType.F16
+    cache_type_v: KvCacheType = KvCacheType.F16
+    flash_attn_type: FlashAttnType = FlashAttnType.AUTO
+    load_mode: LoadMode
+    filter_tensors_on_load: bool = False
+    native_mtp_enabled: bool = True
+    bind_addr: str
+    upstream: PeerConfig | None = None
+    downstream: PeerConfig | None = None
+    kv_cache: KvCacheConfig | None = None
+
+    def _check(self) -> None:
+        _require_text(self, "run_id", "topology_id", "model_id", "model_path", "stage_id")
+        _check_layer_range(self.layer_start, self.layer_end)
+        for name in ("ctx_size", "lane_count", "n_batch", "n_ubatch", "n_threads"):
+            value = getattr(self, name)
+            check(value is None or value > 0, name, f"must be > 0, got {value}")
+        if self.n_batch is not None and self.n_ubatch is not None:
+            check(
+                self.n_ubatch <= self.n_batch,
+                "n_ubatch",
+                f"must be <= n_batch ({self.n_batch}), got {self.n_ubatch}",
+            )
+        _normalize_endpoint(self, "bind_addr", bind=True)
+        index = self.stage_index
+        if self.upstream is not None:
+            up = self.upstream.stage_index
+            check(up < index, "upstream.stage_index", f"must be < stage_index ({index}), got {up}")
+        if self.downstream is not None:
+            down = self.downstream.stage_index
+            reason = f"must be > stage_index ({index}), got {down}"
+            check(down > index, "downstream.stage_index", reason)
+
+    @property
+    def is_first(self) -> bool:
+        """Stage 0: owns the embeddings and the request front."""
+        return self.stage_index == 0
+
+    @property
+    def is_final(self) -> bool:
+        """No downstream: owns the output head and samples tokens."""
+        return self.downstream is None
+
+    def check_against(self, topology: StageTopology, source: str = "<config>") -> None:
+        """Fail unless this config matches its entry in ``topology``."""
+        for name in ("topology_id", "model_id"):
+            mine, theirs = getattr(self, name), getattr(topology, name)
+            if mine != theirs:
+                raise ConfigError(
+                    f"{source}: field '{name}' is {show(mine)} but the topology has {show(theirs)}"
+                )
+        try:
+            entry = topology.entry(self.stage_id)
+        except KeyError:
+            raise ConfigError(
+                f"{source}: field 'stage_id' {show(self.stage_id)} is not in topology"
+                f" {show(topology.topology_id)}"
+            ) from None
+        for name in ("stage_index", "layer_start", "layer_end", "load_mode"):
+            mine, theirs = getattr(self, name), getattr(entry, name)
+            if mine != theirs:
+                raise ConfigError(
+                    f"{source}: field '{name}' is {show(mine)} but topology stage"
+                    f" {show(entry.stage_id)} has {show(theirs)}"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTopologyEntry(ConfigModel):
+    """One stage as the topology describes it."""
+
+    stage_id: str
+    stage_index: int
+    host: str | None = None
+    endpoint: str
+    layer_start: int
+    layer_end: int
+    load_mode: LoadMode
+
+    def _check(self) -> None:
+        _require_text(self, "stage_id", "host")
+        _normalize_endpoint(self, "endpoint", bind=False)
+        _check_layer_range(self.layer_start, self.layer_end)
+
+
+@dataclass(frozen=True)
+class StageTopology(ConfigModel):
+    """Every stage of one pipeline, in order, covering contiguous layer ranges."""
+
+    topology_id: str
+    model_id: str
+    stages: tuple[StageTopologyEntry, ...]
+
+    def _check(self) -> None:
+        _require_text(self, "topology_id", "model_id")
+        check(len(self.stages) > 0, "stages", "must not be empty")
+        seen: dict[str, int] = {}
+        for i, stage in enumerate(self.stages):
+            at = f"stages[{i}]"
+            got = stage.stage_index
+            check(got == i, f"{at}.stage_index", f"must be {i}, got {got}")
+            first = seen.setdefault(stage.stage_id, i)
+            reason = f"duplicates stages[{first}] ({show(stage.stage_id)})"
+            check(first == i, f"{at}.stage_id", reason)
+            expected = 0 if i == 0 else self.stages[i - 1].layer_end
+            source = "0" if i == 0 else f"stages[{i - 1}].layer_end ({expected})"
+            check(
+                stage.layer_start == expected,
+                f"{at}.layer_start",
+                f"must equal {source}, got {stage.layer_start}",
+            )
+
+    def entry(self, stage_id: str) -> StageTopologyEntry:
+        """The entry for ``stage_id``; KeyError if absent."""
+        for stage in self.stages:
+            if stage.stage_id == stage_id:
+                return stage
+        raise KeyError(f"stage {stage_id!r} is not in topology {self.topology_id!r}")
+
+    def first(self) -> StageTopologyEntry:
+        return self.stages[0]
+
+    def final(self) -> StageTopologyEntry:
+        return self.stages[-1]
+
+    def next_of(self, stage_index: int) -> StageTopologyEntry | None:
+        """The stage after ``stage_index`` (None for the final stage)."""
+        if not 0 <= stage_index < len(self.stages):
+            raise IndexError(f"stage_index {stage_index} is outside 0..{len(self.stages) - 1}")
+        return self.stages[stage_index + 1] if stage_index + 1 < len(self.stages) else None

@@ -1,0 +1,58 @@
+"""WireCondition: the emulated network between a stage and its downstream.
+
+A simulator for WAN experiments (reference notes §5): every downstream write
+is delayed by a fixed propagation delay plus the time to serialise the message
+at ``mbps`` megabits per second (1 Mbps = 125 kB/s).  Both delays are capped
+at one hour.  Jitter and stalls from newer reference versions are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from skippy.config.schema import ConfigModel, check
+
+__all__ = ["MAX_WIRE_DELAY_MS", "MAX_WIRE_DELAY_S", "WireCondition"]
+
+MAX_WIRE_DELAY_S = 3600.0
+MAX_WIRE_DELAY_MS = MAX_WIRE_DELAY_S * 1000.0
+_BYTES_PER_SECOND_PER_MBPS = 125_000.0
+
+
+@dataclass(frozen=True)
+class WireCondition(ConfigModel):
+    """Propagation delay (ms) and optional bandwidth (Mbps) of one link."""
+
+    delay_ms: float = 0.0
+    mbps: float | None = None
+
+    def _check(self) -> None:
+        check(
+            math.isfinite(self.delay_ms) and 0.0 <= self.delay_ms <= MAX_WIRE_DELAY_MS,
+            "delay_ms",
+            f"must be finite and in [0, {MAX_WIRE_DELAY_MS:.0f}], got {self.delay_ms}",
+        )
+        if self.mbps is not None:
+            check(
+                math.isfinite(self.mbps) and self.mbps > 0.0,
+                "mbps",
+                f"must be finite and > 0, got {self.mbps}",
+            )
+
+    @property
+    def is_ideal(self) -> bool:
+        """True when the link adds no delay at all."""
+        return self.delay_ms == 0.0 and self.mbps is None
+
+    @property
+    def propagation_s(self) -> float:
+        """Per-message propagation delay in seconds."""
+        return self.delay_ms / 1000.0
+
+    def serialization_s(self, nbytes: int) -> float:
+        """Seconds to put ``nbytes`` on the wire at ``mbps`` (0 when unlimited)."""
+        if self.mbps is None or nbytes <= 0:
+            return 0.0
+        seconds = nbytes / (self.mbps * _BYTES_PER_SECOND_PER_MBPS)
+        return min(seconds, MAX_WIRE_DELAY_S)  # an infinite quotient is capped, not zeroed

@@ -1,0 +1,202 @@
+"""Thin owners of llama.cpp objects (model, context, batch) over llama-cpp-python's low-level API.
+
+Everything here is mechanical: load a GGUF, create a context, build a `llama_batch` that points
+straight at numpy buffers (no per-row Python work), and turn llama.cpp's log lines into the reason
+a load failed. The stage logic lives in `stage_runtime`.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from skippy.runtime.errors import ModelError
+
+_init_lock = threading.Lock()
+_initialised = False
+# Recent llama.cpp warnings/errors, quoted when a load fails (llama.cpp only logs the reason).
+_recent_log: collections.deque[str] = collections.deque(maxlen=8)
+
+
+@L.llama_log_callback
+def _log_sink(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+        _recent_log.append(text.decode("utf-8", "replace").strip())
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its logging away from stderr."""
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            L.llama_log_set(_log_sink, None)
+            L.llama_backend_init()
+            _initialised = True
+
+
+def last_llama_error() -> str:
+    return _recent_log[-1] if _recent_log else "no reason logged"
+
+
+_ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
+_ggml.ggml_get_name.restype = ctypes.c_char_p
+_ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
+_ggml.ggml_nbytes.restype = ctypes.c_size_t
+_ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+_ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+
+
+def tensor_name(tensor: int) -> bytes:
+    return _ggml.ggml_get_name(tensor)
+
+
+def copy_tensor(tensor: int, dest: np.ndarray) -> int:
+    """Copy a computed tensor into the front of `dest` (float32); returns the number of floats."""
+    nbytes = int(_ggml.ggml_nbytes(tensor))
+    if nbytes > dest.nbytes:
+        raise RuntimeError(f"captured tensor of {nbytes} bytes exceeds the {dest.nbytes}-byte buffer")
+    _ggml.ggml_backend_tensor_get(tensor, dest.ctypes.data, 0, nbytes)
+    return nbytes // 4
+
+
+class LlamaModel:
+    """An owned `llama_model *` (mmap'd weights)."""
+
+    def __init__(self, path: Path, *, vocab_only: bool = False) -> None:
+        init_backend()
+        params = L.llama_model_default_params()
+        params.vocab_only = vocab_only
+        params.n_gpu_layers = 0
+        _recent_log.clear()
+        ptr = L.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            raise ModelError(f"llama.cpp could not load {path}: {last_llama_error()}")
+        self.ptr = ptr
+        self.path = path
+        self.vocab = L.llama_model_get_vocab(ptr)
+        self.n_embd = int(L.llama_model_n_embd(ptr))
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """The llama.cpp context shape; split and unsplit runs must use the same one to match bitwise."""
+
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn_type: str = "auto"
+
+
+_FLASH_ATTN = {
+    "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "enabled": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "disabled": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+class LlamaContext:
+    """An owned `llama_context *` with one KV sequence per lane (unified KV, full-size SWA cache).
+
+    Unified KV keeps llama.cpp's ubatch split in batch order, so captured rows line up with input
+    rows; full-size SWA cells let a session be trimmed back anywhere.
+    """
+
+    def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: object | None = None) -> None:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_seq_max = params.n_seq_max
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_ubatch
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads
+        cp.kv_unified = True
+        cp.swa_full = True
+        cp.no_perf = True
+        cp.type_k = int(GGMLQuantizationType[params.cache_type_k.upper()])
+        cp.type_v = int(GGMLQuantizationType[params.cache_type_v.upper()])
+        cp.flash_attn_type = _FLASH_ATTN[params.flash_attn_type]
+        if eval_callback is not None:
+            cp.cb_eval = eval_callback
+        _recent_log.clear()
+        ptr = L.llama_init_from_model(model.ptr, cp)
+        if not ptr:
+            raise ModelError(f"llama.cpp could not create a context for {model.path}: {last_llama_error()}")
+        self.ptr = ptr
+        self.memory = L.llama_get_memory(ptr)
+        self._eval_callback = eval_callback  # keep the ctypes thunk alive as long as the context
+
+    def decode(self, batch: L.llama_batch) -> None:
+        rc = L.llama_decode(self.ptr, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}: {last_llama_error()}")
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(L.llama_memory_seq_pos_max(self.memory, seq))
+
+    def seq_rm(self, seq: int, p0: int) -> None:
+        if not L.llama_memory_seq_rm(self.memory, seq, p0, -1):
+            raise RuntimeError(f"llama.cpp refused to trim sequence {seq} to position {p0}")
+
+    def logits_row(self, index: int, n_vocab: int) -> np.ndarray:
+        """A view of the logits of output row `index` (valid until the next decode)."""
+        ptr = L.llama_get_logits_ith(self.ptr, index)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {index}")
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_free(self.ptr)
+            self.ptr = None
+
+
+class BatchBuffers:
+    """A `llama_batch` whose arrays are numpy buffers owned here (sized once for n_batch rows)."""
+
+    def __init__(self, n_batch: int, n_embd: int, n_seq_max: int) -> None:
+        self.token = np.zeros(n_batch, np.int32)
+        self.embd = np.zeros((n_batch, n_embd), np.float32)
+        self.pos = np.zeros(n_batch, np.int32)
+        self.n_seq_id = np.ones(n_batch, np.int32)
+        self.logits = np.zeros(n_batch, np.int8)
+        self._seq_ids = np.arange(n_seq_max, dtype=np.int32)
+        # seq_id[i] is a pointer to one int32 holding row i's sequence id.
+        self._seq_ptrs = np.zeros(n_batch, np.uint64)
+        self._seq_base = self._seq_ids.ctypes.data
+
+    def build(self, n_rows: int, seq: np.ndarray, *, embeddings: bool) -> L.llama_batch:
+        """Point a llama_batch at the first n_rows (token or embd, pos, logits must already be filled)."""
+        self._seq_ptrs[:n_rows] = self._seq_base + 4 * seq.astype(np.uint64)
+        batch = L.llama_batch()
+        batch.n_tokens = n_rows
+        if embeddings:
+            batch.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        else:
+            batch.token = self.token.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        batch.pos = self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        batch.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = ctypes.cast(self._seq_ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))
+        batch.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        return batch

@@ -1,0 +1,124 @@
+"""Per-session sampling at the final stage with llama.cpp's sampler chain.
+
+Chain order follows llama.cpp's common sampler: logit bias, penalties, top-k, top-p, min-p,
+temperature, then a seeded draw; temperature <= 0 means greedy (bias and penalties still apply).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+
+import llama_cpp as L
+
+from skippy.runtime.errors import RuntimeUsageError
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler; validated on construction (names match OpenAI fields)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = DEFAULT_SEED
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), ">= 0"),
+            ("top_k", self.top_k >= 0, ">= 0"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
+            ("presence_penalty", math.isfinite(self.presence_penalty), "finite"),
+            ("frequency_penalty", math.isfinite(self.frequency_penalty), "finite"),
+            ("repeat_penalty", self.repeat_penalty > 0 and math.isfinite(self.repeat_penalty), "> 0"),
+            ("repeat_last_n", self.repeat_last_n >= -1, ">= -1"),
+            ("seed", 0 <= self.seed <= 0xFFFFFFFF, "a uint32"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise RuntimeUsageError(f"sampling field {name!r} must be {rule}, got {getattr(self, name)!r}")
+        for token, bias in self.logit_bias.items():
+            if not math.isfinite(bias) and bias != -math.inf:
+                raise RuntimeUsageError(f"logit_bias for token {token} must be finite or -inf, got {bias}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def to_dict(self) -> dict[str, object]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> SamplingParams:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise RuntimeUsageError(f"unknown sampling fields: {', '.join(sorted(unknown))}")
+        values = dict(d)
+        if "logit_bias" in values:
+            values["logit_bias"] = {int(k): float(v) for k, v in dict(values["logit_bias"]).items()}  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class SamplerChain:
+    """An owned llama.cpp sampler chain for one session."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        for token in params.logit_bias:
+            if not 0 <= token < n_vocab:
+                raise RuntimeUsageError(f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1})")
+        self.params = params
+        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if params.logit_bias:
+            biases = (L.llama_logit_bias * len(params.logit_bias))(
+                *(L.llama_logit_bias(token=t, bias=b) for t, b in params.logit_bias.items())
+            )
+            self._add(L.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
+        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            self._add(
+                L.llama_sampler_init_penalties(
+                    n_vocab,
+                    params.repeat_last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.greedy:
+            self._add(L.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            self._add(L.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            self._add(L.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            self._add(L.llama_sampler_init_min_p(params.min_p, 1))
+        self._add(L.llama_sampler_init_temp(params.temperature))
+        self._add(L.llama_sampler_init_dist(params.seed))
+
+    def _add(self, sampler: ctypes.c_void_p) -> None:
+        L.llama_sampler_chain_add(self.ptr, sampler)
+
+    def sample(self, ctx: ctypes.c_void_p, batch_index: int) -> int:
+        """Sample from the logits of batch row `batch_index` and record the token in the chain's history."""
+        return int(L.llama_sampler_sample(self.ptr, ctx, batch_index))
+
+    def accept(self, token: int) -> None:
+        """Feed a token the chain did not sample (e.g. prompt tokens) into its penalty history."""
+        L.llama_sampler_accept(self.ptr, token)
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_sampler_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,223 @@
+"""Slice GGUF writer: the tensors and metadata one stage needs for `[layer_start, layer_end)`.
+
+A slice holds the owned `blk.N.*` tensors renumbered from 0, every non-block tensor (llama.cpp
+requires the embedding and output tensors to exist), and all metadata with `block_count` set and
+per-layer metadata cut to the range. Layer-index-keyed behaviour is pinned to the original layer
+numbers: for Gemma 3 the sliding-window pattern is written as a per-layer array computed from the
+original indices, otherwise a slice starting at layer 9 silently treats the wrong layers as global.
+
+A non-final slice gets one extra *stop block* (a copy of its last block). llama.cpp drops the rows
+not flagged as outputs inside the last block of a graph; with the stop block appended, the real last
+block computes every row, the runtime reads its `l_out` and stops the graph there, so the stop block
+and the vocabulary projection never run and no `n_rows x n_vocab` logits buffer is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from skippy.runtime.errors import ModelError
+from skippy.runtime.gguf_file import ARRAY, BOOL, STRING, UINT32, GGUFFile, TensorInfo, pack_entry, write_gguf
+
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3")
+# Gemma 3 default period when the file has `sliding_window` but no explicit pattern (llama.cpp's default).
+GEMMA3_SWA_PERIOD = 6
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the runtime needs to know about a full GGUF before slicing it."""
+
+    path: Path
+    architecture: str
+    n_layer: int
+    n_embd: int
+
+
+def read_model_info(path: Path) -> ModelInfo:
+    gguf = GGUFFile(path)
+    try:
+        arch = gguf.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelError(f"{path}: GGUF has no general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelError(
+                f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        n_layer = gguf.get(f"{arch}.block_count")
+        n_embd = gguf.get(f"{arch}.embedding_length")
+        if not isinstance(n_layer, int) or not isinstance(n_embd, int):
+            raise ModelError(f"{path}: missing {arch}.block_count or {arch}.embedding_length")
+        return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_embd=n_embd)
+    finally:
+        gguf.close()
+
+
+def check_range(info: ModelInfo, layer_start: int, layer_end: int) -> None:
+    if not 0 <= layer_start < layer_end <= info.n_layer:
+        raise ModelError(
+            f"layer range [{layer_start}, {layer_end}) is outside {info.path.name}, "
+            f"which has {info.n_layer} layers (valid: 0 <= layer_start < layer_end <= {info.n_layer})"
+        )
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the model file, memoised next to the slice cache by (path, size, mtime)."""
+    stat = path.stat()
+    memo = slice_cache_dir() / "digests.json"
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return str(known[key])
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    known[key] = digest.hexdigest()
+    _atomic_write_text(memo, json.dumps(known, indent=1, sort_keys=True))
+    return known[key]
+
+
+def slice_cache_dir() -> Path:
+    root = os.environ.get("SKIPPY_CACHE_DIR") or Path.home() / ".cache" / "skippy"
+    path = Path(root) / "slices"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def slice_path(digest: str, layer_start: int, layer_end: int, final: bool) -> Path:
+    tail = "final" if final else "stop"
+    return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}.gguf"
+
+
+def _swa_pattern(gguf: GGUFFile, arch: str, n_layer: int) -> list[bool] | None:
+    """Per-layer `is_swa` of the full model, as llama.cpp derives it (None when it has no SWA)."""
+    if arch != "gemma3" or not gguf.get(f"{arch}.attention.sliding_window"):
+        return None
+    pattern = gguf.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return [bool(x) for x in pattern[:n_layer]]
+    period = int(pattern) if isinstance(pattern, int) else GEMMA3_SWA_PERIOD
+    return [period == 0 or il % period < period - 1 for il in range(n_layer)]
+
+
+def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: list[bytes]) -> list[bytes]:
+    """Metadata entries of the slice: copied raw, except block_count, per-layer arrays and the SWA pattern."""
+    arch = info.architecture
+    swa = _swa_pattern(gguf, arch, info.n_layer)
+    slice_swa = None if swa is None else [swa[il] for il in layers]
+    skip = {f"{arch}.block_count", f"{arch}.attention.sliding_window_pattern"}
+    if slice_swa is not None and not any(slice_swa):
+        # Only global layers here: llama.cpp rejects an SWA model without SWA layers, so drop the window.
+        skip.add(f"{arch}.attention.sliding_window")
+        slice_swa = None
+    entries = []
+    for key in gguf.kv:
+        if key in skip or key.startswith("skippy.slice."):
+            continue
+        elem = gguf.array_type(key)
+        if elem is not None and key.startswith(f"{arch}.") and elem in (BOOL, UINT32, 5, 6):
+            values = gguf.get(key)
+            if isinstance(values, list) and len(values) == info.n_layer:
+                # per-layer metadata follows the original layer indices
+                entries.append(pack_entry(key, ARRAY, [values[il] for il in layers], elem))
+                continue
+        entries.append(gguf.raw_entry(key))
+    entries.append(pack_entry(f"{arch}.block_count", UINT32, len(layers)))
+    if slice_swa is not None:
+        entries.append(pack_entry(f"{arch}.attention.sliding_window_pattern", ARRAY, slice_swa, BOOL))
+    return entries + extra
+
+
+def write_slice(
+    source: Path,
+    dest: Path,
+    layer_start: int,
+    layer_end: int,
+    *,
+    final: bool,
+    digest: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Write the slice GGUF for `[layer_start, layer_end)` to `dest` atomically."""
+    info = read_model_info(source)
+    check_range(info, layer_start, layer_end)
+    digest = digest or file_digest(source)
+    layers = list(range(layer_start, layer_end)) + ([] if final else [layer_end - 1])
+    gguf = GGUFFile(source)
+    by_block: dict[int, list[tuple[str, TensorInfo]]] = {}
+    plan = []  # (new name, info, bytes): non-block tensors first, then owned blocks renumbered
+    for t in gguf.tensors:
+        m = _BLOCK.match(t.name)
+        if m:
+            by_block.setdefault(int(m.group(1)), []).append((m.group(2), t))
+        else:
+            plan.append((t.name, t, gguf.tensor_bytes(t)))
+    for new_index, il in enumerate(layers):
+        plan.extend((f"blk.{new_index}.{suffix}", t, gguf.tensor_bytes(t)) for suffix, t in by_block.get(il, []))
+    identity = [
+        pack_entry("skippy.slice.layer_start", UINT32, layer_start),
+        pack_entry("skippy.slice.layer_end", UINT32, layer_end),
+        pack_entry("skippy.slice.stop_block", BOOL, not final),
+        pack_entry("skippy.slice.source_digest", STRING, digest),
+        pack_entry("skippy.slice.source_n_layer", UINT32, info.n_layer),
+    ]
+    entries = _slice_metadata(gguf, info, layers, identity)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=dest.name, suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write_gguf(out, entries, plan, gguf.alignment, progress)
+        os.replace(tmp_name, dest)
+    finally:
+        del plan
+        gguf.close()
+        Path(tmp_name).unlink(missing_ok=True)
+    return dest
+
+
+def stderr_progress(label: str) -> Progress:
+    """A progress callback printing `label: NN%` on stderr at most every 10%."""
+    shown = [-1]
+
+    def report(done: int, total: int) -> None:
+        pct = 100 * done // max(total, 1)
+        if pct // 10 != shown[0] // 10 or done == total:
+            shown[0] = pct
+            print(f"\r{label}: {pct:3d}% ({done >> 20} / {total >> 20} MiB)", end="", file=sys.stderr)
+            if done == total:
+                print(file=sys.stderr)
+
+    return report
+
+
+def ensure_slice(
+    source: Path, layer_start: int, layer_end: int, *, final: bool, progress: Progress | None = None
+) -> Path:
+    """The cached slice for this model digest and range, written on first use."""
+    digest = file_digest(source)
+    dest = slice_path(digest, layer_start, layer_end, final)
+    if not dest.is_file():
+        write_slice(source, dest, layer_start, layer_end, final=final, digest=digest, progress=progress)
+    return dest
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,276 @@
+"""StageRuntime: one stage's layer range `[layer_start, layer_end)` executed by llama.cpp.
+
+The first stage takes token ids, later stages take the previous stage's hidden states as embedding
+input. A non-final stage returns the hidden state of its last layer for every input row (read with
+the context's eval callback, which then stops the graph before the stop block and the vocabulary
+projection); the final stage keeps logits only for the rows that ask for them and samples with a
+per-session sampler chain. Each session is one llama.cpp sequence ("lane"); one decode call may
+carry windows from many sessions. Positions are authoritative: a session whose KV runs past a
+window's `pos_start` is trimmed first. Not thread-safe: one worker thread owns a runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+
+from skippy.runtime.errors import ModelError, RuntimeUsageError
+from skippy.runtime.llama_api import BatchBuffers, ContextParams, LlamaContext, LlamaModel, copy_tensor, tensor_name
+from skippy.runtime.models import resolve_model_path
+from skippy.runtime.sampling import SamplerChain, SamplingParams
+from skippy.runtime.gguf_file import GGUFFile
+from skippy.runtime.slices import Progress, check_range, ensure_slice, file_digest, read_model_info
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What a runtime loads; mirrors the StageConfig fields it needs."""
+
+    model_path: str | Path | None
+    layer_start: int
+    layer_end: int
+    ctx_size: int = 512
+    lane_count: int = 4
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    n_threads: int | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn_type: str = "auto"
+    load_mode: str = "runtime-slice"
+
+
+@dataclass(frozen=True)
+class SessionWindow:
+    """A contiguous run of one session's positions inside a decode batch."""
+
+    session_id: int
+    pos_start: int
+    n_tokens: int
+    outputs: tuple[int, ...] = ()  # offsets in [0, n_tokens) whose logits the final stage keeps
+    tokens: np.ndarray | None = None  # int32[n_tokens]; first stage only
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    hidden: np.ndarray | None  # float32[n_rows, n_embd] from a non-final stage
+    output_rows: list[list[int]]  # per window, the batch rows whose logits were kept (final stage)
+
+
+@dataclass(frozen=True)
+class _Artifact:
+    load_path: Path
+    digest: str
+    n_layer: int  # layers of the full model
+
+
+def _artifact_slice(path: Path, layer_start: int, layer_end: int) -> _Artifact:
+    gguf = GGUFFile(path)
+    meta = {k: gguf.get(k) for k in gguf.kv if k.startswith("skippy.slice.")}
+    gguf.close()
+    if "skippy.slice.layer_start" not in meta:
+        raise ModelError(f"{path}: not a slice written by `skippy slice` (load_mode artifact-slice needs one)")
+    have = (meta["skippy.slice.layer_start"], meta["skippy.slice.layer_end"])
+    if have != (layer_start, layer_end):
+        raise ModelError(f"{path}: slice holds layers [{have[0]}, {have[1]}), config asks for [{layer_start}, {layer_end})")
+    return _Artifact(path, str(meta["skippy.slice.source_digest"]), int(meta["skippy.slice.source_n_layer"]))
+
+
+def _runtime_slice(path: Path, layer_start: int, layer_end: int, progress: Progress | None) -> _Artifact:
+    info = read_model_info(path)
+    check_range(info, layer_start, layer_end)
+    if (layer_start, layer_end) == (0, info.n_layer):
+        return _Artifact(path, file_digest(path), info.n_layer)  # the whole model: load it as is
+    final = layer_end == info.n_layer
+    sliced = ensure_slice(path, layer_start, layer_end, final=final, progress=progress)
+    return _Artifact(sliced, file_digest(path), info.n_layer)
+
+
+class StageRuntime:
+    def __init__(self, spec: RuntimeSpec, progress: Progress | None = None) -> None:
+        if spec.load_mode not in ("runtime-slice", "artifact-slice"):
+            raise ModelError(f"unknown load_mode {spec.load_mode!r} (runtime-slice | artifact-slice)")
+        source = resolve_model_path(spec.model_path)
+        if spec.load_mode == "artifact-slice":
+            artifact = _artifact_slice(source, spec.layer_start, spec.layer_end)
+        else:
+            artifact = _runtime_slice(source, spec.layer_start, spec.layer_end, progress)
+        self.spec = spec
+        self.model_digest = artifact.digest
+        self.layer_start, self.layer_end = spec.layer_start, spec.layer_end
+        self.is_first = spec.layer_start == 0
+        self.is_final = spec.layer_end == artifact.n_layer
+        self.model = LlamaModel(artifact.load_path)
+        self.n_embd = self.model.n_embd
+        self.n_vocab = self.model.n_vocab
+        n_ctx = spec.ctx_size * spec.lane_count
+        n_batch = spec.n_batch or min(2048, n_ctx)
+        self.params = ContextParams(
+            n_ctx=n_ctx,
+            n_seq_max=spec.lane_count,
+            n_batch=n_batch,
+            n_ubatch=spec.n_ubatch or min(512, n_batch),
+            n_threads=spec.n_threads or _default_threads(),
+            cache_type_k=spec.cache_type_k,
+            cache_type_v=spec.cache_type_v,
+            flash_attn_type=spec.flash_attn_type,
+        )
+        # The real last layer of a non-final slice; the stop block after it never runs.
+        self._capture_name = f"l_out-{spec.layer_end - spec.layer_start - 1}".encode()
+        self._capture: np.ndarray | None = None
+        self._captured = 0
+        callback = None if self.is_final else L.ggml_backend_sched_eval_callback(self._on_eval)
+        self.ctx = LlamaContext(self.model, self.params, callback)
+        self._buffers = BatchBuffers(self.params.n_batch, self.n_embd, spec.lane_count)
+        self._lanes: dict[int, int] = {}
+        self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
+        self._samplers: dict[int, SamplerChain] = {}
+
+    # -- eval callback (called by llama.cpp for every graph node; must never raise) ----------------
+    def _on_eval(self, tensor: int, ask: bool, _user: ctypes.c_void_p) -> bool:
+        if tensor_name(tensor) != self._capture_name:
+            return not ask  # not wanted; when observing, keep going
+        if ask:
+            return True
+        try:
+            assert self._capture is not None
+            self._captured += copy_tensor(tensor, self._capture.reshape(-1)[self._captured :])
+        except Exception:  # noqa: BLE001 - a raise here would unwind through C; mark the capture bad
+            self._captured = -1
+        return False  # stop: the stop block and the vocabulary projection are not needed
+
+    # -- sessions ------------------------------------------------------------------------------
+    @property
+    def active_sessions(self) -> list[int]:
+        return list(self._lanes)
+
+    def session_length(self, session_id: int) -> int:
+        """Positions held in KV for the session (0 for an unknown one)."""
+        lane = self._lanes.get(session_id)
+        return 0 if lane is None else self.ctx.seq_pos_max(lane) + 1
+
+    def _lane_for(self, session_id: int) -> int:
+        lane = self._lanes.get(session_id)
+        if lane is None:
+            if not self._free_lanes:
+                raise RuntimeUsageError(
+                    f"session {session_id}: all {self.spec.lane_count} lanes are busy (raise lane_count)"
+                )
+            lane = self._lanes[session_id] = self._free_lanes.pop()
+        return lane
+
+    def configure_session(self, session_id: int, params: SamplingParams) -> None:
+        """Set the sampler for a session (final stage); replaces any earlier one."""
+        chain = SamplerChain(params, self.n_vocab)
+        old = self._samplers.pop(session_id, None)
+        if old is not None:
+            old.close()
+        self._samplers[session_id] = chain
+
+    def trim_session(self, session_id: int, pos: int) -> None:
+        """Drop the session's KV at positions >= pos."""
+        lane = self._lanes.get(session_id)
+        if lane is not None and self.ctx.seq_pos_max(lane) >= pos:
+            self.ctx.seq_rm(lane, pos)
+
+    def release_session(self, session_id: int) -> None:
+        """Forget a session: its KV, its sampler, and its lane (which becomes reusable)."""
+        lane = self._lanes.pop(session_id, None)
+        if lane is not None:
+            self.ctx.seq_rm(lane, 0)
+            self._free_lanes.append(lane)
+        chain = self._samplers.pop(session_id, None)
+        if chain is not None:
+            chain.close()
+
+    # -- decode --------------------------------------------------------------------------------
+    def _check_windows(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> int:
+        n_rows = sum(w.n_tokens for w in windows)
+        if not windows or n_rows == 0:
+            raise RuntimeUsageError("empty batch")
+        if n_rows > self.params.n_batch:
+            raise RuntimeUsageError(f"batch of {n_rows} rows exceeds n_batch {self.params.n_batch}")
+        if len({w.session_id for w in windows}) != len(windows):
+            raise RuntimeUsageError("a session appears twice in one batch")
+        for w in windows:
+            if w.n_tokens <= 0 or w.pos_start < 0 or w.pos_start + w.n_tokens > self.spec.ctx_size:
+                raise RuntimeUsageError(
+                    f"session {w.session_id}: positions [{w.pos_start}, {w.pos_start + w.n_tokens}) "
+                    f"outside the context of {self.spec.ctx_size} (ctx_size)"
+                )
+            if any(not 0 <= o < w.n_tokens for o in w.outputs):
+                raise RuntimeUsageError(f"session {w.session_id}: output offsets {w.outputs} outside the window")
+            if self.is_first and (w.tokens is None or len(w.tokens) != w.n_tokens):
+                raise RuntimeUsageError(f"session {w.session_id}: the first stage needs {w.n_tokens} token ids")
+            if self.session_length(w.session_id) < w.pos_start:
+                raise RuntimeUsageError(
+                    f"session {w.session_id}: window starts at {w.pos_start} "
+                    f"but only {self.session_length(w.session_id)} positions are in KV"
+                )
+        if not self.is_first:
+            expected = (n_rows, self.n_embd)
+            if hidden is None or hidden.shape != expected or hidden.dtype != np.float32:
+                got = None if hidden is None else (hidden.shape, hidden.dtype)
+                raise RuntimeUsageError(f"hidden input must be float32{list(expected)}, got {got}")
+        return n_rows
+
+    def decode(self, windows: list[SessionWindow], hidden: np.ndarray | None = None) -> DecodeResult:
+        """Run this stage's layers over the windows (rows in window order)."""
+        n_rows = self._check_windows(windows, hidden)
+        buf = self._buffers
+        lanes = np.empty(n_rows, np.int32)
+        buf.logits[:n_rows] = 0
+        output_rows: list[list[int]] = []
+        row = 0
+        for w in windows:
+            lane = self._lane_for(w.session_id)
+            self.trim_session(w.session_id, w.pos_start)  # positions are authoritative
+            end = row + w.n_tokens
+            lanes[row:end] = lane
+            buf.pos[row:end] = np.arange(w.pos_start, w.pos_start + w.n_tokens, dtype=np.int32)
+            if self.is_first:
+                buf.token[row:end] = w.tokens
+            rows = [row + o for o in w.outputs] if self.is_final else []
+            buf.logits[rows] = 1
+            output_rows.append(rows)
+            row = end
+        if not self.is_first:
+            buf.embd[:n_rows] = hidden
+        batch = buf.build(n_rows, lanes, embeddings=not self.is_first)
+        if self.is_final:
+            self.ctx.decode(batch)
+            return DecodeResult(hidden=None, output_rows=output_rows)
+        self._capture = np.empty((n_rows, self.n_embd), np.float32)
+        self._captured = 0
+        self.ctx.decode(batch)
+        if self._captured != n_rows * self.n_embd:
+            raise RuntimeError(f"captured {self._captured} floats of layer output, expected {n_rows * self.n_embd}")
+        return DecodeResult(hidden=self._capture, output_rows=output_rows)
+
+    def logits(self, batch_row: int) -> np.ndarray:
+        """A copy of the logits of an output row of the last decode (final stage)."""
+        return self.ctx.logits_row(batch_row, self.n_vocab).copy()
+
+    def sample(self, session_id: int, batch_row: int) -> int:
+        """Sample the session's next token from an output row of the last decode (final stage)."""
+        chain = self._samplers.get(session_id)
+        if chain is None:
+            chain = self._samplers[session_id] = SamplerChain(SamplingParams(), self.n_vocab)
+        return chain.sample(self.ctx.ptr, batch_row)
+
+    def close(self) -> None:
+        for chain in self._samplers.values():
+            chain.close()
+        self._samplers.clear()
+        self.ctx.close()
+        self.model.close()
+
+
+def _default_threads() -> int:
+    from skippy.runtime.llama_api import default_threads
+
+    return default_threads()
