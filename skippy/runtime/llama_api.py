@@ -100,6 +100,7 @@ class ContextParams:
     n_batch: int
     n_ubatch: int
     n_threads: int
+    n_outputs_max: int  # rows per decode whose logits are kept; sizes llama.cpp's output buffers
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn_type: str = "auto"
@@ -130,6 +131,7 @@ class LlamaContext:
         cp.n_batch = params.n_batch
         cp.n_ubatch = params.n_ubatch
         cp.n_threads = params.n_threads
+        cp.n_outputs_max = params.n_outputs_max
         cp.n_threads_batch = params.n_threads
         cp.kv_unified = True
         cp.swa_full = True

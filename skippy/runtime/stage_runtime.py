@@ -19,7 +19,15 @@ import llama_cpp as L
 import numpy as np
 
 from skippy.runtime.errors import ModelError, RuntimeUsageError
-from skippy.runtime.llama_api import BatchBuffers, ContextParams, LlamaContext, LlamaModel, copy_tensor, tensor_name
+from skippy.runtime.llama_api import (
+    BatchBuffers,
+    ContextParams,
+    LlamaContext,
+    LlamaModel,
+    copy_tensor,
+    default_threads,
+    tensor_name,
+)
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplerChain, SamplingParams
 from skippy.runtime.gguf_file import GGUFFile
@@ -38,6 +46,7 @@ class RuntimeSpec:
     n_batch: int | None = None
     n_ubatch: int | None = None
     n_threads: int | None = None
+    n_outputs_max: int | None = None  # final stage: logit rows per decode (default 8 per lane)
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn_type: str = "auto"
@@ -109,12 +118,16 @@ class StageRuntime:
         self.n_vocab = self.model.n_vocab
         n_ctx = spec.ctx_size * spec.lane_count
         n_batch = spec.n_batch or min(2048, n_ctx)
+        # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
+        # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
+        n_outputs_max = min(spec.n_outputs_max or 8 * spec.lane_count, n_batch) if self.is_final else 1
         self.params = ContextParams(
             n_ctx=n_ctx,
             n_seq_max=spec.lane_count,
             n_batch=n_batch,
             n_ubatch=spec.n_ubatch or min(512, n_batch),
-            n_threads=spec.n_threads or _default_threads(),
+            n_threads=spec.n_threads or default_threads(),
+            n_outputs_max=n_outputs_max,
             cache_type_k=spec.cache_type_k,
             cache_type_v=spec.cache_type_v,
             flash_attn_type=spec.flash_attn_type,
@@ -211,6 +224,11 @@ class StageRuntime:
                     f"session {w.session_id}: window starts at {w.pos_start} "
                     f"but only {self.session_length(w.session_id)} positions are in KV"
                 )
+        n_outputs = sum(len(w.outputs) for w in windows) if self.is_final else 0
+        if n_outputs > self.params.n_outputs_max:
+            raise RuntimeUsageError(
+                f"batch asks for {n_outputs} output rows, more than n_outputs_max {self.params.n_outputs_max}"
+            )
         if not self.is_first:
             expected = (n_rows, self.n_embd)
             if hidden is None or hidden.shape != expected or hidden.dtype != np.float32:
@@ -270,7 +288,3 @@ class StageRuntime:
         self.model.close()
 
 
-def _default_threads() -> int:
-    from skippy.runtime.llama_api import default_threads
-
-    return default_threads()

@@ -1,0 +1,41 @@
+"""The `skippy` command: subcommands, and one place that turns expected errors into one-line messages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from skippy.config import ConfigError
+from skippy.runtime.errors import ModelError, RuntimeUsageError
+
+EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from skippy.cli import bench, check_config, generate, slice_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="skippy", description="Serve one GGUF model split by layers across processes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (generate, slice_cmd, bench, check_config):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except EXPECTED_ERRORS as exc:
+        print(f"skippy {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"skippy {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
