@@ -18,6 +18,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from skippy.config import StageConfig
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.runtime.llama_api import (
     BatchBuffers,
@@ -51,6 +52,23 @@ class RuntimeSpec:
     cache_type_v: str = "f16"
     flash_attn_type: str = "auto"
     load_mode: str = "runtime-slice"
+
+    @classmethod
+    def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:
+        return cls(
+            model_path=config.model_path,
+            layer_start=config.layer_start,
+            layer_end=config.layer_end,
+            ctx_size=config.ctx_size,
+            lane_count=config.lane_count,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            n_threads=config.n_threads,
+            cache_type_k=str(config.cache_type_k),
+            cache_type_v=str(config.cache_type_v),
+            flash_attn_type=str(config.flash_attn_type),
+            load_mode=str(config.load_mode),
+        )
 
 
 @dataclass(frozen=True)
