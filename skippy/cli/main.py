@@ -7,19 +7,21 @@ import sys
 from collections.abc import Sequence
 
 from skippy.config import ConfigError
+from skippy.driver.events import DriverUnavailable
 from skippy.runtime.errors import ModelError, RuntimeUsageError
+from skippy.stage.handshake import HandshakeError
 
-EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError)
+EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, DriverUnavailable)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skippy.cli import bench, check_config, generate, slice_cmd
+    from skippy.cli import bench, check_config, generate, slice_cmd, stage
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, slice_cmd, bench, check_config):
+    for module in (generate, stage, slice_cmd, bench, check_config):
         module.register(sub)
     return parser
 

@@ -138,7 +138,9 @@ class StageRuntime:
         n_batch = spec.n_batch or min(2048, n_ctx)
         # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
         # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
-        n_outputs_max = min(spec.n_outputs_max or 8 * spec.lane_count, n_batch) if self.is_final else 1
+        # llama.cpp also reserves at least one output row per sequence.
+        wanted = spec.n_outputs_max or 8 * spec.lane_count if self.is_final else 1
+        n_outputs_max = max(min(wanted, n_batch), spec.lane_count)
         self.params = ContextParams(
             n_ctx=n_ctx,
             n_seq_max=spec.lane_count,

@@ -1,0 +1,52 @@
+"""What a submitted request gives back: a stream of token events ending with a finish reason."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class DriverUnavailable(RuntimeError):
+    """The pipeline cannot take requests now (a stage is down); the message names it."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int | None = None  # a generated token, or None on the final event
+    finish_reason: str | None = None  # set on the final event: stop | length | cancelled | error
+    error: str | None = None  # why, when finish_reason is "error"
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RequestHandle:
+    """The consumer side of one request; iterate it for TokenEvents (the last one is final)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+    def put(self, event: TokenEvent) -> None:
+        self._events.put_nowait(event)
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        while True:
+            event = await self._events.get()
+            yield event
+            if event.final:
+                return
+
+    async def collect(self) -> tuple[list[int], TokenEvent]:
+        """All generated tokens and the final event."""
+        tokens: list[int] = []
+        async for event in self:
+            if event.final:
+                return tokens, event
+            assert event.token is not None
+            tokens.append(event.token)
+        raise AssertionError("unreachable")

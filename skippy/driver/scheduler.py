@@ -1,0 +1,94 @@
+"""The iteration scheduler: which rows of which sessions go into the next micro-batch.
+
+Each iteration takes, within a token budget (n_batch), one decode row for every running session
+whose previous step has come back, then prefill chunks for sessions still prefilling (continuous
+batching). Sessions in an iteration still in flight are skipped, so the iterations kept in flight
+at once (one per stage, bounded by credits) cover disjoint sessions. `max_decode_rows` splits the
+decoding sessions into micro-batches so every stage has one to work on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skippy.driver.prefill import ChunkPlanner
+from skippy.runtime.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One admitted request: its session on every stage, progress, and timings."""
+
+    request_id: str
+    session_id: int
+    prompt: np.ndarray  # int32 token ids
+    sampling: SamplingParams
+    max_tokens: int
+    stop_tokens: frozenset[int]
+    planner: ChunkPlanner
+    prefilled: int = 0  # prompt positions sent through stage 0
+    generated: list[int] = field(default_factory=list)
+    in_flight: bool = False
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    prefill_done_at: float | None = None
+    stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/send/credit_wait
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    @property
+    def length(self) -> int:
+        """Positions this session occupies in KV once its last step is done."""
+        return self.prefilled + max(0, len(self.generated) - 1)
+
+
+@dataclass(frozen=True)
+class PlannedWindow:
+    seq: Sequence
+    pos_start: int
+    tokens: np.ndarray
+    outputs: tuple[int, ...]
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.pos_start < len(self.seq.prompt)
+
+
+def decode_rows_per_iteration(n_running: int, iterations_in_flight: int) -> int:
+    """Split decoding sessions evenly over the micro-batches kept in flight."""
+    return max(1, math.ceil(n_running / max(1, iterations_in_flight)))
+
+
+def plan_iteration(running: deque[Sequence], token_budget: int, max_decode_rows: int) -> list[PlannedWindow]:
+    """The next micro-batch: decode rows first, then prefill chunks, within `token_budget` rows."""
+    plan: list[PlannedWindow] = []
+    budget = token_budget
+    # decode: one row per session whose last token is back; input = last sampled token
+    for seq in running:
+        if budget == 0 or len(plan) >= max_decode_rows:
+            break
+        if seq.in_flight or seq.cancelled or seq.prefilling or not seq.generated:
+            continue
+        pos = len(seq.prompt) + len(seq.generated) - 1
+        plan.append(PlannedWindow(seq, pos, np.array(seq.generated[-1:], np.int32), (0,)))
+        budget -= 1
+    # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token
+    for seq in running:
+        if budget == 0:
+            break
+        if seq.in_flight or seq.cancelled or not seq.prefilling:
+            continue
+        n = min(seq.planner.size(), len(seq.prompt) - seq.prefilled, budget)
+        end = seq.prefilled + n
+        outputs = (n - 1,) if end == len(seq.prompt) else ()
+        plan.append(PlannedWindow(seq, seq.prefilled, seq.prompt[seq.prefilled : end], outputs))
+        budget -= n
+    return plan

@@ -1,0 +1,56 @@
+"""Structured logs: one JSON object per line with `ts`, `level`, `event` and the process's bound ids.
+
+Every process calls `configure_logging` once; `ready` and `stopped` lifecycle lines are always
+written, whatever the telemetry level, so scripts can wait on them and `scripts/tail-logs` can
+merge the files of a run in time order.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+import structlog
+
+LEVELS = {"off": logging.WARNING, "summary": logging.INFO, "debug": logging.DEBUG}
+ALWAYS = frozenset({"ready", "stopped"})
+_threshold = logging.INFO
+
+
+def _timestamp(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    event["ts"] = round(time.time(), 6)
+    return event
+
+
+def _filter(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    level = logging.getLevelName(method.upper())
+    if isinstance(level, int) and level < _threshold and event.get("event") not in ALWAYS:
+        raise structlog.DropEvent
+    return event
+
+
+def configure_logging(telemetry_level: str = "summary", stream: TextIO | None = None, **bound: Any) -> None:
+    """JSON lines to `stream` (stderr by default) at the telemetry level (off | summary | debug)."""
+    global _threshold
+    _threshold = LEVELS.get(str(telemetry_level), logging.INFO)
+    structlog.reset_defaults()
+    structlog.configure(
+        processors=[
+            _filter,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            _timestamp,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**bound)
+
+
+def get_logger(**bound: Any) -> Any:
+    return structlog.get_logger().bind(**bound)

@@ -1,0 +1,403 @@
+"""The wire: every message between skippy processes and its one encoding.
+
+A message is a ZeroMQ multipart.  Frame 0 is a msgpack map
+``{"v": PROTOCOL_VERSION, "k": kind, **fields}``; a ``batch`` may add frame 1,
+the raw little-endian float32 activations ``[n_rows, n_embd]`` in C order (the
+windows' rows, concatenated).  :func:`decode` validates everything it returns
+and raises only :class:`ProtocolError`, so a stage can answer a bad peer and
+keep serving.  Every field is always written; unknown header keys are ignored
+(an added field a peer may safely miss needs no version bump), any other change
+bumps ``PROTOCOL_VERSION``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import msgpack
+import numpy as np
+
+if TYPE_CHECKING:
+    import zmq
+
+__all__ = [
+    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch",
+    "ConfigureSession", "Credit", "ErrorReport", "Heartbeat", "Hello", "Message", "Predictions", "ProtocolError",
+    "Ready", "ReleaseSessions", "SessionPrediction", "StageIdentity", "StageTiming", "Window", "decode", "encode",
+]
+
+PROTOCOL_VERSION: int = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_WINDOWS = 1024
+MAX_ROWS = 16384
+MAX_SESSIONS_PER_MESSAGE = 1024
+_MAX_TIMINGS = 256
+_U63 = 2**63 - 1
+_I31 = 2**31 - 1  # llama.cpp positions and token ids are int32
+_F32 = np.dtype("<f4")
+_FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
+
+
+class ProtocolError(Exception):
+    """An invalid message.  ``code``: malformed, version, unknown_kind, n_embd or too_large."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@dataclass(frozen=True)
+class StageIdentity:
+    """What a stage announces: its layer range ``[layer_start, layer_end)`` of which model."""
+    stage_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    model_digest: str
+    n_embd: int
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
+    sender: StageIdentity
+    reply_endpoint: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Downstream -> upstream: the Hello is accepted."""
+    sender: StageIdentity
+
+
+@dataclass(frozen=True)
+class Window:
+    """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted."""
+    session_id: int
+    pos_start: int
+    n_tokens: int
+    outputs: tuple[int, ...] = ()
+    tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage's handling of a batch: wall-clock seconds (time.time()) and durations in ms."""
+    stage_id: str
+    recv_at: float
+    compute_ms: float
+    send_ms: float
+    credit_wait_ms: float
+    sent_at: float
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0)."""
+    batch_id: int
+    windows: tuple[Window, ...]
+    hidden: np.ndarray | None = field(default=None, metadata=_FRAME)
+    timings: tuple[StageTiming, ...] = ()
+
+    @property
+    def n_rows(self) -> int:
+        return sum(w.n_tokens for w in self.windows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Batch):
+            return NotImplemented
+        a, b = self.hidden, other.hidden
+        same = a is b or (a is not None and b is not None and np.array_equal(a, b))
+        return same and (self.batch_id, self.windows, self.timings) == (other.batch_id, other.windows, other.timings)
+
+
+@dataclass(frozen=True)
+class ConfigureSession:
+    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
+    session_id: int
+    sampling: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReleaseSessions:
+    """Forget these sessions (KV and sampler state)."""
+    session_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Receiver -> sender: batch ``batch_id`` was taken, one more may be sent."""
+    batch_id: int
+    stage_id: str
+
+
+@dataclass(frozen=True)
+class SessionPrediction:
+    """One token per requested output position of a session's window, in order."""
+    session_id: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Final stage -> stage 0: the sampled tokens of a batch."""
+    batch_id: int
+    results: tuple[SessionPrediction, ...]
+    timings: tuple[StageTiming, ...] = ()
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
+    code: str
+    message: str
+    stage_id: str
+    batch_id: int | None = None
+    session_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed."""
+    stage_id: str
+    stage_index: int
+    sent_at: float
+
+
+Message: TypeAlias = (
+    Hello | Ready | Batch | ConfigureSession | ReleaseSessions | Credit | Predictions | ErrorReport | Heartbeat
+)
+
+# --- validation: each Spec checks one decoded value and names its path on failure ---
+
+Spec: TypeAlias = Callable[[Any, str], Any]
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if type(value) in (int, float) else f"{type(value).__name__} {text}"
+
+
+def _fail(path: str, expected: str, value: Any) -> ProtocolError:
+    return ProtocolError("malformed", f"{path}: expected {expected}, got {_show(value)}")
+
+
+def _atom(expected: str, ok: Callable[[Any], bool]) -> Spec:
+    def parse(value: Any, path: str) -> Any:
+        if not ok(value):
+            raise _fail(path, expected, value)
+        return value
+
+    return parse
+
+
+def _int(lo: int = 0, hi: int = _U63) -> Spec:
+    rule = f">= {lo}" if hi == _U63 else f"in [{lo}, {hi}]"
+    return _atom(f"int {rule}", lambda v: type(v) is int and lo <= v <= hi)  # type() rejects bool
+
+
+_str = _atom("str", lambda v: type(v) is str)
+_float = _atom("finite number", lambda v: type(v) is int or type(v) is float and math.isfinite(v))
+_str_keyed_map = _atom("map with str keys", lambda v: type(v) is dict and all(type(k) is str for k in v))
+
+
+def _seq(item: Spec, max_len: int) -> Spec:
+    def parse(value: Any, path: str) -> tuple[Any, ...]:
+        if type(value) is not tuple:  # unpacked with use_list=False
+            raise _fail(path, "array", value)
+        if len(value) > max_len:
+            raise ProtocolError("too_large", f"{path}: expected at most {max_len} items, got {len(value)}")
+        return tuple(item(x, f"{path}[{i}]") for i, x in enumerate(value))
+
+    return parse
+
+
+def _opt(spec: Spec) -> Spec:
+    return lambda value, path: None if value is None else spec(value, path)
+
+
+class _Struct:
+    """A map decoded field by field into ``cls``, then checked as a whole."""
+
+    def __init__(self, cls: type, check: Callable[[Any, str], None] | None = None, **specs: Spec) -> None:
+        self.cls, self.check, self.specs = cls, check, specs
+
+    def __call__(self, value: Any, path: str) -> Any:
+        if type(value) is not dict:
+            raise _fail(path, "map", value)
+        missing = [name for name in self.specs if name not in value]
+        if missing:
+            raise ProtocolError("malformed", f"{path}: missing field(s) {', '.join(missing)}")
+        obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items()})
+        if self.check is not None:
+            self.check(obj, path)
+        return obj
+
+
+def _check_identity(s: StageIdentity, path: str) -> None:
+    if s.layer_end < s.layer_start:
+        raise _fail(f"{path}.layer_end", f"int >= layer_start {s.layer_start}", s.layer_end)
+
+
+def _check_window(w: Window, path: str) -> None:
+    out = w.outputs
+    if out and (out[-1] >= w.n_tokens or any(a >= b for a, b in zip(out, out[1:]))):
+        raise _fail(f"{path}.outputs", f"strictly increasing offsets in [0, {w.n_tokens})", list(out))
+    if w.tokens is not None and len(w.tokens) != w.n_tokens:
+        raise ProtocolError("malformed", f"{path}.tokens: expected {w.n_tokens} tokens (n_tokens), got {len(w.tokens)}")
+
+
+def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
+    seen: set[int] = set()
+    for i, sid in enumerate(ids):
+        if sid in seen:
+            raise ProtocolError("malformed", f"{path}.{items}[{i}].session_id: duplicate session {sid}")
+        seen.add(sid)
+
+
+def _check_batch(b: Batch, path: str) -> None:
+    if not b.windows:
+        raise ProtocolError("malformed", f"{path}.windows: expected at least one window, got none")
+    if b.n_rows > MAX_ROWS:
+        raise ProtocolError("too_large", f"{path}: expected at most {MAX_ROWS} rows, got {b.n_rows}")
+    _check_unique(path, "windows", [w.session_id for w in b.windows])
+
+
+def _check_predictions(p: Predictions, path: str) -> None:
+    _check_unique(path, "results", [r.session_id for r in p.results])
+
+
+_SESSION = _int()
+_TOKENS = _seq(_int(0, _I31), MAX_ROWS)
+_SESSIONS = _seq(_SESSION, MAX_SESSIONS_PER_MESSAGE)
+_IDENTITY = _Struct(StageIdentity, _check_identity, stage_id=_str, stage_index=_int(0, _I31),
+                    layer_start=_int(0, _I31), layer_end=_int(0, _I31), model_digest=_str, n_embd=_int(1, _I31))
+_TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float, send_ms=_float,
+                  credit_wait_ms=_float, sent_at=_float)
+_TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
+_WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
+                  outputs=_seq(_int(), MAX_ROWS), tokens=_opt(_TOKENS))
+_RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS)
+
+_SCHEMAS: dict[str, _Struct] = {
+    "hello": _Struct(Hello, sender=_IDENTITY, reply_endpoint=_str),
+    "ready": _Struct(Ready, sender=_IDENTITY),
+    "batch": _Struct(Batch, _check_batch, batch_id=_int(), windows=_seq(_WINDOW, MAX_WINDOWS), timings=_TIMINGS),
+    "configure": _Struct(ConfigureSession, session_id=_SESSION, sampling=_str_keyed_map),
+    "release": _Struct(ReleaseSessions, session_ids=_SESSIONS),
+    "credit": _Struct(Credit, batch_id=_int(), stage_id=_str),
+    "predictions": _Struct(Predictions, _check_predictions, batch_id=_int(),
+                           results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS),
+    "error": _Struct(ErrorReport, code=_str, message=_str, stage_id=_str, batch_id=_opt(_int()), session_ids=_SESSIONS),
+    "heartbeat": _Struct(Heartbeat, stage_id=_str, stage_index=_int(0, _I31), sent_at=_float),
+}
+_KIND_OF: dict[type, str] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
+
+# --- encode / decode ---
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if not f.metadata}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _numpy_scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot put {type(value).__name__} on the wire")
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Frames for ``msg``; a batch's activations go as a zero-copy view of a '<f4' C array.
+
+    Raises TypeError for a non-message and ValueError for a message no peer would accept
+    (hidden of the wrong shape, header over MAX_HEADER_BYTES).
+    """
+    kind = _KIND_OF.get(type(msg))
+    if kind is None:
+        raise TypeError(f"not a protocol message: {type(msg).__name__}")
+    header = msgpack.packb({"v": PROTOCOL_VERSION, "k": kind, **_plain(msg)}, use_bin_type=True, default=_numpy_scalar)
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(f"{kind} header is {len(header)} bytes, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
+    frames: list[bytes | memoryview] = [header]
+    if isinstance(msg, Batch) and msg.hidden is not None:
+        hidden = np.ascontiguousarray(msg.hidden, dtype=_F32)  # no copy when already '<f4' C order
+        if hidden.ndim != 2 or hidden.shape[0] != msg.n_rows or hidden.shape[1] < 1:
+            raise ValueError(f"batch {msg.batch_id}: hidden has shape {hidden.shape}, expected ({msg.n_rows}, n_embd)")
+        frames.append(memoryview(hidden).cast("B"))
+    return frames
+
+
+def _view(frame: Any, index: int) -> memoryview:
+    try:
+        return memoryview(frame).cast("B")
+    except (TypeError, ValueError, BufferError):
+        raise ProtocolError("malformed", f"frame {index}: expected a byte buffer, got {type(frame).__name__}") from None
+
+
+def _unpack_header(frame: Any) -> dict[Any, Any]:
+    view = _view(frame, 0)
+    if view.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError("too_large", f"header: {view.nbytes} bytes, over the {MAX_HEADER_BYTES} limit")
+    try:
+        header = msgpack.unpackb(view, raw=False, use_list=False, strict_map_key=False)
+    except Exception as exc:  # msgpack's failure types are many and unspecified
+        raise ProtocolError("malformed", f"header: not valid msgpack ({type(exc).__name__})") from None
+    if type(header) is not dict:
+        raise _fail("header", "map", header)
+    return header
+
+
+def _attach_hidden(batch: Batch, frame: Any, n_embd: int | None) -> Batch:
+    n_rows, view = batch.n_rows, None if frame is None else _view(frame, 1)
+    got = "no activation frame" if view is None else f"an activation frame of {view.nbytes} bytes"
+    if n_embd is not None and (view is None or view.nbytes != n_rows * n_embd * 4):
+        raise ProtocolError("n_embd", f"batch: expected {n_rows} rows x n_embd {n_embd} float32, got {got}")
+    if view is None:
+        return batch
+    if view.nbytes == 0 or view.nbytes % (n_rows * 4):
+        raise ProtocolError("malformed", f"batch: expected {n_rows} rows x n_embd float32, got {got}")
+    hidden = np.frombuffer(view, dtype=_F32).reshape(n_rows, view.nbytes // (n_rows * 4))
+    hidden.flags.writeable = False
+    return replace(batch, hidden=hidden)
+
+
+def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | None = None) -> Message:
+    """The message in ``frames``, fully validated; raises only ProtocolError.
+
+    With ``n_embd`` (a stage that expects activations) a batch must carry exactly
+    ``n_rows * n_embd`` floats; without it (stage 0) the width is taken from the frame.
+    The decoded ``hidden`` is a read-only view onto frame 1, not a copy.
+    """
+    if not isinstance(frames, Sequence) or not 1 <= len(frames) <= 2:
+        raise _fail("message", "1 or 2 frames", len(frames) if isinstance(frames, Sequence) else frames)
+    header = _unpack_header(frames[0])
+    version = header.get("v")
+    if type(version) is not int:
+        raise _fail("header.v", "int protocol version", version)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"peer speaks protocol version {version}, this build speaks {PROTOCOL_VERSION}")
+    kind = header.get("k")
+    if type(kind) is not str:
+        raise _fail("header.k", "str message kind", kind)
+    schema = _SCHEMAS.get(kind)
+    if schema is None:
+        known = ", ".join(_SCHEMAS)
+        raise ProtocolError("unknown_kind", f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
+    msg = schema(header, kind)
+    if isinstance(msg, Batch):
+        return _attach_hidden(msg, frames[1] if len(frames) == 2 else None, n_embd)
+    if len(frames) == 2:
+        raise ProtocolError("malformed", f"{kind}: unexpected frame 1; only a batch carries activations")
+    return msg

@@ -1,0 +1,76 @@
+"""Startup handshake between neighbouring stages, and where a stage finds stage 0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from skippy.config import ConfigError, ServingOptions
+from skippy.protocol import ErrorReport, Message, ProtocolError, Ready, StageIdentity
+from skippy.transport import PullQueue
+
+
+class HandshakeError(RuntimeError):
+    """The downstream refused us or never answered; the message names the endpoint and the flag."""
+
+
+def check_upstream(upstream: StageIdentity, me: StageIdentity) -> str | None:
+    """Why `upstream` cannot feed this stage, or None when it can."""
+    if upstream.layer_end != me.layer_start:
+        return (
+            f"upstream {upstream.stage_id} ends at layer {upstream.layer_end} "
+            f"but stage {me.stage_id} starts at layer {me.layer_start}"
+        )
+    if upstream.model_digest != me.model_digest:
+        return (
+            f"upstream {upstream.stage_id} serves model {upstream.model_digest[:16]} "
+            f"but stage {me.stage_id} serves model {me.model_digest[:16]}"
+        )
+    if upstream.n_embd != me.n_embd:
+        return f"upstream {upstream.stage_id} sends n_embd {upstream.n_embd} but stage {me.stage_id} expects {me.n_embd}"
+    return None
+
+
+async def await_ready(inbound: PullQueue, options: ServingOptions, early: list[Message]) -> Ready:
+    """Wait for the downstream's Ready; anything else that arrives meanwhile is kept in `early`."""
+    downstream = options.config.downstream
+    assert downstream is not None
+    timeout = options.downstream_connect_timeout_secs
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise HandshakeError(
+                f"downstream {downstream.stage_id} at {downstream.endpoint} did not say ready within {timeout:g} s "
+                "(is it running? raise --downstream-connect-timeout-secs to wait longer)"
+            )
+        try:
+            msg = await asyncio.wait_for(inbound.recv(), remaining)
+        except TimeoutError:
+            continue
+        if isinstance(msg, Ready):
+            return msg
+        if isinstance(msg, ErrorReport) and msg.code == "handshake":
+            raise HandshakeError(f"downstream {downstream.stage_id} at {downstream.endpoint} refused: {msg.message}")
+        if not isinstance(msg, ProtocolError):
+            early.append(msg)
+
+
+def connectable(endpoint: str) -> str:
+    """A bound endpoint as a peer can dial it (wildcard hosts become loopback)."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://*:"):
+        if endpoint.startswith(wildcard):
+            return "tcp://127.0.0.1:" + endpoint[len(wildcard) :]
+    return endpoint
+
+
+def stage0_endpoint(options: ServingOptions) -> str:
+    """Where predictions, errors and heartbeats go: stage 0's endpoint from the topology or the upstream peer."""
+    cfg = options.config
+    if options.topology is not None:
+        return options.topology.first().endpoint
+    if cfg.upstream is not None and cfg.upstream.stage_index == 0:
+        return cfg.upstream.endpoint
+    raise ConfigError(
+        f"stage {cfg.stage_id}: cannot find stage 0 for direct prediction return and heartbeats; pass --topology"
+    )

@@ -1,0 +1,93 @@
+"""ZeroMQ, wrapped once: typed asyncio PULL/PUSH queues of protocol messages.
+
+Each queue owns one socket and closes it explicitly.  :class:`PullQueue` binds
+and hands back decoded messages, or the :class:`ProtocolError` of a bad one so
+the caller can log and answer it and keep serving.  :class:`PushQueue` connects
+and sends large activation frames zero-copy: the array behind a sent
+``Batch.hidden`` must not be mutated until ZeroMQ has put it on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from skippy.protocol import Message, ProtocolError, decode, encode
+
+__all__ = ["ZERO_COPY_MIN_BYTES", "PullQueue", "PushQueue", "ipc_endpoint"]
+
+ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
+_IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+Decoder = Callable[[list[zmq.Frame]], Message]
+Encoder = Callable[[Message], Sequence[bytes | memoryview]]
+
+
+def ipc_endpoint(directory: Path, name: str) -> str:
+    """``ipc://`` endpoint for socket file ``name`` in ``directory`` (which must exist to bind)."""
+    if not name or "/" in name:
+        raise ValueError(f"ipc socket name must be a plain file name, got {name!r}")
+    path = str(Path(directory).absolute() / name)
+    if len(path.encode()) > _IPC_PATH_MAX:
+        raise ValueError(f"ipc socket path is {len(path.encode())} bytes, over the {_IPC_PATH_MAX}-byte limit: {path}")
+    return f"ipc://{path}"
+
+
+class PullQueue:
+    """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved)."""
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode, rcvhwm: int = 1000
+    ) -> None:
+        self._decoder = decoder
+        self._socket = ctx.socket(zmq.PULL)
+        try:
+            self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
+            self._socket.bind(endpoint)
+            self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
+
+    async def recv(self) -> Message | ProtocolError:
+        """The next message, or the ProtocolError describing why it was rejected."""
+        frames = await self._socket.recv_multipart(copy=False)
+        try:
+            return self._decoder(frames)
+        except ProtocolError as exc:
+            return exc
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+
+class PushQueue:
+    """Connects a PUSH socket to ``endpoint``; sends block (asynchronously) at ``sndhwm`` queued messages."""
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, endpoint: str, *, encoder: Encoder = encode, sndhwm: int = 1000
+    ) -> None:
+        self.endpoint = endpoint
+        self._encoder = encoder
+        self._socket = ctx.socket(zmq.PUSH)
+        try:
+            self._socket.setsockopt(zmq.SNDHWM, sndhwm)
+            self._socket.connect(endpoint)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
+
+    async def send(self, msg: Message) -> int:
+        """Send ``msg``; returns the bytes handed to ZeroMQ (all frames)."""
+        frames = self._encoder(msg)
+        sizes = [memoryview(f).nbytes for f in frames]
+        zero_copy = len(sizes) > 1 and sizes[1] > ZERO_COPY_MIN_BYTES
+        await self._socket.send_multipart(frames, copy=not zero_copy)
+        return sum(sizes)
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""
+        self._socket.close(linger=linger_ms)

@@ -1,0 +1,55 @@
+"""Session-wide fixtures: a fresh slice cache, tiny test models, the packaged Gemma 3 270M.
+
+Nothing here is autouse: tests that need a model ask for `tiny_model` / `gemma_path`, which bring
+the fresh `SKIPPY_CACHE_DIR` with them (tests/runtime/conftest.py turns it on for every runtime test).
+skippy is imported lazily so other test directories do not pay for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def skippy_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`SKIPPY_CACHE_DIR` pointed at a session tmp dir, so slices are written fresh; restored at the end."""
+    path = tmp_path_factory.mktemp("skippy-cache")
+    old = os.environ.get("SKIPPY_CACHE_DIR")
+    os.environ["SKIPPY_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("SKIPPY_CACHE_DIR", None)
+        else:
+            os.environ["SKIPPY_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, skippy_cache_dir: Path) -> Callable[..., Path]:
+    """`tiny_model("gemma3", n_layer=6)` -> path of a tiny random-weight GGUF, written once per session."""
+    from skippy.testing.tiny_models import tiny_model_path
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    made: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def make(family: str, **kwargs: Any) -> Path:
+        key = (family, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = tiny_model_path(family, root, **kwargs)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def gemma_path(skippy_cache_dir: Path) -> Path:
+    """The packaged default model (Gemma 3 270M Q4_K_M)."""
+    from skippy.runtime.models import resolve_model_path
+
+    return resolve_model_path("default")
