@@ -8,6 +8,7 @@ in a directory (or tcp on loopback), for tests, `skippy generate --topology` and
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -20,6 +21,12 @@ from pathlib import Path
 from skippy.config import StageTopology
 
 READY_TIMEOUT_S = 120.0
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launching process dies, however it dies (no orphans)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class LaunchError(RuntimeError):
@@ -113,7 +120,7 @@ class StageProcesses:
                "--topology", str(self.topology_path), *self.flags]
         with log.open("ab") as out:
             self.procs[stage_id] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                    start_new_session=True)
+                                                    start_new_session=True, preexec_fn=_die_with_parent)
         self.wait_ready(stage_id, offset, timeout_s)
 
     def wait_ready(self, stage_id: str, offset: int, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from skippy.protocol import Message, ProtocolError, decode, encode
 
-__all__ = ["ZERO_COPY_MIN_BYTES", "PullQueue", "PushQueue", "ipc_endpoint"]
+__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint"]
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 _IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -54,11 +54,7 @@ class PullQueue:
 
     async def recv(self) -> Message | ProtocolError:
         """The next message, or the ProtocolError describing why it was rejected."""
-        frames = await self._socket.recv_multipart(copy=False)
-        try:
-            return self._decoder(frames)
-        except ProtocolError as exc:
-            return exc
+        return _decoded(self._decoder, await self._socket.recv_multipart(copy=False))
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -82,12 +78,74 @@ class PushQueue:
 
     async def send(self, msg: Message) -> int:
         """Send ``msg``; returns the bytes handed to ZeroMQ (all frames)."""
-        frames = self._encoder(msg)
-        sizes = [memoryview(f).nbytes for f in frames]
-        zero_copy = len(sizes) > 1 and sizes[1] > ZERO_COPY_MIN_BYTES
-        await self._socket.send_multipart(frames, copy=not zero_copy)
-        return sum(sizes)
+        return await _send_frames(self._socket, self._encoder(msg))
+
+    async def send_frames(self, frames: Sequence[bytes | memoryview]) -> int:
+        """Send frames already encoded (by `protocol.encode`)."""
+        return await _send_frames(self._socket, frames)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""
+        self._socket.close(linger=linger_ms)
+
+
+async def _send_frames(socket: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], prefix: bytes = b"") -> int:
+    sizes = [memoryview(f).nbytes for f in frames]
+    zero_copy = len(sizes) > 1 and sizes[1] > ZERO_COPY_MIN_BYTES
+    await socket.send_multipart([prefix, *frames] if prefix else list(frames), copy=not zero_copy)
+    return sum(sizes)
+
+
+def _decoded(decoder: Decoder, frames: list[zmq.Frame]) -> Message | ProtocolError:
+    try:
+        return decoder(frames)
+    except ProtocolError as exc:
+        return exc
+
+
+class RouterQueue:
+    """Binds a ROUTER for request/reply clients (stage 0's request endpoint); messages carry the client id."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
+        self._decoder = decoder
+        self._socket = ctx.socket(zmq.ROUTER)
+        try:
+            self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a vanished client is dropped
+            self._socket.bind(endpoint)
+            self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
+
+    async def recv(self) -> tuple[bytes, Message | ProtocolError]:
+        client, *frames = await self._socket.recv_multipart(copy=False)
+        return client.bytes, _decoded(self._decoder, frames)
+
+    async def send(self, client: bytes, msg: Message) -> int:
+        return await _send_frames(self._socket, encode(msg), prefix=client)
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+
+class DealerQueue:
+    """Connects a DEALER to a RouterQueue: send requests, receive replies (any order)."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
+        self.endpoint = endpoint
+        self._decoder = decoder
+        self._socket = ctx.socket(zmq.DEALER)
+        try:
+            self._socket.connect(endpoint)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
+
+    async def send(self, msg: Message) -> int:
+        return await _send_frames(self._socket, encode(msg))
+
+    async def recv(self) -> Message | ProtocolError:
+        return _decoded(self._decoder, await self._socket.recv_multipart(copy=False))
+
+    def close(self, linger_ms: int = 0) -> None:
         self._socket.close(linger=linger_ms)

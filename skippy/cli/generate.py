@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
@@ -50,6 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text through the model's slices in one process")
     p.add_argument("--model", default="default", help="'default' (Gemma 3 270M, packaged) or a GGUF path")
     p.add_argument("--split", type=parse_split, default=[], help="split points, e.g. 9 or 5,13 (none: whole model)")
+    p.add_argument("--topology", type=Path, default=None,
+                   help="run over this topology's stage processes (stage configs <stage_id>.json beside it); "
+                        "starts them unless stage 0 already answers, and stops what it started")
+    p.add_argument("--run-dir", type=Path, default=None, help="logs of started stages (default: runs/<time>)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--ctx-size", type=int, default=512, help="context per session (default 512)")
@@ -59,6 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.topology is not None:
+        from skippy.cli.remote_generate import run_over_topology
+
+        return run_over_topology(args, sampling_from_args(args))
     sampling = sampling_from_args(args)
     spec = RuntimeSpec(
         model_path=args.model, layer_start=0, layer_end=0, ctx_size=args.ctx_size, lane_count=1, n_threads=args.threads

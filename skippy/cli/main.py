@@ -8,20 +8,22 @@ from collections.abc import Sequence
 
 from skippy.config import ConfigError
 from skippy.driver.events import DriverUnavailable
+from skippy.launcher import LaunchError
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.stage.handshake import HandshakeError
 
-EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, DriverUnavailable)
+EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, DriverUnavailable, LaunchError,
+                   FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skippy.cli import bench, check_config, generate, slice_cmd, stage
+    from skippy.cli import bench, check_config, generate, logs, slice_cmd, stage
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, stage, slice_cmd, bench, check_config):
+    for module in (generate, stage, logs, slice_cmd, bench, check_config):
         module.register(sub)
     return parser
 

@@ -29,13 +29,13 @@ from skippy.driver.scheduler import PlannedWindow, Sequence, decode_rows_per_ite
 from skippy.log import get_logger
 from skippy.protocol import (
     Batch, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
-    ReleaseSessions, SessionPrediction, StageIdentity, StageTiming, Window, decode,
+    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Window, decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.handshake import await_ready, connectable
-from skippy.stage.links import DownstreamLink, ReplyCredits
+from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire
 from skippy.transport import PullQueue
 
 DEAD_AFTER_S = 3.0  # no heartbeat for this long: the stage is dead
@@ -316,6 +316,8 @@ class Driver:
             self._on_predictions(msg)
         elif isinstance(msg, Credit):
             await self.credits.release()
+        elif isinstance(msg, SetWire):
+            apply_wire(self.downstream, msg, self.log)
         elif isinstance(msg, Heartbeat):
             if msg.stage_id == self.dead:
                 await self._revive(msg.stage_id)

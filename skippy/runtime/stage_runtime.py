@@ -229,6 +229,12 @@ class StageRuntime:
             raise RuntimeUsageError(f"batch of {n_rows} rows exceeds n_batch {self.params.n_batch}")
         if len({w.session_id for w in windows}) != len(windows):
             raise RuntimeUsageError("a session appears twice in one batch")
+        new_sessions = sum(1 for w in windows if w.session_id not in self._lanes)
+        if new_sessions > len(self._free_lanes):
+            raise RuntimeUsageError(
+                f"batch opens {new_sessions} new sessions but only {len(self._free_lanes)} of "
+                f"{self.spec.lane_count} lanes are free (raise lane_count)"
+            )
         for w in windows:
             if w.n_tokens <= 0 or w.pos_start < 0 or w.pos_start + w.n_tokens > self.spec.ctx_size:
                 raise RuntimeUsageError(

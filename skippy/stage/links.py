@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import zmq.asyncio
 
-from skippy.config import WireCondition
-from skippy.protocol import Message, encode
+from skippy.config import ConfigError, WireCondition
+from skippy.protocol import Message, SetWire, encode
 from skippy.transport import PushQueue
 
 
@@ -102,7 +103,7 @@ class DownstreamLink:
                 if serialise > 0:
                     await asyncio.sleep(serialise)
                 start = time.perf_counter()
-                self.bytes_sent += await self.queue.send(msg)
+                self.bytes_sent += await self.queue.send_frames(frames)
                 if not done.done():
                     done.set_result((time.perf_counter() - start) * 1e3)
             except Exception as exc:  # noqa: BLE001 - surfaced to the caller through the future
@@ -118,3 +119,16 @@ class DownstreamLink:
     def close(self) -> None:
         self._task.cancel()
         self.queue.close()
+
+
+def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
+    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied."""
+    if link is None:
+        log.warning("wire_ignored", error="this stage has no downstream link")
+        return
+    try:
+        link.wire = WireCondition(delay_ms=msg.delay_ms, mbps=msg.mbps)
+    except (ConfigError, ValueError) as exc:
+        log.warning("wire_refused", error=str(exc))
+        return
+    log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps)

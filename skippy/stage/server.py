@@ -38,6 +38,7 @@ from skippy.protocol import (
     Ready,
     ReleaseSessions,
     SessionPrediction,
+    SetWire,
     StageIdentity,
     StageTiming,
     decode,
@@ -46,7 +47,7 @@ from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.handshake import await_ready, check_upstream, connectable, stage0_endpoint
-from skippy.stage.links import DownstreamLink, ReplyCredits
+from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire
 from skippy.transport import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -150,6 +151,8 @@ class StageServer:
             await self._on_hello(msg)
         elif isinstance(msg, Credit):
             await self.credits.release()
+        elif isinstance(msg, SetWire):
+            apply_wire(self.downstream, msg, self.log)
         elif isinstance(msg, Batch | ConfigureSession | ReleaseSessions):
             if self.upstream is None:
                 self.log.warning("no_handshake", kind=type(msg).__name__, error="message before any accepted hello")

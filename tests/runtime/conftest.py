@@ -27,28 +27,32 @@ def _fresh_slice_cache(skippy_cache_dir: Path) -> Path:
 _PROBE = """
 import sys
 from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
-StageRuntime(RuntimeSpec(model_path=sys.argv[1], layer_start=0, layer_end=1, lane_count=int(sys.argv[2]),
-                         ctx_size=64)).close()
+path, lanes, end, outputs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+StageRuntime(RuntimeSpec(model_path=path, layer_start=0, layer_end=end, lane_count=lanes, ctx_size=64,
+                         n_outputs_max=outputs or None)).close()
 """
 
 
 @pytest.fixture(scope="session")
-def non_final_probe(tiny_model: Callable[..., Path]) -> Callable[[int], None]:
-    """`check(lane_count)`: fail the test (instead of aborting pytest) if such a non-final stage crashes."""
-    results: dict[int, subprocess.CompletedProcess[str]] = {}
+def non_final_probe(tiny_model: Callable[..., Path]) -> Callable[..., None]:
+    """`check(lane_count, layer_end=1, n_outputs_max=0)`: build that stage of the tiny llama in a
+    subprocess (once); fail the test, instead of aborting pytest, if that kills the process."""
+    results: dict[tuple[int, int, int], subprocess.CompletedProcess[str]] = {}
 
-    def check(lane_count: int) -> None:
-        if lane_count not in results:
-            results[lane_count] = subprocess.run(
-                [sys.executable, "-c", _PROBE, str(tiny_model("llama")), str(lane_count)],
+    def check(lane_count: int, layer_end: int = 1, n_outputs_max: int = 0) -> None:
+        key = (lane_count, layer_end, n_outputs_max)
+        if key not in results:
+            results[key] = subprocess.run(
+                [sys.executable, "-c", _PROBE, str(tiny_model("llama")), *map(str, key)],
                 capture_output=True, text=True, timeout=300,
             )
-        done = results[lane_count]
+        done = results[key]
         if done.returncode != 0:
             reason = next((ln for ln in done.stderr.splitlines() if "GGML_ASSERT" in ln or "Error" in ln), "")
+            kind = "final" if layer_end == N_LAYER else "non-final"
             pytest.fail(
-                f"building a non-final StageRuntime with lane_count={lane_count} kills the process "
-                f"(exit {done.returncode}): {reason.strip() or done.stderr[-500:]}",
+                f"building a {kind} StageRuntime with lane_count={lane_count}, n_outputs_max={n_outputs_max or None} "
+                f"kills the process (exit {done.returncode}): {reason.strip() or done.stderr[-500:]}",
                 pytrace=False,
             )
 
@@ -90,7 +94,7 @@ def _no_leaked_sessions(_shared_chains: dict[str, LocalChain]) -> Iterator[None]
 
 
 @pytest.fixture
-def open_chain(non_final_probe: Callable[[int], None]) -> Iterator[Callable[..., LocalChain]]:
+def open_chain(non_final_probe: Callable[..., None]) -> Iterator[Callable[..., LocalChain]]:
     """`open_chain(base, split_points)`: a LocalChain closed at teardown."""
     chains: list[LocalChain] = []
 
@@ -107,7 +111,7 @@ def open_chain(non_final_probe: Callable[[int], None]) -> Iterator[Callable[...,
 
 
 @pytest.fixture
-def open_stage(non_final_probe: Callable[[int], None]) -> Iterator[Callable[..., StageRuntime]]:
+def open_stage(non_final_probe: Callable[..., None]) -> Iterator[Callable[..., StageRuntime]]:
     """`open_stage(spec, n_layer=6)`: a StageRuntime closed at teardown (n_layer of the source model)."""
     stages: list[StageRuntime] = []
 

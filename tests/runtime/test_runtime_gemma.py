@@ -51,7 +51,7 @@ def gemma_reference(gemma_full: LocalChain, gemma_prompt: list[int]) -> tuple[np
 
 @pytest.fixture(scope="module", params=[[9], [5, 13]], ids=["split9", "split5-13"])
 def gemma_split(
-    request: pytest.FixtureRequest, gemma_base: RuntimeSpec, non_final_probe: Callable[[int], None]
+    request: pytest.FixtureRequest, gemma_base: RuntimeSpec, non_final_probe: Callable[..., None]
 ) -> Iterator[LocalChain]:
     non_final_probe(gemma_base.lane_count)
     chain = LocalChain(gemma_base, request.param)

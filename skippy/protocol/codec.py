@@ -1,33 +1,27 @@
-"""The wire: every message between skippy processes and its one encoding.
+"""Encoding and validation of protocol messages: msgpack header frame plus, for a batch, raw float32.
 
-A message is a ZeroMQ multipart.  Frame 0 is a msgpack map
-``{"v": PROTOCOL_VERSION, "k": kind, **fields}``; a ``batch`` may add frame 1,
-the raw little-endian float32 activations ``[n_rows, n_embd]`` in C order (the
-windows' rows, concatenated).  :func:`decode` validates everything it returns
-and raises only :class:`ProtocolError`, so a stage can answer a bad peer and
-keep serving.  Every field is always written; unknown header keys are ignored
-(an added field a peer may safely miss needs no version bump), any other change
-bumps ``PROTOCOL_VERSION``.
+`decode` validates everything it returns and raises only ProtocolError, so a process can answer a
+bad peer and keep serving.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgpack
 import numpy as np
 
+from skippy.protocol.messages import (
+    Batch, Cancel, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
+    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
+    Window,
+)
+
 if TYPE_CHECKING:
     import zmq
-
-__all__ = [
-    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch",
-    "ConfigureSession", "Credit", "ErrorReport", "Heartbeat", "Hello", "Message", "Predictions", "ProtocolError",
-    "Ready", "ReleaseSessions", "SessionPrediction", "StageIdentity", "StageTiming", "Window", "decode", "encode",
-]
 
 PROTOCOL_VERSION: int = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -38,142 +32,7 @@ _MAX_TIMINGS = 256
 _U63 = 2**63 - 1
 _I31 = 2**31 - 1  # llama.cpp positions and token ids are int32
 _F32 = np.dtype("<f4")
-_FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
 
-
-class ProtocolError(Exception):
-    """An invalid message.  ``code``: malformed, version, unknown_kind, n_embd or too_large."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-
-@dataclass(frozen=True)
-class StageIdentity:
-    """What a stage announces: its layer range ``[layer_start, layer_end)`` of which model."""
-    stage_id: str
-    stage_index: int
-    layer_start: int
-    layer_end: int
-    model_digest: str
-    n_embd: int
-
-
-@dataclass(frozen=True)
-class Hello:
-    """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
-    sender: StageIdentity
-    reply_endpoint: str
-
-
-@dataclass(frozen=True)
-class Ready:
-    """Downstream -> upstream: the Hello is accepted."""
-    sender: StageIdentity
-
-
-@dataclass(frozen=True)
-class Window:
-    """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted."""
-    session_id: int
-    pos_start: int
-    n_tokens: int
-    outputs: tuple[int, ...] = ()
-    tokens: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class StageTiming:
-    """One stage's handling of a batch: wall-clock seconds (time.time()) and durations in ms."""
-    stage_id: str
-    recv_at: float
-    compute_ms: float
-    send_ms: float
-    credit_wait_ms: float
-    sent_at: float
-
-
-@dataclass(frozen=True, eq=False)
-class Batch:
-    """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0)."""
-    batch_id: int
-    windows: tuple[Window, ...]
-    hidden: np.ndarray | None = field(default=None, metadata=_FRAME)
-    timings: tuple[StageTiming, ...] = ()
-
-    @property
-    def n_rows(self) -> int:
-        return sum(w.n_tokens for w in self.windows)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Batch):
-            return NotImplemented
-        a, b = self.hidden, other.hidden
-        same = a is b or (a is not None and b is not None and np.array_equal(a, b))
-        return same and (self.batch_id, self.windows, self.timings) == (other.batch_id, other.windows, other.timings)
-
-
-@dataclass(frozen=True)
-class ConfigureSession:
-    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
-    session_id: int
-    sampling: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ReleaseSessions:
-    """Forget these sessions (KV and sampler state)."""
-    session_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Credit:
-    """Receiver -> sender: batch ``batch_id`` was taken, one more may be sent."""
-    batch_id: int
-    stage_id: str
-
-
-@dataclass(frozen=True)
-class SessionPrediction:
-    """One token per requested output position of a session's window, in order."""
-    session_id: int
-    tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Predictions:
-    """Final stage -> stage 0: the sampled tokens of a batch."""
-    batch_id: int
-    results: tuple[SessionPrediction, ...]
-    timings: tuple[StageTiming, ...] = ()
-
-
-@dataclass(frozen=True)
-class ErrorReport:
-    """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
-    code: str
-    message: str
-    stage_id: str
-    batch_id: int | None = None
-    session_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed."""
-    stage_id: str
-    stage_index: int
-    sent_at: float
-
-
-Message: TypeAlias = (
-    Hello | Ready | Batch | ConfigureSession | ReleaseSessions | Credit | Predictions | ErrorReport | Heartbeat
-)
 
 # --- validation: each Spec checks one decoded value and names its path on failure ---
 
@@ -298,6 +157,14 @@ _SCHEMAS: dict[str, _Struct] = {
                            results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS),
     "error": _Struct(ErrorReport, code=_str, message=_str, stage_id=_str, batch_id=_opt(_int()), session_ids=_SESSIONS),
     "heartbeat": _Struct(Heartbeat, stage_id=_str, stage_index=_int(0, _I31), sent_at=_float),
+    "wire": _Struct(SetWire, delay_ms=_float, mbps=_opt(_float)),
+    "submit": _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
+                      stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
+    "cancel": _Struct(Cancel, request_id=_str),
+    "tokens": _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_str), error=_opt(_str)),
+    "status_query": _Struct(StatusQuery, nonce=_int()),
+    "status": _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
+                      running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),
 }
 _KIND_OF: dict[type, str] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
 
@@ -383,14 +250,10 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
     if not isinstance(frames, Sequence) or not 1 <= len(frames) <= 2:
         raise _fail("message", "1 or 2 frames", len(frames) if isinstance(frames, Sequence) else frames)
     header = _unpack_header(frames[0])
-    version = header.get("v")
-    if type(version) is not int:
-        raise _fail("header.v", "int protocol version", version)
+    version = _int()(header.get("v"), "header.v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError("version", f"peer speaks protocol version {version}, this build speaks {PROTOCOL_VERSION}")
-    kind = header.get("k")
-    if type(kind) is not str:
-        raise _fail("header.k", "str message kind", kind)
+    kind = _str(header.get("k"), "header.k")
     schema = _SCHEMAS.get(kind)
     if schema is None:
         known = ", ".join(_SCHEMAS)

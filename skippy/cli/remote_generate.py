@@ -1,0 +1,81 @@
+"""`skippy generate --topology T`: generate over real stage processes through stage 0's request endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from skippy.config import StageConfig, StageTopology
+from skippy.driver.client import DriverClient, request_endpoint
+from skippy.driver.events import DriverUnavailable
+from skippy.launcher import StageProcesses
+from skippy.runtime.models import resolve_model_path
+from skippy.runtime.sampling import SamplingParams
+from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+
+def stage_config_paths(topology_path: Path, topology: StageTopology) -> list[Path]:
+    paths = [topology_path.parent / f"{stage.stage_id}.json" for stage in topology.stages]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"stage configs not found next to {topology_path}: {', '.join(missing)}")
+    return paths
+
+
+async def _stage0_answers(endpoint: str) -> bool:
+    client = DriverClient(endpoint)
+    try:
+        await client.status(timeout_s=0.5)
+        return True
+    except DriverUnavailable:
+        return False
+    finally:
+        client.close()
+
+
+async def _generate(endpoint: str, tokenizer: Tokenizer, prompt: str, max_tokens: int, sampling: SamplingParams) -> int:
+    client = DriverClient(endpoint)
+    try:
+        status = await client.status(timeout_s=10.0)
+        if not status.ready:
+            raise DriverUnavailable(f"pipeline not ready: stage {status.dead_stage} is down")
+        ids = tokenizer.encode(prompt)
+        handle = await client.submit(ids, sampling, max_tokens, tokenizer.eog_tokens())
+        decoder = IncrementalDecoder(tokenizer)
+        sys.stdout.write(prompt)
+        start, n = time.perf_counter(), 0
+        async for event in handle:
+            if event.token is not None:
+                n += 1
+                sys.stdout.write(decoder.push(event.token))
+                sys.stdout.flush()
+            elif event.finish_reason == "error":
+                raise DriverUnavailable(f"generation failed: {event.error}")
+        sys.stdout.write(decoder.flush() + "\n")
+        elapsed = time.perf_counter() - start
+        print(f"generated {n} tokens in {elapsed:.2f} s ({n / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
+        return 0
+    finally:
+        client.close()
+
+
+def run_over_topology(args: argparse.Namespace, sampling: SamplingParams) -> int:
+    topology = StageTopology.load(args.topology)
+    configs = stage_config_paths(args.topology, topology)
+    endpoint = request_endpoint(topology.first().endpoint)
+    model = StageConfig.load(configs[0]).model_path
+    tokenizer = Tokenizer(resolve_model_path(model))
+    stages: StageProcesses | None = None
+    try:
+        if not asyncio.run(_stage0_answers(endpoint)):
+            run_dir = args.run_dir or Path("runs") / time.strftime("generate-%Y%m%d-%H%M%S")
+            print(f"starting {len(configs)} stage processes (logs: {run_dir})", file=sys.stderr)
+            stages = StageProcesses(args.topology, configs, run_dir, include_stage0=True).start()
+        return asyncio.run(_generate(endpoint, tokenizer, args.prompt, args.max_tokens, sampling))
+    finally:
+        if stages is not None:
+            stages.stop()
+        tokenizer.close()

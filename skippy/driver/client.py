@@ -1,0 +1,89 @@
+"""Talking to a running stage 0 from another process: submit, stream token events, cancel, status.
+
+Stage 0 serves requests on a ROUTER next to its pipeline endpoint (`request_endpoint`): for
+`ipc://PATH` it is `ipc://PATH.req`, for `tcp://HOST:PORT` it is `tcp://HOST:PORT+1`.
+`DriverClient` mirrors the in-process Driver API so the broker and `skippy generate` use either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Sequence
+
+import zmq.asyncio
+
+from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
+from skippy.protocol import Cancel, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.runtime.sampling import SamplingParams
+from skippy.transport import DealerQueue
+
+
+def request_endpoint(pipeline_endpoint: str) -> str:
+    if pipeline_endpoint.startswith("ipc://"):
+        return pipeline_endpoint + ".req"
+    if pipeline_endpoint.startswith("tcp://"):
+        host, _, port = pipeline_endpoint[len("tcp://") :].rpartition(":")
+        return f"tcp://{host}:{int(port) + 1}"
+    raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
+
+
+class DriverClient:
+    def __init__(self, endpoint: str, ctx: zmq.asyncio.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.asyncio.Context()
+        self.queue = DealerQueue(self.ctx, endpoint)
+        self.handles: dict[str, RequestHandle] = {}
+        self._status: dict[int, asyncio.Future[Status]] = {}
+        self._nonces = itertools.count(1)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self.queue.recv()
+            if isinstance(msg, TokenEvents):
+                handle = self.handles.get(msg.request_id)
+                if handle is None:
+                    continue
+                for token in msg.tokens:
+                    handle.put(TokenEvent(token=token))
+                if msg.finish_reason is not None:
+                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error))
+                    del self.handles[msg.request_id]
+            elif isinstance(msg, Status):
+                future = self._status.pop(msg.nonce, None)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+            elif isinstance(msg, ProtocolError):
+                continue
+
+    async def status(self, timeout_s: float = 5.0) -> Status:
+        """Ask stage 0 how the pipeline is; DriverUnavailable if it does not answer in time."""
+        nonce = next(self._nonces)
+        future = self._status[nonce] = asyncio.get_running_loop().create_future()
+        await self.queue.send(StatusQuery(nonce))
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self._status.pop(nonce, None)
+            raise DriverUnavailable(f"stage 0 at {self.endpoint} did not answer within {timeout_s:g} s") from None
+
+    async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+        request_id = request_id or uuid.uuid4().hex
+        handle = self.handles[request_id] = RequestHandle(request_id)
+        sampling_dict = (sampling or SamplingParams()).to_dict()
+        await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
+                                     tuple(sorted(stop_tokens))))
+        return handle
+
+    async def cancel(self, request_id: str) -> None:
+        await self.queue.send(Cancel(request_id))
+
+    def close(self) -> None:
+        self._reader.cancel()
+        self.queue.close()
+        if self._own_ctx:
+            self.ctx.term()

@@ -1,0 +1,199 @@
+"""Every message type between skippy processes: small frozen dataclasses, one per kind.
+
+`skippy.protocol.codec` turns them into ZeroMQ multiparts and back; see the package docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import numpy as np
+
+_FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
+
+
+class ProtocolError(Exception):
+    """An invalid message.  ``code``: malformed, version, unknown_kind, n_embd or too_large."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@dataclass(frozen=True)
+class StageIdentity:
+    """What a stage announces: its layer range ``[layer_start, layer_end)`` of which model."""
+    stage_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    model_digest: str
+    n_embd: int
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
+    sender: StageIdentity
+    reply_endpoint: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Downstream -> upstream: the Hello is accepted."""
+    sender: StageIdentity
+
+
+@dataclass(frozen=True)
+class Window:
+    """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted."""
+    session_id: int
+    pos_start: int
+    n_tokens: int
+    outputs: tuple[int, ...] = ()
+    tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage's handling of a batch: wall-clock seconds (time.time()) and durations in ms."""
+    stage_id: str
+    recv_at: float
+    compute_ms: float
+    send_ms: float
+    credit_wait_ms: float
+    sent_at: float
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0)."""
+    batch_id: int
+    windows: tuple[Window, ...]
+    hidden: np.ndarray | None = field(default=None, metadata=_FRAME)
+    timings: tuple[StageTiming, ...] = ()
+
+    @property
+    def n_rows(self) -> int:
+        return sum(w.n_tokens for w in self.windows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Batch):
+            return NotImplemented
+        a, b = self.hidden, other.hidden
+        same = a is b or (a is not None and b is not None and np.array_equal(a, b))
+        return same and (self.batch_id, self.windows, self.timings) == (other.batch_id, other.windows, other.timings)
+
+
+@dataclass(frozen=True)
+class ConfigureSession:
+    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
+    session_id: int
+    sampling: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReleaseSessions:
+    """Forget these sessions (KV and sampler state)."""
+    session_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Receiver -> sender: batch ``batch_id`` was taken, one more may be sent."""
+    batch_id: int
+    stage_id: str
+
+
+@dataclass(frozen=True)
+class SessionPrediction:
+    """One token per requested output position of a session's window, in order."""
+    session_id: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Final stage -> stage 0: the sampled tokens of a batch."""
+    batch_id: int
+    results: tuple[SessionPrediction, ...]
+    timings: tuple[StageTiming, ...] = ()
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
+    code: str
+    message: str
+    stage_id: str
+    batch_id: int | None = None
+    session_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed."""
+    stage_id: str
+    stage_index: int
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class SetWire:
+    """Change the wire condition of a running stage's downstream link (scripts/wire-delay)."""
+    delay_ms: float
+    mbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``."""
+    request_id: str
+    prompt: tuple[int, ...]
+    sampling: dict[str, Any]
+    max_tokens: int
+    stop_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Client -> stage 0: stop a request (its sessions are released on every stage)."""
+    request_id: str
+
+
+@dataclass(frozen=True)
+class TokenEvents:
+    """Stage 0 -> client: new tokens of a request; ``finish_reason`` set on the last one."""
+    request_id: str
+    tokens: tuple[int, ...]
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """Client -> stage 0: is the pipeline up, and how loaded is it."""
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Status:
+    """Stage 0 -> client: pipeline readiness and load."""
+    nonce: int
+    ready: bool
+    dead_stage: str | None
+    running: int
+    waiting: int
+    lane_count: int
+    ctx_size: int
+
+
+Message: TypeAlias = (
+    Hello | Ready | Batch | ConfigureSession | ReleaseSessions | Credit | Predictions | ErrorReport | Heartbeat
+    | SetWire | Submit | Cancel | TokenEvents | StatusQuery | Status
+)

@@ -1,0 +1,167 @@
+"""Plain helpers for the pipeline tests: a pipeline of real stage processes, a driver in the test process.
+
+A `Pipeline` is one model split at some layers: a topology on ipc:// endpoints in a short tmp dir,
+stage processes 1..n (`skippy stage`, started downstream first by `StageProcesses`), and the
+driver (stage 0) created in the test's event loop by `running_driver`. Everything runs with one
+llama.cpp thread per process: the machine has two cores and several processes share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from skippy.config import ServingOptions, parse_serving_args
+from skippy.driver.driver import Driver
+from skippy.driver.events import TokenEvent
+from skippy.launcher import StageProcesses, read_events, write_local_topology
+from skippy.log import configure_logging
+from skippy.runtime.chain import LocalChain
+from skippy.runtime.models import resolve_model_path
+from skippy.runtime.slices import read_model_info
+from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+
+N_THREADS = 1
+TEST_TIMEOUT_S = 120.0  # whole-test bound: a hang fails instead of stalling the run
+REQUEST_TIMEOUT_S = 60.0
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = TEST_TIMEOUT_S) -> Any:
+    """Run an async test body with an overall bound."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def n_layer_of(model: str | Path) -> int:
+    return read_model_info(resolve_model_path(model)).n_layer
+
+
+def random_prompt(n: int, seed: int, n_vocab: int) -> list[int]:
+    """n deterministic token ids in [3, n_vocab) (skipping unk/bos/eos)."""
+    return np.random.default_rng(seed).integers(3, n_vocab, n).tolist()
+
+
+class Pipeline:
+    """One model split at `splits`; stage processes 1..n, the driver's config at `configs[0]`."""
+
+    def __init__(self, directory: Path, model: str | Path, splits: Sequence[int], *, lane_count: int = 4,
+                 ctx_size: int = 256, stage_flags: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self.model = model
+        self.splits = list(splits)
+        self.lane_count = lane_count
+        self.ctx_size = ctx_size
+        self.n_layer = n_layer_of(model)
+        self.topology, self.configs = write_local_topology(
+            directory, model, self.n_layer, self.splits, lane_count=lane_count, ctx_size=ctx_size,
+            extra={"n_threads": N_THREADS},
+        )
+        self.run_dir = directory / "run"
+        self.stages = StageProcesses(self.topology, self.configs, self.run_dir, flags=list(stage_flags))
+        self.codes: dict[str, int | None] | None = None
+
+    @property
+    def stage_ids(self) -> list[str]:
+        return [s.stage_id for s in self.stages.topology.stages]
+
+    def endpoint(self, index: int) -> str:
+        return self.stages.topology.stages[index].endpoint
+
+    def start(self) -> Pipeline:
+        self.stages.start()
+        return self
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM every stage process (idempotent); returns exit codes by stage id."""
+        if self.codes is None:
+            self.codes = self.stages.stop()
+        return self.codes
+
+    def events(self, stage_id: str) -> list[dict[str, Any]]:
+        return read_events(self.stages.log_path(stage_id))
+
+    def stopped_line(self, stage_id: str) -> dict[str, Any]:
+        stopped = [e for e in self.events(stage_id) if e.get("event") == "stopped"]
+        assert stopped, f"{stage_id} logged no 'stopped' line; log tail: {self.log_tail(stage_id)}"
+        return stopped[-1]
+
+    def log_tail(self, stage_id: str, n: int = 5) -> str:
+        try:
+            lines = self.stages.log_path(stage_id).read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return " | ".join(lines[-n:])
+
+    def driver_options(self, *flags: str) -> ServingOptions:
+        return parse_serving_args(["--config", str(self.configs[0]), "--topology", str(self.topology), *flags])
+
+    def reference_spec(self) -> RuntimeSpec:
+        """The unsplit model as every stage runs it (lanes, context, default n_batch, threads)."""
+        return RuntimeSpec(model_path=resolve_model_path(self.model), layer_start=0, layer_end=0,
+                           ctx_size=self.ctx_size, lane_count=self.lane_count, n_threads=N_THREADS)
+
+    def reference_chain(self) -> LocalChain:
+        return LocalChain(self.reference_spec())
+
+
+@contextlib.asynccontextmanager
+async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None = None) -> AsyncIterator[Driver]:
+    """A started Driver for `pipe` (stage 0 in this process), closed with its runtime on exit."""
+    configure_logging("summary", stream=sys.stderr, stage_id="stage0", role="test-driver")
+    options = pipe.driver_options(*flags)
+    runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
+    driver = Driver(options, runtime, max_iterations_in_flight=max_iterations)
+    try:
+        await driver.start()
+        yield driver
+    finally:
+        try:
+            await driver.close()
+        finally:
+            runtime.close()
+
+
+@dataclass
+class Result:
+    session_id: int
+    tokens: list[int]
+    final: TokenEvent
+
+
+async def generate_each(driver: Driver, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """One request at a time (so every batch holds one session); each must finish by length."""
+    out = []
+    for prompt in prompts:
+        tokens, final = await asyncio.wait_for(driver.submit(prompt, max_tokens=max_tokens).collect(),
+                                               REQUEST_TIMEOUT_S)
+        assert final.finish_reason == "length", final
+        out.append(tokens)
+    return out
+
+
+def session_of(driver: Driver, request_id: str) -> int:
+    """The session id the driver gave a request (read right after submit, while it is registered)."""
+    return driver.by_request[request_id][0].session_id
+
+
+async def generate_concurrently(driver: Driver, prompts: Sequence[Sequence[int]],
+                                max_tokens: Sequence[int]) -> list[Result]:
+    handles = [driver.submit(p, max_tokens=m) for p, m in zip(prompts, max_tokens)]
+    sessions = [session_of(driver, h.request_id) for h in handles]
+    done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), REQUEST_TIMEOUT_S)
+    return [Result(s, tokens, final) for s, (tokens, final) in zip(sessions, done)]
+
+
+def reference_generate(pipe: Pipeline, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy tokens of the unsplit model, prompts run one after another on a fresh chain."""
+    chain = pipe.reference_chain()
+    try:
+        return [list(chain.generate(p, max_tokens)) for p in prompts]
+    finally:
+        chain.close()

@@ -1,0 +1,169 @@
+"""Reply credits bound what is in flight, and a downstream that stops reading blocks its sender.
+
+With `--max-inflight 2` at the driver and every stage, no sender ever has more than 2 un-credited
+batches toward its downstream (driver counters live, stage counters from their `stopped` lines).
+A final stage frozen with SIGSTOP takes nothing, returns no credits: the driver reaches its credit
+limit and waits there (in-flight count and send queue stay bounded) until SIGCONT, after which every
+request completes with the tokens of the unsplit model decoding the same batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import skippy.driver.driver as driver_module
+from pipeline_helpers import REQUEST_TIMEOUT_S, Pipeline, generate_concurrently, random_prompt, run, running_driver
+from skippy.testing.replay import replay_op_log
+
+LIMIT = 2
+FLAGS = ("--max-inflight", str(LIMIT))
+
+
+def _replayed_tokens(pipe: Pipeline, op_log: list) -> dict[int, list[int]]:
+    chain = pipe.reference_chain()
+    try:
+        return replay_op_log(chain, op_log)
+    finally:
+        chain.close()
+
+
+def test_credit_counters_never_exceed_max_inflight(tiny_model: Callable[..., Path],
+                                                   make_pipeline: Callable[..., Pipeline]) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [2, 4], lane_count=8, ctx_size=256, stage_flags=FLAGS)
+    prompts = [random_prompt(8 + 9 * i, 200 + i, 400) for i in range(8)]
+    max_tokens = [12 + i for i in range(8)]
+
+    async def body() -> tuple[list, list, dict, dict]:
+        # more iterations allowed in flight than credits: the credits are what binds
+        async with running_driver(pipe, *FLAGS, max_iterations=6) as driver:
+            assert driver.options.max_inflight == LIMIT
+            results = await generate_concurrently(driver, prompts, max_tokens)
+            return results, list(driver.op_log), vars(driver.credits.stats).copy(), vars(driver.stats).copy()
+
+    results, op_log, credits, stats = run(body())
+    assert all(code == 0 for code in pipe.stop().values())
+    assert all(r.final.finish_reason == "length" for r in results)
+    assert credits["limit"] == LIMIT
+    assert 1 <= credits["max_outstanding"] <= LIMIT, credits
+    assert credits["outstanding"] == 0, credits  # every batch sent was credited back
+    # (iterations in flight may exceed the credit limit: stage1 credits a batch once it has forwarded it)
+    for stage_id in pipe.stage_ids[1:]:
+        line = pipe.stopped_line(stage_id)
+        assert line["credits"]["limit"] == LIMIT, line
+        assert line["credits"]["max_outstanding"] <= LIMIT, line
+    assert pipe.stopped_line("stage1")["credits"]["max_outstanding"] >= 1  # stage1 did forward under credits
+    assert {r.session_id: r.tokens for r in results} == _replayed_tokens(pipe, op_log)
+
+
+async def _poll(predicate: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
+    """Bounded poll of in-process state (the driver's counters have no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what()}")
+        await asyncio.sleep(0.01)
+
+
+def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a frozen stage sends no heartbeats either; keep the driver from declaring it dead meanwhile
+    monkeypatch.setattr(driver_module, "DEAD_AFTER_S", 120.0)
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=8, ctx_size=256, stage_flags=FLAGS)
+    final = pipe.stages.procs["stage1"]
+    prompts = [random_prompt(20 + 7 * i, 300 + i, 400) for i in range(6)]
+    max_tokens = [40] * len(prompts)
+
+    async def body() -> tuple[list, list, dict]:
+        async with running_driver(pipe, *FLAGS, max_iterations=6) as driver:
+            credits = driver.credits.stats
+            os.kill(final.pid, signal.SIGSTOP)
+            try:
+                # one request per micro-batch: submit the next once the previous one is on the wire,
+                # until the driver has LIMIT un-credited batches out and waits for a credit that does not come
+                handles = []
+                for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
+                    handles.append(driver.submit(prompt, max_tokens=m))
+                    if i < LIMIT:
+                        await _poll(lambda: credits.outstanding == i + 1, 20.0,
+                                    lambda: f"batch {i + 1} to be sent ({credits})")
+                    elif i == LIMIT:
+                        await _poll(lambda: credits.waits >= 1, 20.0, lambda: f"the driver to wait for a credit ({credits})")
+                sessions = [driver.by_request[h.request_id][0].session_id for h in handles]
+                sent_bytes = driver.downstream.bytes_sent
+                for _ in range(50):  # and it stays blocked: nothing more in flight, nothing more sent
+                    assert credits.outstanding == LIMIT, credits
+                    assert len(driver.inflight) <= LIMIT, driver.inflight
+                    assert driver.downstream._jobs.qsize() == 0  # no growing send queue either
+                    await asyncio.sleep(0.02)
+                assert driver.downstream.bytes_sent == sent_bytes
+                assert credits.max_outstanding == LIMIT and driver.stats.max_in_flight == LIMIT
+                # the scheduler is parked on the credit: LIMIT batches out, one computed and waiting, the rest queued
+                assert credits.waits == 1
+                assert (len(driver.running), len(driver.waiting)) == (LIMIT + 1, len(prompts) - LIMIT - 1)
+                assert all(h._events.empty() for h in handles)  # nothing came back from a frozen stage
+            finally:
+                os.kill(final.pid, signal.SIGCONT)
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), REQUEST_TIMEOUT_S)
+            assert credits.max_outstanding <= LIMIT
+            results = [(s, tokens, final_event) for s, (tokens, final_event) in zip(sessions, done)]
+            return results, list(driver.op_log), vars(credits).copy()
+
+    results, op_log, credits = run(body())
+    assert all(code == 0 for code in pipe.stop().values())
+    for _, tokens, final_event in results:
+        assert final_event.finish_reason == "length", final_event
+        assert len(tokens) == 40
+    assert credits["max_outstanding"] == LIMIT, credits
+    assert {s: tokens for s, tokens, _ in results} == _replayed_tokens(pipe, op_log)
+
+
+def test_stalled_final_stage_blocks_middle_stage(tiny_model: Callable[..., Path],
+                                                 make_pipeline: Callable[..., Pipeline],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 stages, the final one frozen: stage1 fills its credit window toward it and waits there.
+
+    The driver is then held by its iterations-in-flight cap (one per stage), not by its credits:
+    stage1 credits a batch on receipt once `reply_credit_limit` credits are already deferred, so the
+    driver's credit window does not reach past a blocked middle stage.
+    """
+    monkeypatch.setattr(driver_module, "DEAD_AFTER_S", 120.0)
+    pipe = make_pipeline(tiny_model("llama"), [2, 4], lane_count=8, ctx_size=256, stage_flags=FLAGS)
+    final = pipe.stages.procs["stage2"]
+    prompts = [random_prompt(16 + 5 * i, 400 + i, 400) for i in range(5)]
+
+    async def body() -> tuple[list, list]:
+        async with running_driver(pipe, *FLAGS) as driver:
+            cap = driver.max_iterations
+            assert cap == 3
+            os.kill(final.pid, signal.SIGSTOP)
+            try:
+                handles, sessions = [], []
+                for i, prompt in enumerate(prompts):
+                    handles.append(driver.submit(prompt, max_tokens=24))
+                    sessions.append(driver.by_request[handles[-1].request_id][0].session_id)
+                    await _poll(lambda: len(driver.inflight) == min(i + 1, cap), 20.0,
+                                lambda: f"iteration {i + 1} to be launched ({len(driver.inflight)} in flight)")
+                for _ in range(25):  # nothing comes back, nothing more goes out
+                    assert len(driver.inflight) == cap
+                    assert driver.credits.stats.outstanding <= LIMIT
+                    await asyncio.sleep(0.02)
+                assert all(h._events.empty() for h in handles)
+            finally:
+                os.kill(final.pid, signal.SIGCONT)
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), REQUEST_TIMEOUT_S)
+            assert driver.credits.stats.max_outstanding <= LIMIT
+            return [(s, t, f) for s, (t, f) in zip(sessions, done)], list(driver.op_log)
+
+    results, op_log = run(body())
+    assert all(code == 0 for code in pipe.stop().values())
+    assert all(f.finish_reason == "length" and len(t) == 24 for _, t, f in results), results
+    middle = pipe.stopped_line("stage1")["credits"]
+    assert middle["max_outstanding"] == LIMIT and middle["waits"] >= 1, middle  # stage1 waited on stage2
+    assert {s: t for s, t, _ in results} == _replayed_tokens(pipe, op_log)

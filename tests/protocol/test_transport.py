@@ -1,0 +1,97 @@
+"""skippy.transport: PushQueue -> PullQueue over ipc:// and tcp port 0; bad frames come out as ProtocolError."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from skippy.protocol import Batch, Credit, ProtocolError, Window, decode, encode
+from skippy.transport import PullQueue, PushQueue, ipc_endpoint
+
+N_ROWS, N_EMBD = 256, 640
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def bind_endpoint(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return ipc_endpoint(tmp_path, "pull.sock") if request.param == "ipc" else "tcp://127.0.0.1:0"
+
+
+def activation_batch(batch_id: int) -> Batch:
+    hidden = np.random.default_rng(batch_id).standard_normal((N_ROWS, N_EMBD), dtype=np.float32)
+    windows = (Window(batch_id, 0, N_ROWS - 1, outputs=(N_ROWS - 2,)), Window(10_000 + batch_id, 5, 1))
+    return Batch(batch_id, windows, hidden)
+
+
+@pytest.mark.anyio
+async def test_batches_arrive_intact_and_in_order(ctx: zmq.asyncio.Context, bind_endpoint: str) -> None:
+    pull = PullQueue(ctx, bind_endpoint, decoder=partial(decode, n_embd=N_EMBD))
+    push = PushQueue(ctx, pull.endpoint)
+    try:
+        assert not pull.endpoint.endswith(":0")
+        sent = [activation_batch(i) for i in range(100)]
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+
+                async def send_all() -> None:
+                    for batch in sent:
+                        nbytes = await push.send(batch)
+                        assert nbytes == len(encode(batch)[0]) + N_ROWS * N_EMBD * 4
+
+                tg.start_soon(send_all)
+                for expected in sent:
+                    got = await pull.recv()
+                    assert isinstance(got, Batch) and got == expected
+    finally:
+        push.close()
+        pull.close()
+
+
+@pytest.mark.anyio
+async def test_garbage_is_reported_and_serving_continues(ctx: zmq.asyncio.Context, bind_endpoint: str) -> None:
+    pull = PullQueue(ctx, bind_endpoint, decoder=partial(decode, n_embd=N_EMBD))
+    raw = ctx.socket(zmq.PUSH)
+    raw.connect(pull.endpoint)
+    push = PushQueue(ctx, pull.endpoint)
+    try:
+        with anyio.fail_after(10):
+            garbage = [[b"\xc1not msgpack", b"x", b"y"], [b"\x93\x01\x02\x03"], [encode(Credit(1, "s"))[0], b"1234"]]
+            for frames in garbage:
+                await raw.send_multipart(frames)
+                error = await pull.recv()
+                assert isinstance(error, ProtocolError) and error.code == "malformed"
+            await push.send(Batch(1, (Window(1, 0, 2),), np.ones((2, 64), np.float32)))
+            error = await pull.recv()
+            assert isinstance(error, ProtocolError) and error.code == "n_embd"
+            await push.send(Credit(7, "s2"))
+            assert await pull.recv() == Credit(7, "s2")
+    finally:
+        raw.close(linger=0)
+        push.close()
+        pull.close()
+
+
+def test_ipc_endpoint(tmp_path: Path) -> None:
+    assert ipc_endpoint(tmp_path, "a.sock") == f"ipc://{tmp_path.absolute() / 'a.sock'}"
+    with pytest.raises(ValueError, match="plain file name"):
+        ipc_endpoint(tmp_path, "x/y")
+    with pytest.raises(ValueError, match="limit"):
+        ipc_endpoint(tmp_path, "s" * 120)
