@@ -17,20 +17,24 @@ EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, D
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skippy.cli import bench, check_config, generate, logs, slice_cmd, stage
+    from skippy.cli import bench, check_config, generate, logs, pipeline, slice_cmd, stage
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, stage, logs, slice_cmd, bench, check_config):
+    for module in (generate, stage, pipeline, logs, slice_cmd, bench, check_config):
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `skippy pipeline T -- FLAGS`: everything after `--` is passed through to the stage processes
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.passthrough = passthrough
     try:
         return int(args.run(args) or 0)
     except EXPECTED_ERRORS as exc:

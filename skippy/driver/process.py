@@ -45,10 +45,10 @@ class DriverProcess:
         serving = loop.create_task(self._serve(router))
         await self.stopped.wait()
         serving.cancel()
-        await self.driver.close()
         for task in self.forwarders:
             task.cancel()
-        router.close()
+        router.close()  # before the driver terms the shared context
+        await self.driver.close()
         self.runtime.close()
         stats = self.driver.stats
         self.log.info("stopped", iterations=stats.iterations, max_rows=stats.max_rows, max_sessions=stats.max_sessions,

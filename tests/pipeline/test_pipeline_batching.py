@@ -77,7 +77,8 @@ TINY_PROMPT_LENGTHS = (3, 17, 40, 9, 150, 64, 25, 200)  # 150 and 200 are prefil
 TINY_MAX_TOKENS = (24, 16, 30, 20, 12, 24, 18, 10)
 
 
-@pytest.mark.parametrize(("family", "splits"), [("llama", [3]), ("gemma3", [2, 4])], ids=["llama-2stage", "gemma3-3stage"])
+@pytest.mark.parametrize(("family", "splits"), [("llama", [3]), ("gemma3", [2, 4])],
+                         ids=["llama-2stage", "gemma3-3stage"])
 def test_concurrent_requests_match_unsplit_same_batches(
     tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], family: str, splits: list[int]
 ) -> None:

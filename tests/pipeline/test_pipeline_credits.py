@@ -94,7 +94,8 @@ def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_
                         await _poll(lambda: credits.outstanding == i + 1, 20.0,
                                     lambda: f"batch {i + 1} to be sent ({credits})")
                     elif i == LIMIT:
-                        await _poll(lambda: credits.waits >= 1, 20.0, lambda: f"the driver to wait for a credit ({credits})")
+                        await _poll(lambda: credits.waits >= 1, 20.0,
+                                    lambda: f"the driver to wait for a credit ({credits})")
                 sessions = [driver.by_request[h.request_id][0].session_id for h in handles]
                 sent_bytes = driver.downstream.bytes_sent
                 for _ in range(50):  # and it stays blocked: nothing more in flight, nothing more sent

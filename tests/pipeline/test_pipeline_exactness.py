@@ -43,7 +43,10 @@ def _check_pipeline(pipe: Pipeline, prompts: list[list[int]], max_tokens: int) -
     return got
 
 
-@pytest.mark.parametrize(("family", "splits"), TINY_CASES, ids=[f"{f}-{'_'.join(map(str, s)) or 'unsplit'}" for f, s in TINY_CASES])
+TINY_IDS = [f"{family}-{'_'.join(map(str, splits)) or 'unsplit'}" for family, splits in TINY_CASES]
+
+
+@pytest.mark.parametrize(("family", "splits"), TINY_CASES, ids=TINY_IDS)
 def test_tiny_split_matches_unsplit(tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline],
                                     family: str, splits: list[int]) -> None:
     pipe = make_pipeline(tiny_model(family), splits, lane_count=2, ctx_size=128)
@@ -64,7 +67,8 @@ GEMMA_TEXTS = (
 
 @pytest.mark.gemma
 @pytest.mark.parametrize("splits", [[9], [5, 13]], ids=["split9", "split5-13"])
-def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[..., Pipeline], splits: list[int]) -> None:
+def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[..., Pipeline],
+                                     splits: list[int]) -> None:
     pipe = make_pipeline("default", splits, lane_count=2, ctx_size=128)
     assert pipe.n_layer == 18
     reference = pipe.reference_chain()

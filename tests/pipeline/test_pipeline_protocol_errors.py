@@ -76,7 +76,8 @@ class RawUpstream:
 
 
 @pytest.fixture
-def single_stage(tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> Iterator[tuple[Pipeline, StageRuntime, RawUpstream]]:
+def single_stage(tiny_model: Callable[..., Path],
+                 make_pipeline: Callable[..., Pipeline]) -> Iterator[tuple[Pipeline, StageRuntime, RawUpstream]]:
     pipe = make_pipeline(tiny_model("llama"), [SPLIT], lane_count=2, ctx_size=128)
     assert list(pipe.stages.procs) == ["stage1"]
     head = StageRuntime(RuntimeSpec(model_path=tiny_model("llama"), layer_start=0, layer_end=SPLIT,
@@ -93,7 +94,9 @@ def _header(**fields: object) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
-def test_bad_frames_get_errors_and_stage_keeps_serving(single_stage: tuple[Pipeline, StageRuntime, RawUpstream]) -> None:
+def test_bad_frames_get_errors_and_stage_keeps_serving(
+    single_stage: tuple[Pipeline, StageRuntime, RawUpstream],
+) -> None:
     pipe, head, up = single_stage
     me = StageIdentity("stage0", 0, 0, SPLIT, head.model_digest, head.n_embd)
 

@@ -18,7 +18,8 @@ SPLITS = [2, 4]
 MAX_TOKENS = 8
 
 
-def _generate(pipe: Pipeline, prompts: list[list[int]], flags: tuple[str, ...]) -> tuple[list[list[int]], list[list[float]]]:
+def _generate(pipe: Pipeline, prompts: list[list[int]],
+              flags: tuple[str, ...]) -> tuple[list[list[int]], list[list[float]]]:
     async def body() -> tuple[list[list[int]], list[list[float]]]:
         async with running_driver(pipe, *flags) as driver:
             assert driver.options.wire.delay_ms == (DELAY_MS if flags else 0.0)
