@@ -142,3 +142,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--prompt-tokens", type=int, default=128)
     r.add_argument("--decode-tokens", type=int, default=64)
     r.set_defaults(run=lambda a: run_runtime_bench(a.model, a.split, a.rounds, a.prompt_tokens, a.decode_tokens))
+    from skippy.cli import bench_pipeline
+
+    bench_pipeline.add_to(kinds)

@@ -56,6 +56,7 @@ class DriverStats:
     max_sessions: int = 0
     max_in_flight: int = 0
     hop_ms: deque[list[float]] = field(default_factory=lambda: deque(maxlen=4096))
+    compute_ms: dict[str, float] = field(default_factory=dict)  # per stage, summed over batches
 
 
 class Driver:
@@ -238,6 +239,8 @@ class Driver:
         tokens = {r.session_id: r.tokens for r in msg.results}
         hops = [b.recv_at - a.sent_at for a, b in zip(msg.timings, msg.timings[1:])]
         self.stats.hop_ms.append([h * 1e3 for h in hops])
+        for t in msg.timings:
+            self.stats.compute_ms[t.stage_id] = self.stats.compute_ms.get(t.stage_id, 0.0) + t.compute_ms
         slowest = max((t.compute_ms / max(1, sum(len(pw.tokens) for pw in entry.plan)) for t in msg.timings), default=None)
         write_ms = entry.sent.result() if entry.sent is not None and entry.sent.done() and not entry.sent.exception() else 0.0
         for pw in entry.plan:

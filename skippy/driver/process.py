@@ -8,7 +8,6 @@ handshake, and `stopped` after SIGTERM/SIGINT has failed what was in flight and 
 from __future__ import annotations
 
 import asyncio
-import signal
 from typing import Any
 
 from skippy.config import ServingOptions
@@ -20,6 +19,7 @@ from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery,
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
+from skippy.stage.links import ignore_signals, stop_on_signals
 from skippy.transport import RouterQueue
 
 
@@ -33,8 +33,7 @@ class DriverProcess:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopped.set)
+        stop_on_signals(self.stopped)
         await self.driver.start()
         assert self.driver.inbound is not None
         router = RouterQueue(self.driver.ctx, request_endpoint(self.driver.inbound.endpoint))
@@ -44,6 +43,7 @@ class DriverProcess:
                       max_iterations_in_flight=self.driver.max_iterations)
         serving = loop.create_task(self._serve(router))
         await self.stopped.wait()
+        ignore_signals()
         serving.cancel()
         for task in self.forwarders:
             task.cancel()

@@ -10,6 +10,7 @@ socket; `enqueue()` returns at once (async forward) and failures surface on the 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,21 @@ class DownstreamLink:
     def close(self) -> None:
         self._task.cancel()
         self.queue.close()
+
+
+def stop_on_signals(stopped: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set `stopped`; call `ignore_signals` when shutdown starts so a second one cannot
+    kill the process halfway through closing (the launcher escalates to SIGKILL if it hangs)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+
+
+def ignore_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:

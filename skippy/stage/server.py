@@ -6,16 +6,16 @@ and session control onward; a PUSH back to the upstream's announced endpoint car
 and errors; the final stage sends predictions **directly to stage 0**, and every stage sends
 heartbeats there so stage 0 can tell a dead stage from a slow one.
 
-Credits: a batch that wants no outputs (prefill) is credited upstream on receipt; others are
-credited once forwarded, unless `reply_credit_limit` credits are already deferred. Toward the
-downstream at most `max_inflight` batches are un-credited. All runtime calls run in one worker
+Credits: a batch is credited upstream once it has left this stage (forwarded downstream, which
+itself needs a downstream credit, so backpressure propagates), except that up to
+`reply_credit_limit` prefill batches (no outputs wanted) are credited early, on receipt. Toward
+the downstream at most `max_inflight` batches are un-credited. All runtime calls run in one worker
 thread, in arrival order, so the event loop keeps moving frames while llama.cpp computes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,7 +47,7 @@ from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.handshake import await_ready, check_upstream, connectable, stage0_endpoint
-from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire
+from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire, ignore_signals, stop_on_signals
 from skippy.transport import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -66,7 +66,7 @@ class StageServer:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"runtime-{cfg.stage_id}")
         self.credits = ReplyCredits(options.max_inflight)
         self.work: asyncio.Queue[Message] = asyncio.Queue()
-        self.deferred: set[int] = set()  # batch ids whose upstream credit waits for the forward
+        self.early: set[int] = set()  # prefill batches credited on receipt, not yet forwarded
         self.counters: dict[str, int] = {"batches": 0, "rows": 0, "max_rows": 0, "max_sessions": 0, "errors": 0}
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
@@ -77,8 +77,7 @@ class StageServer:
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopped.set)
+        stop_on_signals(self.stopped)
         first_stage = self.identity.stage_index == 0
         self.inbound = PullQueue(
             self.ctx, self.options.bind_addr, decoder=lambda f: decode(f, n_embd=None if first_stage else self.identity.n_embd)
@@ -115,6 +114,7 @@ class StageServer:
         return 0
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
+        ignore_signals()
         for task in tasks:
             task.cancel()
         sessions = self.runtime.active_sessions
@@ -122,7 +122,9 @@ class StageServer:
             report = ErrorReport("stage_stopped", f"stage {self.identity.stage_id} stopped", self.identity.stage_id,
                                  None, tuple(sessions))
             await asyncio.wait_for(self.stage0.send(report), 2.0)
-        for link in (self.downstream, self.upstream, self.stage0, self.inbound):
+        if self.stage0 is not None:
+            self.stage0.close(linger_ms=1000)  # let the stage_stopped report leave
+        for link in (self.downstream, self.upstream, self.inbound):
             if link is not None:
                 link.close()
         self.executor.shutdown(wait=True)
@@ -157,12 +159,10 @@ class StageServer:
             if self.upstream is None:
                 self.log.warning("no_handshake", kind=type(msg).__name__, error="message before any accepted hello")
                 return
-            if isinstance(msg, Batch):
-                wants_outputs = any(w.outputs for w in msg.windows)
-                if wants_outputs and len(self.deferred) < self.options.reply_credit_limit:
-                    self.deferred.add(msg.batch_id)
-                else:
-                    await self.upstream.send(Credit(msg.batch_id, self.identity.stage_id))  # early credit
+            if isinstance(msg, Batch) and not any(w.outputs for w in msg.windows):
+                if len(self.early) < self.options.reply_credit_limit:  # early credit for prefill, bounded
+                    self.early.add(msg.batch_id)
+                    await self.upstream.send(Credit(msg.batch_id, self.identity.stage_id))
             self.work.put_nowait(msg)
         else:
             self.log.warning("unexpected_message", kind=type(msg).__name__, detail=str(msg)[:200])
@@ -265,12 +265,14 @@ class StageServer:
         self.log.debug(
             "batch", batch_id=batch.batch_id, rows=batch.n_rows, sessions=len(sessions), compute_ms=round(compute_ms, 3),
             send_ms=round(send_ms, 3), credit_wait_ms=round(wait_ms, 3), credits_outstanding=self.credits.stats.outstanding,
-            credits_max=self.credits.stats.max_outstanding, deferred_credits=len(self.deferred),
+            credits_max=self.credits.stats.max_outstanding, early_credits=len(self.early),
         )
 
     async def _credit_deferred(self, batch_id: int) -> None:
-        if batch_id in self.deferred:
-            self.deferred.discard(batch_id)
+        """Credit a batch once it has left this stage (forwarded, or answered at the final stage)."""
+        if batch_id in self.early:
+            self.early.discard(batch_id)
+        else:
             await self._reply_upstream(Credit(batch_id, self.identity.stage_id))
 
     def _count(self, batch: Batch) -> None:

@@ -133,9 +133,6 @@ def test_sigterm_mid_generation_fails_requests_naming_the_stage(tiny_model: Call
     assert _stage_processes_of(pipe) == []
 
 
-@pytest.mark.xfail(reason="StageServer._shutdown (skippy/stage/server.py) closes the stage-0 PUSH with linger 0 right "
-                          "after sending the stage_stopped ErrorReport, so the report is usually dropped and the "
-                          "driver only notices the stage through the 3 s heartbeat timeout", strict=False)
 def test_sigterm_mid_generation_is_reported_by_the_stage(tiny_model: Callable[..., Path],
                                                          make_pipeline: Callable[..., Pipeline]) -> None:
     """The stopping stage's own report (not a heartbeat timeout) is what fails the requests."""

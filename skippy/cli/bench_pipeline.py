@@ -1,0 +1,172 @@
+"""`skippy bench pipeline`: the multi-process pipeline against unsplit llama.cpp, side by side in one run.
+
+Stage 1 runs as a real process; stage 0 (the driver) runs in this process so the bench can switch
+its micro-batch depth and, through SetWire, the wire delay of the running link between scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from skippy.config import parse_serving_args
+from skippy.driver.driver import Driver
+from skippy.launcher import StageProcesses, write_local_topology
+from skippy.log import configure_logging
+from skippy.protocol import Batch, SetWire, StageTiming, Window, decode, encode
+from skippy.runtime.chain import LocalChain
+from skippy.runtime.models import resolve_model_path
+from skippy.runtime.slices import read_model_info
+from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.stage.links import apply_wire
+
+
+def _prompts(n: int, length: int = 32) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(100, 5000, length).tolist() for _ in range(n)]
+
+
+def unsplit_batch_rate(chain: LocalChain, prompts: list[list[int]], steps: int) -> float:
+    """Decode tok/s of the unsplit model stepping all prompts together as one batch per step."""
+    windows = [SessionWindow(i, 0, len(p), (len(p) - 1,), np.array(p, np.int32)) for i, p in enumerate(prompts)]
+    rows = chain.decode(windows)
+    pos = [len(p) for p in prompts]
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens = [chain.final.sample(i, r[0]) for i, r in enumerate(rows)]
+        rows = chain.decode([SessionWindow(i, pos[i], 1, (0,), np.array([t], np.int32)) for i, t in enumerate(tokens)])
+        pos = [p + 1 for p in pos]
+    rate = steps * len(prompts) / (time.perf_counter() - start)
+    for i in range(len(prompts)):
+        chain.release(i)
+    return rate
+
+
+async def pipeline_rate(driver: Driver, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
+    """(aggregate decode tok/s after the first token, mean ms per token per stream)."""
+    handles = [driver.submit(p, max_tokens=max_tokens) for p in prompts]
+    firsts: list[float] = []
+    ends: list[float] = []
+    counts: list[int] = []
+
+    async def consume(h):  # type: ignore[no-untyped-def]
+        n, first = 0, None
+        async for event in h:
+            if event.token is not None:
+                n += 1
+                first = first or time.perf_counter()
+        firsts.append(first or time.perf_counter())
+        ends.append(time.perf_counter())
+        counts.append(n)
+
+    await asyncio.gather(*(consume(h) for h in handles))
+    tokens = sum(c - 1 for c in counts)
+    rate = tokens / (max(ends) - min(firsts))
+    tpot = statistics.mean((e - f) * 1e3 / max(1, c - 1) for f, e, c in zip(firsts, ends, counts))
+    return rate, tpot
+
+
+async def raw_round_trip_ms(directory: Path, nbytes_rows: int, n_embd: int, rounds: int = 200) -> float:
+    """A plain pyzmq PUSH/PULL ping-pong of one decode-sized batch message (two hops), in ms."""
+    ctx = zmq.asyncio.Context()
+    a_in, b_in = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
+    a_in.bind(f"ipc://{directory}/raw-a")
+    b_in.bind(f"ipc://{directory}/raw-b")
+    to_b, to_a = ctx.socket(zmq.PUSH), ctx.socket(zmq.PUSH)
+    to_b.connect(f"ipc://{directory}/raw-b")
+    to_a.connect(f"ipc://{directory}/raw-a")
+    msg = Batch(1, (Window(1, 10, nbytes_rows, (0,), (5,) * nbytes_rows),), np.zeros((nbytes_rows, n_embd), np.float32),
+                (StageTiming("s", 0.0, 0.0, 0.0, 0.0, 0.0),))
+    frames = encode(msg)
+
+    async def echo() -> None:
+        for _ in range(rounds):
+            await to_a.send_multipart(await b_in.recv_multipart())
+
+    task = asyncio.get_running_loop().create_task(echo())
+    start = time.perf_counter()
+    for _ in range(rounds):
+        await to_b.send_multipart(frames)
+        decode(await a_in.recv_multipart(copy=False))
+    elapsed = (time.perf_counter() - start) / rounds * 1e3
+    await task
+    for s in (a_in, b_in, to_b, to_a):
+        s.close(0)
+    ctx.term()
+    return elapsed
+
+
+async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads: int | None
+                 ) -> list[tuple[str, float, float, str]]:
+    n_layer = read_model_info(model).n_layer
+    rows: list[tuple[str, float, float, str]] = []
+    with tempfile.TemporaryDirectory(prefix="skippy-bench-") as tmp:
+        d = Path(tmp)
+        extra = {"n_threads": threads} if threads else None
+        topology, configs = write_local_topology(d, model, n_layer, [split], lane_count=16, ctx_size=512, extra=extra)
+        unsplit = LocalChain(RuntimeSpec(model_path=model, layer_start=0, layer_end=0, lane_count=16))
+        with StageProcesses(topology, configs, d / "run"):
+            options = parse_serving_args(["--config", str(configs[0]), "--topology", str(topology), "--max-inflight", "4"])
+            runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config, options.topology))
+            driver = Driver(options, runtime)
+            await driver.start()
+            try:
+                # single stream: unsplit vs 2 stages; per-token overhead vs a raw round trip
+                u1 = unsplit_batch_rate(unsplit, _prompts(1), tokens)
+                before = sum(driver.stats.compute_ms.values())
+                p1, tpot1 = await pipeline_rate(driver, _prompts(1), tokens)
+                rows.append(("single-stream decode tok/s", u1, p1, ">= 0.9"))
+                # stages' own compute per token in this very run (prefill included: a slight undercount)
+                compute_ms = (sum(driver.stats.compute_ms.values()) - before) / tokens
+                raw = await raw_round_trip_ms(d, 1, runtime.n_embd)
+                rows.append(("per-token overhead vs raw round trip (ms)", raw, tpot1 - compute_ms, "<= 2x"))
+                # 8 concurrent: unsplit one batch vs pipeline
+                u8 = unsplit_batch_rate(unsplit, _prompts(8), tokens)
+                p8, _ = await pipeline_rate(driver, _prompts(8), tokens)
+                rows.append(("8 concurrent aggregate tok/s", u8, p8, ">= 0.85"))
+                # wire delay on the stage0 -> stage1 hop (predictions return directly, undelayed)
+                apply_wire(driver.downstream, SetWire(delay_ms), driver.log)
+                before = sum(driver.stats.compute_ms.values())
+                n_delay = max(8, tokens // 4)
+                _, tpot_d = await pipeline_rate(driver, _prompts(1), n_delay)
+                expected = (sum(driver.stats.compute_ms.values()) - before) / n_delay + 1 * delay_ms
+                rows.append((f"TPOT with {delay_ms:g} ms/hop vs compute + 1 hop (ms)", expected, tpot_d, "within 15%"))
+                driver.max_iterations = 1
+                one, _ = await pipeline_rate(driver, _prompts(16), max(8, tokens // 2))
+                driver.max_iterations = 2
+                micro, _ = await pipeline_rate(driver, _prompts(16), max(8, tokens // 2))
+                rows.append((f"16 concurrent tok/s, {delay_ms:g} ms: 1 batch vs micro-batches", one, micro, ">= 1.15"))
+            finally:
+                await driver.close()
+                runtime.close()
+                unsplit.close()
+    return rows
+
+
+def run_pipeline_bench(args: argparse.Namespace) -> int:
+    configure_logging("off")
+    model = resolve_model_path(args.model)
+    rows = asyncio.run(_bench(model, args.split, args.tokens, args.delay_ms, args.threads))
+    print(f"model {model.name}, 2 stages split at {args.split} (stage 1 a separate process), one run")
+    print(f"{'measure':<52}{'reference':>12}{'pipeline':>12}{'ratio':>9}  target")
+    for name, ref, got, target in rows:
+        print(f"{name:<52}{ref:>12.2f}{got:>12.2f}{got / ref:>9.3f}  {target}")
+    return 0
+
+
+def add_to(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("pipeline", help="2-stage pipeline vs unsplit llama.cpp: overhead, tok/s, wire delay")
+    p.add_argument("--model", default="default")
+    p.add_argument("--split", type=int, default=9)
+    p.add_argument("--tokens", type=int, default=48, help="decode tokens per request")
+    p.add_argument("--delay-ms", type=float, default=20.0)
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads per stage (default: all cores)")
+    p.set_defaults(run=run_pipeline_bench)
