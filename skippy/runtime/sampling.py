@@ -55,6 +55,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes logits: the sample is just the first maximal logit."""
+        penalties = self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+        return self.greedy and not penalties and not self.logit_bias
+
     def to_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}

@@ -167,3 +167,21 @@ def test_logit_bias_outside_the_vocabulary_is_rejected(token: object, unsplit_ch
         list(chain.generate(PROMPT, 1, SamplingParams(logit_bias={tid: 1.0})))
     chain.final.configure_session(0, SamplingParams(logit_bias={n_vocab - 1: 1.0}))  # the last id is fine
     chain.release(0)
+
+
+def test_plain_greedy_fast_path_equals_llama_cpp_greedy_sampler(unsplit_chain: Callable[[str], LocalChain]) -> None:
+    """StageRuntime.sample takes argmax for plain greedy; llama.cpp's greedy chain must agree."""
+    from skippy.runtime.sampling import SamplerChain
+
+    chain = unsplit_chain("gemma3")
+    stage = chain.final
+    try:
+        rows = chain.decode([window(0, 0, PROMPT, "all")])[0]
+        reference = SamplerChain(SamplingParams(temperature=0.0), stage.n_vocab)
+        try:
+            for row in rows:
+                assert stage.sample(0, row) == reference.sample(stage.ctx.ptr, row)
+        finally:
+            reference.close()
+    finally:
+        chain.release(0)
