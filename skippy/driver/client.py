@@ -47,10 +47,11 @@ class DriverClient:
                 handle = self.handles.get(msg.request_id)
                 if handle is None:
                     continue
-                for token in msg.tokens:
-                    handle.put(TokenEvent(token=token))
+                logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
+                for token, logprob in zip(msg.tokens, logprobs):
+                    handle.put(TokenEvent(token=token, logprob=logprob))
                 if msg.finish_reason is not None:
-                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error))
+                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code))
                     del self.handles[msg.request_id]
             elif isinstance(msg, Status):
                 future = self._status.pop(msg.nonce, None)

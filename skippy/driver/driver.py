@@ -29,12 +29,13 @@ from skippy.driver.scheduler import PlannedWindow, Sequence, decode_rows_per_ite
 from skippy.log import get_logger
 from skippy.protocol import (
     Batch, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
-    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Window, decode,
+    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, TokenLogprob, Window, decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.handshake import await_ready, connectable
+from skippy.stage.predict import predict
 from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire
 from skippy.transport import PullQueue
 
@@ -190,10 +191,7 @@ class Driver:
         result = self.runtime.decode(windows)
         if not self.runtime.is_final:
             return result.hidden, ()
-        return None, tuple(
-            SessionPrediction(w.session_id, tuple(self.runtime.sample(w.session_id, r) for r in rows))
-            for w, rows in zip(windows, result.output_rows) if rows
-        )
+        return None, predict(self.runtime, windows, result)
 
     async def _launch(self, plan: list[PlannedWindow]) -> None:
         batch_id = next(self._batch_ids)
@@ -237,6 +235,7 @@ class Driver:
             self.log.warning("unknown_batch", batch_id=msg.batch_id)
             return
         tokens = {r.session_id: r.tokens for r in msg.results}
+        logprobs = {r.session_id: r.logprobs for r in msg.results}
         hops = [b.recv_at - a.sent_at for a, b in zip(msg.timings, msg.timings[1:])]
         self.stats.hop_ms.append([h * 1e3 for h in hops])
         for t in msg.timings:
@@ -260,13 +259,14 @@ class Driver:
                 if not got:
                     self._finish(seq, "error", f"final stage returned no prediction for session {seq.session_id}")
                 else:
-                    self._emit(seq, got[0])
+                    lp = logprobs.get(seq.session_id) or (None,)
+                    self._emit(seq, got[0], lp[0])
         self.log.debug("iteration_done", batch_id=msg.batch_id, rows=sum(len(pw.tokens) for pw in entry.plan),
                        sessions=len(entry.plan), hop_ms=[round(h * 1e3, 3) for h in hops],
                        stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
         self._wakeup.set()
 
-    def _emit(self, seq: Sequence, token: int) -> None:
+    def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = seq.prefill_done_at = now
@@ -275,7 +275,7 @@ class Driver:
         if token in seq.stop_tokens:
             self._finish(seq, "stop")
             return
-        handle.put(TokenEvent(token=token))
+        handle.put(TokenEvent(token=token, logprob=logprob))
         full = len(seq.prompt) + len(seq.generated) >= self.runtime.spec.ctx_size
         if len(seq.generated) >= seq.max_tokens or full:
             self._finish(seq, "length")

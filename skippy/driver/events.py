@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from skippy.protocol import TokenLogprob
+
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
@@ -18,6 +20,8 @@ class TokenEvent:
     token: int | None = None  # a generated token, or None on the final event
     finish_reason: str | None = None  # set on the final event: stop | length | cancelled | error
     error: str | None = None  # why, when finish_reason is "error"
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
+    code: str | None = None  # error class (queue_full, admission_timeout, unavailable, ...)
 
     @property
     def final(self) -> bool:

@@ -68,7 +68,8 @@ class DriverProcess:
                                             msg.request_id)
             except (RuntimeUsageError, DriverUnavailable, TypeError, ValueError) as exc:
                 self.log.warning("request_refused", request_id=msg.request_id, error=str(exc))
-                await router.send(client, TokenEvents(msg.request_id, (), "error", str(exc)))
+                code = "unavailable" if isinstance(exc, DriverUnavailable) else "bad_request"
+                await router.send(client, TokenEvents(msg.request_id, (), "error", str(exc), code))
                 return
             task = asyncio.get_running_loop().create_task(self._forward(router, client, handle))
             self.forwarders.add(task)
@@ -85,4 +86,6 @@ class DriverProcess:
     async def _forward(self, router: RouterQueue, client: bytes, handle: RequestHandle) -> Any:
         async for event in handle:
             tokens = () if event.token is None else (event.token,)
-            await router.send(client, TokenEvents(handle.request_id, tokens, event.finish_reason, event.error))
+            logprobs = () if event.logprob is None else (event.logprob,)
+            await router.send(client, TokenEvents(handle.request_id, tokens, event.finish_reason, event.error,
+                                                  event.code, logprobs))

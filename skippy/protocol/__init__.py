@@ -16,12 +16,12 @@ from skippy.protocol.codec import (
 from skippy.protocol.messages import (
     Batch, Cancel, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
     ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
-    Window,
+    TokenLogprob, Window,
 )
 
 __all__ = [
     "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "Cancel",
     "ConfigureSession", "Credit", "ErrorReport", "Heartbeat", "Hello", "Message", "Predictions", "ProtocolError",
     "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
-    "StatusQuery", "Submit", "TokenEvents", "Window", "decode", "encode",
+    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "decode", "encode",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 from skippy.protocol.messages import (
     Batch, Cancel, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
     ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
-    Window,
+    TokenLogprob, Window,
 )
 
 if TYPE_CHECKING:
@@ -144,7 +144,12 @@ _TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float,
 _TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
 _WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
                   outputs=_seq(_int(), MAX_ROWS), tokens=_opt(_TOKENS))
-_RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS)
+_PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
+              and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
+_LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
+                   top=_seq(_PAIR, 64))
+_LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
+_RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logprobs=_LOGPROBS)
 
 _SCHEMAS: dict[str, _Struct] = {
     "hello": _Struct(Hello, sender=_IDENTITY, reply_endpoint=_str),
@@ -161,7 +166,8 @@ _SCHEMAS: dict[str, _Struct] = {
     "submit": _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
                       stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
     "cancel": _Struct(Cancel, request_id=_str),
-    "tokens": _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_str), error=_opt(_str)),
+    "tokens": _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_str), error=_opt(_str),
+                      code=_opt(_str), logprobs=_LOGPROBS),
     "status_query": _Struct(StatusQuery, nonce=_int()),
     "status": _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),

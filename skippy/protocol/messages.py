@@ -111,10 +111,19 @@ class Credit:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """log p(token) under the model's logits, and the `top` most likely (token, logprob) pairs."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class SessionPrediction:
-    """One token per requested output position of a session's window, in order."""
+    """One token per requested output position of a session's window, in order (+ logprobs if asked)."""
     session_id: int
     tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,11 +177,17 @@ class Cancel:
 
 @dataclass(frozen=True)
 class TokenEvents:
-    """Stage 0 -> client: new tokens of a request; ``finish_reason`` set on the last one."""
+    """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
+
+    ``code`` classifies an error: queue_full, admission_timeout (HTTP 429), unavailable (503),
+    bad_request, context_length_exceeded (400), pipeline_failed (502).
+    """
     request_id: str
     tokens: tuple[int, ...]
     finish_reason: str | None = None
     error: str | None = None
+    code: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

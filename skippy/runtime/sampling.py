@@ -31,6 +31,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int = DEFAULT_SEED
     logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int | None = None  # None: no logprobs; n: the sampled token's logprob and the top n
 
     def __post_init__(self) -> None:
         checks = [
@@ -43,6 +44,7 @@ class SamplingParams:
             ("repeat_penalty", self.repeat_penalty > 0 and math.isfinite(self.repeat_penalty), "> 0"),
             ("repeat_last_n", self.repeat_last_n >= -1, ">= -1"),
             ("seed", 0 <= self.seed <= 0xFFFFFFFF, "a uint32"),
+            ("top_logprobs", self.top_logprobs is None or 0 <= self.top_logprobs <= 20, "in [0, 20]"),
         ]
         for name, ok, rule in checks:
             if not ok:

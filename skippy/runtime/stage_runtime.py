@@ -19,6 +19,7 @@ import llama_cpp as L
 import numpy as np
 
 from skippy.config import StageConfig, StageTopology
+from skippy.protocol import TokenLogprob
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.runtime.llama_api import (
     BatchBuffers,
@@ -315,6 +316,22 @@ class StageRuntime:
             # 262k-entry candidate array per sample (~1 ms each on Gemma)
             return int(np.argmax(self.ctx.logits_row(batch_row, self.n_vocab)))
         return chain.sample(self.ctx.ptr, batch_row)
+
+    def logprobs(self, session_id: int, batch_row: int, token: int) -> TokenLogprob | None:
+        """log p(token) from the row's raw logits (log-softmax) and the top-n, if the session asked."""
+        chain = self._samplers.get(session_id)
+        n = None if chain is None else chain.params.top_logprobs
+        if n is None:
+            return None
+        logits = self.ctx.logits_row(batch_row, self.n_vocab).astype(np.float64)
+        peak = logits.max()
+        log_z = peak + np.log(np.exp(logits - peak).sum())  # log-sum-exp
+        top: tuple[tuple[int, float], ...] = ()
+        if n > 0:
+            best = np.argpartition(-logits, n)[:n]
+            best = best[np.argsort(-logits[best], kind="stable")]
+            top = tuple((int(t), float(logits[t] - log_z)) for t in best)
+        return TokenLogprob(int(token), float(logits[token] - log_z), top)
 
     def close(self) -> None:
         for chain in self._samplers.values():

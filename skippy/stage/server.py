@@ -46,6 +46,7 @@ from skippy.protocol import (
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.stage.predict import predict
 from skippy.stage.handshake import await_ready, check_upstream, connectable, stage0_endpoint
 from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire, ignore_signals, stop_on_signals
 from skippy.transport import PullQueue, PushQueue
@@ -230,12 +231,7 @@ class StageServer:
         result = self.runtime.decode(windows, batch.hidden)
         if not self.runtime.is_final:
             return result.hidden, ()
-        predictions = tuple(
-            SessionPrediction(w.session_id, tuple(self.runtime.sample(w.session_id, r) for r in rows))
-            for w, rows in zip(windows, result.output_rows)
-            if rows
-        )
-        return None, predictions
+        return None, predict(self.runtime, windows, result)
 
     async def _on_batch(self, batch: Batch) -> None:
         recv_at = time.time()
