@@ -85,43 +85,31 @@ def read_events(log_path: Path) -> list[dict[str, object]]:
     return events
 
 
-class StageProcesses:
-    """Stage processes of one topology (optionally skipping stage 0), started downstream first."""
+class Children:
+    """Supervised `skippy ...` child processes, each logging to <run_dir>/<name>.log; stop() ends them all."""
 
-    def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
-                 flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None) -> None:
-        self.topology_path = topology_path
-        self.topology = StageTopology.load(topology_path)
-        self.config_paths = list(config_paths)
+    def __init__(self, run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.run_dir = run_dir
-        self.flags = list(flags)
-        self.first = 0 if include_stage0 else 1
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def log_path(self, stage_id: str) -> Path:
-        return self.run_dir / f"{stage_id}.log"
+    def log_path(self, name: str) -> Path:
+        return self.run_dir / f"{name}.log"
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
+    def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Run `skippy <skippy_args>` as child `name`, logging to <run_dir>/<name>.log, and wait for `ready`."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            for index in range(len(self.config_paths) - 1, self.first - 1, -1):
-                self.start_stage(index, timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
-        stage_id = self.topology.stages[index].stage_id
-        log = self.log_path(stage_id)
+        log = self.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
-        cmd = [sys.executable, "-m", "skippy.cli.main", "stage", "--config", str(self.config_paths[index]),
-               "--topology", str(self.topology_path), *self.flags]
+        cmd = [sys.executable, "-m", "skippy.cli.main", *skippy_args]
         with log.open("ab") as out:
-            self.procs[stage_id] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                    start_new_session=True, preexec_fn=_die_with_parent)
-        self.wait_ready(stage_id, offset, timeout_s)
+            self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                                start_new_session=True, preexec_fn=_die_with_parent)
+        self.wait_ready(name, offset, timeout_s)
+
+    def dead(self) -> list[tuple[str, int]]:
+        """Children that have exited: (name, exit code)."""
+        return [(name, p.returncode) for name, p in self.procs.items() if p.poll() is not None]
 
     def wait_ready(self, stage_id: str, offset: int, timeout_s: float) -> None:
         log, proc = self.log_path(stage_id), self.procs[stage_id]
@@ -145,8 +133,8 @@ class StageProcesses:
         proc.wait(10)
 
     def stop(self, timeout_s: float = 15.0) -> dict[str, int | None]:
-        """SIGTERM all stages (upstream first), wait, then SIGKILL stragglers; returns exit codes."""
-        for proc in self.procs.values():
+        """SIGTERM every child (most recently started first), wait, then SIGKILL stragglers; returns exit codes."""
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -158,6 +146,35 @@ class StageProcesses:
                 proc.kill()
                 codes[stage_id] = proc.wait(5)
         return codes
+
+
+
+class StageProcesses(Children):
+    """Stage processes of one topology (optionally skipping stage 0), started downstream first."""
+
+    def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
+                 flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None) -> None:
+        super().__init__(run_dir, env)
+        self.topology_path = topology_path
+        self.topology = StageTopology.load(topology_path)
+        self.config_paths = list(config_paths)
+        self.flags = list(flags)
+        self.first = 0 if include_stage0 else 1
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for index in range(len(self.config_paths) - 1, self.first - 1, -1):
+                self.start_stage(index, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
+        self.start_process(self.topology.stages[index].stage_id,
+                           ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),
+                            *self.flags], timeout_s)
 
     def __enter__(self) -> StageProcesses:
         return self.start()

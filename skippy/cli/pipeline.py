@@ -47,7 +47,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
               f"{topology.first().endpoint}; logs in {run_dir} (scripts/tail-logs {run_dir}); Ctrl-C stops all",
               flush=True)
         while not stop["signal"]:
-            dead = [(sid, p.returncode) for sid, p in stages.procs.items() if p.poll() is not None]
+            dead = stages.dead()
             if dead:
                 for sid, code in dead:
                     print(f"stage {sid} exited with code {code} (log {stages.log_path(sid)}); stopping the pipeline",

@@ -1,0 +1,284 @@
+"""The admission broker: HTTP adapters on one side, pipeline replicas (stage 0 request endpoints) on the other.
+
+Adapters connect DEALERs to the broker's ROUTER and speak the same protocol as stage 0 (Submit,
+Cancel, StatusQuery -> TokenEvents, Status), so a `DriverClient` works against either.  Every
+`poll_interval_s` the broker asks each pipeline for its Status; a pipeline is ready when it says
+so and answered within `status_timeout_s`.  Admission is one FIFO `AdmissionQueue` for the whole
+broker: total concurrency = sum over ready pipelines of their per-pipeline concurrency.  An
+admitted request goes to the ready pipeline with the fewest requests in flight (preferring one
+with a spare permit) and its TokenEvents are relayed back unchanged (an error without a code
+becomes `pipeline_failed`); the final event releases the permit.  Refusals are error TokenEvents
+with a code: queue_full, admission_timeout, unavailable (no ready pipeline; queued requests too
+when the last one goes), bad_request / context_length_exceeded, pipeline_failed (stage 0 reported
+a failure, or stopped answering with the request in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import zmq.asyncio
+
+from brokers.adaptive import AdaptiveConcurrency
+from brokers.admission import AdmissionError, AdmissionQueue, Permit
+from brokers.link import PipelineLink
+from brokers.options import BrokerAdmission
+from brokers.pool import PipelinePool
+from skippy.config import AdmissionOptions
+from skippy.log import get_logger
+from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.transport import RouterQueue
+
+__all__ = ["Broker"]
+
+
+@dataclass(eq=False)
+class _Request:
+    client: bytes
+    submit: Submit
+    received_at: float
+    task: asyncio.Task[Any] | None = None
+    permit: Permit | None = None
+    link: PipelineLink | None = None
+    admitted_at: float | None = None
+    tokens: int = 0
+    done: bool = False
+
+
+def _error(request_id: str, code: str, message: str) -> TokenEvents:
+    return TokenEvents(request_id, (), "error", message, code)
+
+
+class Broker:
+    def __init__(self, bind_endpoint: str, pipelines: Sequence[str],
+                 admission: BrokerAdmission | AdmissionOptions | None = None, *,
+                 stage0_ids: Sequence[str | None] | None = None, ctx: zmq.asyncio.Context | None = None,
+                 poll_interval_s: float = 0.5, status_timeout_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.bind_endpoint = bind_endpoint
+        self.admission = BrokerAdmission.of(admission)
+        self.clock = clock
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.asyncio.Context()
+        self.pool = PipelinePool(self.ctx, pipelines, self.admission, stage0_ids=stage0_ids,
+                                 on_events=self._on_pipeline_events, on_change=self._on_pool_change,
+                                 on_silent=self._on_silent, poll_interval_s=poll_interval_s,
+                                 status_timeout_s=status_timeout_s, clock=clock)
+        self.queue = AdmissionQueue(0, self.admission.capacity_for(0), self.admission.timeout_s)
+        self.adaptive: AdaptiveConcurrency | None = None
+        self.total_concurrency = 0
+        self.requests: dict[str, _Request] = {}
+        self.outcomes: Counter[str] = Counter()
+        self.log = get_logger()
+        self.router: RouterQueue | None = None
+        self._server: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # request tasks and fire-and-forget sends
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint (tcp port 0 resolved); valid after `start()`."""
+        assert self.router is not None, "broker not started"
+        return self.router.endpoint
+
+    async def start(self) -> Broker:
+        if self.admission.adaptive:
+            self.adaptive = AdaptiveConcurrency(self.queue, self.admission.adaptive_min, 0)
+        self.router = RouterQueue(self.ctx, self.bind_endpoint)
+        self.pool.start()
+        self._server = asyncio.get_running_loop().create_task(self._serve(self.router))
+        self.log.info("ready", endpoint=self.router.endpoint, pipelines=self.pool.endpoints,
+                      concurrency=self.admission.concurrency, queue_capacity=self.admission.queue_capacity,
+                      admission_timeout_s=self.admission.timeout_s, adaptive=self.admission.adaptive)
+        return self
+
+    async def close(self, reason: str = "broker stopping") -> None:
+        """Fail queued and running requests with `unavailable` (`reason`), cancel them at their pipelines,
+        close every socket and log `stopped`.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.cancel()
+        failed = len(self.requests)
+        for req in list(self.requests.values()):
+            if req.link is not None:
+                await req.link.cancel(req.submit.request_id)
+            await self._finish(req, _error(req.submit.request_id, "unavailable", reason))
+        for task in self._background:
+            task.cancel()  # queued requests leave the queue; their final event is already sent
+        await asyncio.gather(*(t for t in (self._server, *self._background) if t), return_exceptions=True)
+        await self.pool.close()
+        if self.router is not None:
+            self.router.close()
+        if self._own_ctx:
+            self.ctx.term()
+        self.log.info("stopped", reason=reason, failed_in_flight=failed, outcomes=dict(self.outcomes))
+
+    async def __aenter__(self) -> Broker:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- state ---------------------------------------------------------------------------------
+    def status(self, nonce: int = 0) -> Status:
+        """The broker as one pipeline: what adapters' /readyz and /metrics read."""
+        return Status(nonce, self.pool.ready, self.pool.dead_stage(), self.queue.running, self.queue.waiting,
+                      self.total_concurrency, self.pool.ctx_size)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Wait (bounded) until `predicate()` holds; re-checked whenever pipeline state is refreshed."""
+        await self.pool.wait_until(predicate, timeout_s)
+
+    def _on_pool_change(self) -> None:
+        """Admission follows the ready pipelines; with none left, queued requests are refused."""
+        total = self.pool.total_concurrency
+        if total != self.total_concurrency:
+            self.total_concurrency = total
+            self.queue.capacity = self.admission.capacity_for(total)
+            if self.adaptive is not None:
+                self.adaptive.set_limit(total)
+            else:
+                self.queue.concurrency = total
+            self.log.info("admission_capacity", total_concurrency=total, concurrency=self.queue.concurrency,
+                          queue_capacity=self.queue.capacity,
+                          ready_pipelines=[link.endpoint for link in self.pool.ready_links()])
+        if not self.pool.ready and self.queue.waiting:
+            self.queue.reject_waiters(AdmissionError(self.pool.unavailable_reason(), "unavailable"))
+
+    def _on_silent(self, link: PipelineLink, reason: str) -> None:
+        """Stage 0 stopped answering: fail the requests it holds now (and cancel them there, in case
+        it is only slow, so their lanes come free)."""
+        for req in list(link.inflight.values()):
+            self._spawn(link.cancel(req.submit.request_id))
+            self._spawn(self._finish(req, _error(req.submit.request_id, "pipeline_failed", reason)))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # -- adapters ------------------------------------------------------------------------------
+    async def _serve(self, router: RouterQueue) -> None:
+        while True:
+            client, msg = await router.recv()
+            try:
+                await self._on_request(client, msg)
+            except Exception:  # one bad request must not stop the broker
+                self.log.exception("request_handling_failed", kind=type(msg).__name__)
+
+    async def _on_request(self, client: bytes, msg: Message | ProtocolError) -> None:
+        assert self.router is not None
+        if isinstance(msg, Submit):
+            await self._on_submit(client, msg)
+        elif isinstance(msg, Cancel):
+            await self._on_cancel(client, msg.request_id)
+        elif isinstance(msg, StatusQuery):
+            await self.router.send(client, self.status(msg.nonce))
+        elif isinstance(msg, ProtocolError):
+            self.log.warning("bad_message", code=msg.code, error=msg.message)
+        else:
+            self.log.warning("unexpected_message", kind=type(msg).__name__)
+
+    def _refusal(self, msg: Submit) -> tuple[str, str] | None:
+        """(code, message) when the request cannot be taken at all, before it may queue."""
+        if msg.request_id in self.requests:
+            return "bad_request", f"request id {msg.request_id} is already in flight"
+        if not self.pool.ready:
+            return "unavailable", self.pool.unavailable_reason()
+        ctx_size = self.pool.ctx_size
+        if not 0 < len(msg.prompt) < ctx_size:
+            code = "bad_request" if not msg.prompt else "context_length_exceeded"
+            return code, f"prompt of {len(msg.prompt)} tokens must have 1..{ctx_size - 1} tokens (ctx_size {ctx_size})"
+        return None
+
+    async def _on_submit(self, client: bytes, msg: Submit) -> None:
+        assert self.router is not None
+        refusal = self._refusal(msg)
+        if refusal is not None:
+            self.outcomes[refusal[0]] += 1
+            self.log.info("request_refused", request_id=msg.request_id, code=refusal[0], error=refusal[1])
+            await self.router.send(client, _error(msg.request_id, *refusal))
+            return
+        req = self.requests[msg.request_id] = _Request(client, msg, self.clock())
+        req.task = self._spawn(self._admit(req))
+
+    async def _on_cancel(self, client: bytes, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.client != client or req.done:
+            return
+        if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
+            assert req.task is not None
+            req.task.cancel()
+        else:
+            await req.link.cancel(request_id)  # stage 0 answers with the final "cancelled" event
+
+    # -- requests ------------------------------------------------------------------------------
+    async def _admit(self, req: _Request) -> None:
+        rid = req.submit.request_id
+        try:
+            permit = await self.queue.acquire(rid)
+        except AdmissionError as exc:
+            await self._finish(req, _error(rid, exc.code, str(exc)))
+            return
+        except asyncio.CancelledError:
+            await self._finish(req, TokenEvents(rid, (), "cancelled"))
+            return
+        req.permit, req.admitted_at = permit, self.clock()
+        if req.done:  # finished (broker closing) in the instant it was admitted
+            permit.release()
+            return
+        link = self.pool.route()
+        if link is None:
+            await self._finish(req, _error(rid, "unavailable", self.pool.unavailable_reason()))
+            return
+        req.link = link
+        link.inflight[rid] = req
+        self.log.debug("admitted", request_id=rid, pipeline=link.endpoint,
+                       queue_ms=round((req.admitted_at - req.received_at) * 1e3, 3))
+        if not await link.submit(req.submit):
+            await self._finish(req, _error(rid, "pipeline_failed", f"stage 0 at {link.endpoint} not accepting requests"))
+
+    async def _on_pipeline_events(self, link: PipelineLink, msg: TokenEvents) -> None:
+        req = link.inflight.get(msg.request_id)
+        if req is None or req.done:
+            return  # a request already failed here (stage 0 went silent, broker closing)
+        req.tokens += len(msg.tokens)
+        if msg.finish_reason is None:
+            assert self.router is not None
+            await self.router.send(req.client, msg)
+            return
+        if msg.finish_reason == "error" and msg.code is None:
+            msg = replace(msg, code="pipeline_failed")
+        await self._finish(req, msg)
+
+    async def _finish(self, req: _Request, final: TokenEvents) -> None:
+        """Send the request's final event (once), free its permit and log it."""
+        if req.done:
+            return
+        req.done = True
+        rid = req.submit.request_id
+        self.requests.pop(rid, None)
+        if req.link is not None:
+            req.link.inflight.pop(rid, None)
+        now = self.clock()
+        if req.permit is not None:
+            if self.adaptive is not None and final.finish_reason in ("stop", "length") and req.admitted_at is not None:
+                self.adaptive.record(req.tokens, now - req.admitted_at)
+            req.permit.release()
+        outcome = final.code if final.finish_reason == "error" and final.code else str(final.finish_reason)
+        self.outcomes[outcome] += 1
+        self.log.info("request_done", request_id=rid, finish_reason=final.finish_reason, code=final.code,
+                      error=final.error, tokens=req.tokens, pipeline=req.link.endpoint if req.link else None,
+                      queue_ms=round(((req.admitted_at or now) - req.received_at) * 1e3, 3),
+                      total_ms=round((now - req.received_at) * 1e3, 3))
+        if self.router is not None:
+            await self.router.send(req.client, final)

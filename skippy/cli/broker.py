@@ -1,0 +1,138 @@
+"""`skippy broker --bind ENDPOINT --pipeline TOPOLOGY.json [--pipeline ...] [admission flags]`: run the broker.
+
+Each `--pipeline` topology names one pipeline replica; the broker talks to its stage 0 request
+endpoint (`request_endpoint(topology.first().endpoint)`).  The process logs `ready` once its
+socket is bound (pipeline readiness is separate: see `pipeline_ready` lines and Status), and on
+SIGTERM/SIGINT fails queued and running requests with code "unavailable" ("broker stopping"),
+closes its sockets, logs `stopped` and exits 0.  Also runnable as `python -m skippy.cli.broker`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from brokers import Broker, BrokerAdmission
+from brokers.options import FLAGS
+from skippy.config import ConfigError, StageTopology, TelemetryLevel
+from skippy.config.endpoint import normalize_zmq_endpoint
+from skippy.config.serving_args import FlagReader
+from skippy.driver.client import request_endpoint
+from skippy.log import configure_logging
+from skippy.stage.links import ignore_signals, stop_on_signals
+
+__all__ = ["BrokerSettings", "main", "register", "resolve_broker_settings", "run_broker"]
+
+_HELP = {
+    "concurrency": ("N", "generation permits per ready pipeline (default: its lane_count)"),
+    "queue_capacity": ("N", "waiting requests, 0 = none (default clamp(8 x total concurrency, 16, 256))"),
+    "timeout_s": ("SECS", "queue wait limit; 0 = until the client cancels (default)"),
+    "adaptive": (None, "adapt permits to measured throughput, starting at the min"),
+    "adaptive_min": ("N", "initial adaptive permits (default 1)"),
+}
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    bind: str
+    pipelines: tuple[str, ...]  # stage 0 request endpoints
+    stage0_ids: tuple[str, ...]
+    admission: BrokerAdmission
+    telemetry_level: TelemetryLevel
+
+
+def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bind", metavar="ENDPOINT", default=None,
+                        help="ZeroMQ endpoint adapters connect to (tcp://HOST:PORT or ipc://PATH)")
+    parser.add_argument("--pipeline", metavar="TOPOLOGY.json", action="append", default=None,
+                        help="a pipeline replica's topology (repeatable); the broker talks to its stage 0")
+    for name, flag in FLAGS.items():
+        metavar, help_text = _HELP[name]
+        if metavar is None:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, metavar=metavar, default=None, help=help_text)
+    parser.add_argument("--telemetry-level", metavar="LEVEL", default=None, help="off | summary | debug (default summary)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run the admission broker in front of one or more pipelines")
+    add_broker_arguments(p)
+    p.set_defaults(run=run_broker)
+
+
+def resolve_broker_settings(args: argparse.Namespace) -> BrokerSettings:
+    """Validated settings from parsed flags; any bad value is a one-line ConfigError naming its flag."""
+    flags = FlagReader(args)
+    bind = flags.text("--bind")
+    if bind is None:
+        raise ConfigError("--bind is required")
+    try:
+        bind = normalize_zmq_endpoint(bind, bind=True)
+    except ValueError as error:
+        raise ConfigError(f"--bind {error}") from None
+    paths = flags.raw("--pipeline") or []
+    if not paths:
+        raise ConfigError("--pipeline is required (a topology file; repeat it for each replica)")
+    adaptive = flags.switch(FLAGS["adaptive"])
+    if flags.given(FLAGS["adaptive_min"]) and not adaptive:
+        raise ConfigError(f"{FLAGS['adaptive_min']} requires {FLAGS['adaptive']}")
+
+    def optional(name: str, minimum: int) -> int | None:
+        return flags.integer(FLAGS[name], minimum, minimum=minimum) if flags.given(FLAGS[name]) else None
+
+    admission = BrokerAdmission(
+        concurrency=optional("concurrency", 1),
+        queue_capacity=optional("queue_capacity", 0),
+        timeout_s=flags.number(FLAGS["timeout_s"], 0.0),
+        adaptive=adaptive,
+        adaptive_min=optional("adaptive_min", 1) or 1,
+    )
+    telemetry_level = flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY)
+    topologies = [StageTopology.load(path) for path in paths]  # last: flag mistakes are reported first
+    return BrokerSettings(
+        bind=bind,
+        pipelines=tuple(request_endpoint(t.first().endpoint) for t in topologies),
+        stage0_ids=tuple(t.first().stage_id for t in topologies),
+        admission=admission,
+        telemetry_level=telemetry_level,
+    )
+
+
+async def serve(settings: BrokerSettings) -> int:
+    """Run until SIGTERM/SIGINT, then stop cleanly."""
+    stopped = asyncio.Event()
+    stop_on_signals(stopped)
+    broker = Broker(settings.bind, settings.pipelines, settings.admission, stage0_ids=settings.stage0_ids)
+    await broker.start()
+    try:
+        await stopped.wait()
+        ignore_signals()
+    finally:
+        await broker.close("broker stopping")
+    return 0
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    settings = resolve_broker_settings(args)
+    configure_logging(str(settings.telemetry_level), role="broker", stage_id="broker")
+    return asyncio.run(serve(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m skippy.cli.broker ...`: the same command without the `skippy` dispatcher."""
+    parser = argparse.ArgumentParser(prog="skippy broker", description="Run the admission broker.")
+    add_broker_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_broker(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"skippy broker: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""OpenAI response shapes: completion objects, stream chunks, usage and logprobs, for chat and completions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from skippy.protocol import TokenLogprob
+
+OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
+CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
+ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
+
+
+@dataclass
+class LogprobEntry:
+    text: str
+    data: bytes
+    logprob: float
+    top: list[tuple[str, bytes, float]]
+
+
+@dataclass
+class ResponseShape:
+    kind: str
+    model: str
+    request_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def id(self) -> str:
+        return ID_PREFIX[self.kind] + self.request_id
+
+    def _envelope(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def logprobs(self, entries: list[LogprobEntry], offset: int = 0) -> dict[str, Any] | None:
+        if not entries:
+            return None
+        if self.kind == "chat":
+            return {"content": [
+                {"token": e.text, "logprob": e.logprob, "bytes": list(e.data),
+                 "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in e.top]}
+                for e in entries]}
+        offsets, pos = [], offset
+        for e in entries:
+            offsets.append(pos)
+            pos += len(e.text)
+        return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries], "text_offset": offsets}
+
+    def full(self, text: str, finish_reason: str, usage: dict[str, int], entries: list[LogprobEntry]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": self.logprobs(entries)}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._envelope(OBJECT[self.kind]), "choices": [choice], "usage": usage}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, entries: list[LogprobEntry] | None = None,
+              role: bool = False, offset: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason,
+                                  "logprobs": self.logprobs(entries or [], offset)}
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [choice]}
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [], "usage": usage}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def logprob_entry(lp: TokenLogprob, piece: Any) -> LogprobEntry:
+    """`piece(token) -> bytes` renders token text; invalid UTF-8 pieces are shown with replacement chars."""
+    data = piece(lp.token)
+    top = [(piece(t).decode("utf-8", "replace"), piece(t), p) for t, p in lp.top]
+    return LogprobEntry(data.decode("utf-8", "replace"), data, lp.logprob, top)
