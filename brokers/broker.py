@@ -128,6 +128,11 @@ class Broker:
         await self.close()
 
     # -- state ---------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Some pipeline is ready to take requests."""
+        return self.pool.ready
+
     def status(self, nonce: int = 0) -> Status:
         """The broker as one pipeline: what adapters' /readyz and /metrics read."""
         return Status(nonce, self.pool.ready, self.pool.dead_stage(), self.queue.running, self.queue.waiting,

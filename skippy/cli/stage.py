@@ -27,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path)
     runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg, options.topology))
     if cfg.stage_index == 0:
+        from skippy.cli.front import start_openai_front
         from skippy.driver.process import DriverProcess
 
-        return asyncio.run(DriverProcess(options, runtime).run())
+        return asyncio.run(DriverProcess(options, runtime, start_openai_front).run())
     from skippy.stage.server import StageServer
 
     return asyncio.run(StageServer(options, runtime).run())

@@ -17,7 +17,7 @@ from pathlib import Path
 from skippy.cli.adapter import split_host_port
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.config import StageConfig, StageTopology
-from skippy.launcher import StageProcesses, write_local_topology
+from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.runtime.models import DEFAULT_MODEL_ID, resolve_model_path
 from skippy.runtime.slices import read_model_info
 
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         children.start_process("adapter", ["adapter", "--broker", broker_endpoint, "--model", model, "--model-id",
                                            args.openai_model_id or model_id, "--bind", args.bind,
                                            "--default-max-tokens", str(args.openai_default_max_tokens)])
-        print(f"skippy ready: http://{args.bind}/v1 (model {args.openai_model_id or model_id}); "
+        url = next((e["url"] for e in read_events(children.log_path("adapter")) if e.get("event") == "ready"), None)
+        print(f"skippy ready: {url}/v1 (model {args.openai_model_id or model_id}); "
               f"logs: scripts/tail-logs {run_dir}; Ctrl-C stops everything", flush=True)
         while not stop["signal"]:
             dead = children.dead()

@@ -8,7 +8,9 @@ handshake, and `stopped` after SIGTERM/SIGINT has failed what was in flight and 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 from skippy.config import ServingOptions
 from skippy.driver.client import request_endpoint
@@ -23,13 +25,27 @@ from skippy.stage.links import ignore_signals, stop_on_signals
 from skippy.transport import RouterQueue
 
 
+class Front(Protocol):
+    """Supervised helper processes started next to stage 0 (the OpenAI front: broker + adapter)."""
+
+    run_dir: Path
+
+    def dead(self) -> list[tuple[str, int]]: ...
+    def log_path(self, name: str) -> Path: ...
+    def stop(self) -> Any: ...
+
+
+FrontStarter = Callable[[ServingOptions], tuple[Front, str]]
+
+
 class DriverProcess:
-    def __init__(self, options: ServingOptions, runtime: StageRuntime) -> None:
+    def __init__(self, options: ServingOptions, runtime: StageRuntime, start_front: FrontStarter | None = None) -> None:
         self.driver = Driver(options, runtime)
         self.runtime = runtime
         self.log = get_logger()
         self.stopped = asyncio.Event()
         self.forwarders: set[asyncio.Task[None]] = set()
+        self.start_front = start_front
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -42,8 +58,15 @@ class DriverProcess:
                       request_endpoint=router.endpoint, n_embd=self.runtime.n_embd, final=self.runtime.is_final,
                       max_iterations_in_flight=self.driver.max_iterations)
         serving = loop.create_task(self._serve(router))
+        front = None
+        if self.driver.options.openai is not None and self.start_front is not None:
+            front, url = await asyncio.to_thread(self.start_front, self.driver.options)
+            self.log.info("openai_ready", url=url, logs=str(front.run_dir))
+            loop.create_task(self._watch(front))
         await self.stopped.wait()
         ignore_signals()
+        if front is not None:
+            await asyncio.to_thread(front.stop)
         serving.cancel()
         for task in self.forwarders:
             task.cancel()
@@ -54,6 +77,16 @@ class DriverProcess:
         self.log.info("stopped", iterations=stats.iterations, max_rows=stats.max_rows, max_sessions=stats.max_sessions,
                       max_in_flight=stats.max_in_flight, credits=vars(self.driver.credits.stats))
         return 0
+
+    async def _watch(self, front: Front) -> None:
+        """A dead broker or adapter is reported by name (stage 0 keeps serving its pipeline)."""
+        reported: set[str] = set()
+        while True:
+            for name, code in front.dead():
+                if name not in reported:
+                    reported.add(name)
+                    self.log.error("child_died", child=name, exit_code=code, log=str(front.log_path(name)))
+            await asyncio.sleep(0.5)
 
     async def _serve(self, router: RouterQueue) -> None:
         while True:

@@ -1,0 +1,162 @@
+"""Plain helpers for the broker tests: a protocol-level client, a scripted fake stage 0, a broker in the loop.
+
+`BrokerClient` is an adapter as the broker sees it (a DEALER speaking Submit / Cancel /
+StatusQuery) that keeps every TokenEvents message whole, so tests can assert error codes.
+`FakeStage0` is a ROUTER that answers Status as told and records Submits, for fast tests of
+what a real pipeline does not do on demand (go silent, send codeless errors, logprobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sys
+import time
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any
+
+import zmq.asyncio
+
+from brokers import Broker, BrokerAdmission
+from skippy.log import configure_logging
+from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
+from skippy.transport import DealerQueue, RouterQueue
+
+TEST_TIMEOUT_S = 60.0
+WAIT_S = 15.0  # bound on any single wait for an event
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = TEST_TIMEOUT_S) -> Any:
+    """Run an async test body with an overall bound."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class Stream:
+    """Everything one request got back: its tokens, the final TokenEvents, and when they came."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.tokens: list[int] = []
+        self.messages: list[TokenEvents] = []
+        self.final: TokenEvents | None = None
+        self.first_token_at: float | None = None
+        self.final_at: float | None = None
+        self.done = asyncio.Event()
+        self._progress = asyncio.Event()
+
+    def put(self, msg: TokenEvents) -> None:
+        self.messages.append(msg)
+        if msg.tokens and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.tokens.extend(msg.tokens)
+        if msg.finish_reason is not None:
+            self.final, self.final_at = msg, time.monotonic()
+            self.done.set()
+        self._progress.set()
+
+    async def finished(self, timeout_s: float = WAIT_S) -> TokenEvents:
+        await asyncio.wait_for(self.done.wait(), timeout_s)
+        assert self.final is not None
+        return self.final
+
+    async def decoding(self, n: int = 3, timeout_s: float = WAIT_S) -> None:
+        """Wait until at least `n` tokens arrived (or the request ended)."""
+        async def reach() -> None:
+            while len(self.tokens) < n and not self.done.is_set():
+                self._progress.clear()
+                await self._progress.wait()
+
+        await asyncio.wait_for(reach(), timeout_s)
+
+
+class BrokerClient:
+    def __init__(self, endpoint: str, ctx: zmq.asyncio.Context) -> None:
+        self.queue = DealerQueue(ctx, endpoint)
+        self.streams: dict[str, Stream] = {}
+        self._status: dict[int, asyncio.Future[Status]] = {}
+        self._nonces = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            msg = await self.queue.recv()
+            if isinstance(msg, TokenEvents):
+                self.streams[msg.request_id].put(msg)
+            elif isinstance(msg, Status):
+                self._status.pop(msg.nonce).set_result(msg)
+            else:
+                raise AssertionError(f"unexpected message from the broker: {msg!r}")
+
+    async def submit(self, prompt: Sequence[int] = (5, 6, 7, 8), max_tokens: int = 40,
+                     request_id: str | None = None) -> Stream:
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream = self.streams[request_id] = Stream(request_id)
+        await self.queue.send(Submit(request_id, tuple(prompt), {}, max_tokens, ()))
+        return stream
+
+    async def cancel(self, request_id: str) -> None:
+        await self.queue.send(Cancel(request_id))
+
+    async def status(self, timeout_s: float = 5.0) -> Status:
+        nonce = next(self._nonces)
+        future = self._status[nonce] = asyncio.get_running_loop().create_future()
+        await self.queue.send(StatusQuery(nonce))
+        return await asyncio.wait_for(future, timeout_s)
+
+    def close(self) -> None:
+        self._reader.cancel()
+        self.queue.close()
+
+
+class FakeStage0:
+    """A stage 0 request endpoint under test control: Status as set, Submits recorded, events sent on demand."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, lane_count: int = 2, ctx_size: int = 512) -> None:
+        self.router = RouterQueue(ctx, endpoint)
+        self.endpoint = self.router.endpoint
+        self.ready, self.dead_stage, self.silent = True, None, False
+        self.lane_count, self.ctx_size = lane_count, ctx_size
+        self.submits: asyncio.Queue[tuple[bytes, Submit]] = asyncio.Queue()
+        self.cancels: list[str] = []
+        self.answered = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            client, msg = await self.router.recv()
+            if isinstance(msg, StatusQuery) and not self.silent:
+                await self.router.send(client, Status(msg.nonce, self.ready, self.dead_stage, 0, 0, self.lane_count,
+                                                      self.ctx_size))
+                self.answered.set()
+            elif isinstance(msg, Submit):
+                self.submits.put_nowait((client, msg))
+            elif isinstance(msg, Cancel):
+                self.cancels.append(msg.request_id)
+
+    async def next_submit(self, timeout_s: float = WAIT_S) -> tuple[bytes, Submit]:
+        return await asyncio.wait_for(self.submits.get(), timeout_s)
+
+    async def send(self, client: bytes, msg: TokenEvents) -> None:
+        await self.router.send(client, msg)
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.router.close()
+
+
+@contextlib.asynccontextmanager
+async def running_broker(pipelines: Sequence[str], admission: BrokerAdmission | None = None,
+                         **kwargs: Any) -> AsyncIterator[tuple[Broker, BrokerClient]]:
+    """A started Broker on a tcp port (with a client connected), ready, closed on exit."""
+    configure_logging("summary", stream=sys.stderr, role="test-broker")
+    broker = Broker("tcp://127.0.0.1:0", pipelines, admission, **kwargs)
+    await broker.start()
+    client = BrokerClient(broker.endpoint, broker.ctx)
+    try:
+        await broker.wait_until(lambda: broker.ready, WAIT_S)
+        yield broker, client
+    finally:
+        client.close()
+        await broker.close()

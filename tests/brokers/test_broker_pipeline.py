@@ -1,0 +1,130 @@
+"""The broker in front of a real tiny-model pipeline (both stages are processes, stage 0 included).
+
+- overload: concurrency 2, queue capacity 2, six simultaneous requests -> two run, two queue and
+  complete after a running one has finished, two are refused with queue_full; the output equals
+  what stage 0 gives directly, and a DriverClient pointed at the broker works unchanged;
+- admission timeout 0.2 s: the queued requests are refused with admission_timeout;
+- cancel of a queued and of a running request; Status reflects running / waiting throughout;
+- SIGKILL of stage 1: in-flight requests end with pipeline_failed naming the stage, the broker
+  turns not-ready naming it, new requests are refused with unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from broker_helpers import WAIT_S, BrokerClient, Stream, run, running_broker
+from brokers import BrokerAdmission
+from conftest import PipelineProcs
+from skippy.driver.client import DriverClient
+
+LONG = 480  # tokens: >= 2.4 s at the 5 ms wire delay, so these outlast every wait below; cancelled at the end
+ADMISSION = BrokerAdmission(concurrency=2, queue_capacity=2)
+
+
+async def cancel_all(client: BrokerClient, streams: list[Stream]) -> None:
+    for stream in streams:
+        if not stream.done.is_set():
+            await client.cancel(stream.request_id)
+    await asyncio.wait_for(asyncio.gather(*(s.finished() for s in streams)), WAIT_S)
+
+
+def test_overload_runs_two_queues_two_refuses_two(shared_pipeline: PipelineProcs) -> None:
+    async def body() -> None:
+        async with running_broker([shared_pipeline.request_endpoint], ADMISSION) as (broker, client):
+            streams = [await client.submit((5, 6, 7, 8 + i), max_tokens=40) for i in range(6)]
+            finals = await asyncio.wait_for(asyncio.gather(*(s.finished() for s in streams)), WAIT_S)
+            for stream, final in zip(streams[:4], finals[:4]):
+                assert (final.finish_reason, final.error, len(stream.tokens)) == ("length", None, 40), final
+            for stream, final in zip(streams[4:], finals[4:]):
+                assert (final.finish_reason, final.code, stream.tokens) == ("error", "queue_full", []), final
+                assert final.error == "generation queue full (capacity 2); retry later"
+            first_done = min(s.final_at for s in streams[:2] if s.final_at is not None)
+            assert all(s.first_token_at is not None and s.first_token_at > first_done for s in streams[2:4])
+            status = await client.status()
+            assert (status.ready, status.running, status.waiting, status.lane_count) == (True, 0, 0, 2)
+            assert dict(broker.outcomes) == {"length": 4, "queue_full": 2}
+
+            direct = DriverClient(shared_pipeline.request_endpoint)  # the same prompt straight to stage 0
+            via = DriverClient(broker.endpoint)  # and a DriverClient against the broker: same protocol
+            try:
+                assert (await via.status()).ready
+                expected, _ = await (await direct.submit([5, 6, 7, 8], max_tokens=40)).collect()
+                tokens, final = await (await via.submit([5, 6, 7, 8], max_tokens=40)).collect()
+                assert final.finish_reason == "length" and tokens == expected == streams[0].tokens
+            finally:
+                direct.close()
+                via.close()
+
+    run(body())
+
+
+def test_queued_requests_time_out(shared_pipeline: PipelineProcs) -> None:
+    admission = BrokerAdmission(concurrency=2, queue_capacity=2, timeout_s=0.2)
+
+    async def body() -> None:
+        async with running_broker([shared_pipeline.request_endpoint], admission) as (_broker, client):
+            running = [await client.submit(max_tokens=LONG) for _ in range(2)]
+            queued = [await client.submit(max_tokens=40) for _ in range(2)]
+            for stream in queued:
+                final = await stream.finished(timeout_s=5.0)
+                assert (final.finish_reason, final.code) == ("error", "admission_timeout"), final
+                assert final.error == "waited 0.2 s for a generation slot"
+            assert not any(s.done.is_set() for s in running)
+            status = await client.status()
+            assert (status.running, status.waiting) == (2, 0)
+            await cancel_all(client, running)
+
+    run(body())
+
+
+def test_cancel_queued_and_running_requests(shared_pipeline: PipelineProcs) -> None:
+    async def body() -> None:
+        async with running_broker([shared_pipeline.request_endpoint], ADMISSION) as (_broker, client):
+            running = [await client.submit(max_tokens=LONG) for _ in range(2)]
+            queued = [await client.submit(max_tokens=LONG) for _ in range(2)]
+            await asyncio.gather(*(s.decoding() for s in running))
+            status = await client.status()
+            assert (status.ready, status.running, status.waiting, status.lane_count, status.ctx_size) == (
+                True, 2, 2, 2, 512)
+
+            await client.cancel(queued[0].request_id)
+            final = await queued[0].finished()
+            assert (final.finish_reason, queued[0].tokens) == ("cancelled", [])
+            assert ((await client.status()).running, (await client.status()).waiting) == (2, 1)
+
+            await client.cancel(running[0].request_id)
+            final = await running[0].finished()
+            assert final.finish_reason == "cancelled" and 0 < len(running[0].tokens) < LONG
+            await queued[1].decoding()  # the freed permit went to the remaining queued request
+            status = await client.status()
+            assert (status.running, status.waiting) == (2, 0)
+            await cancel_all(client, [running[1], queued[1]])
+            status = await client.status()
+            assert (status.running, status.waiting) == (0, 0)
+
+    run(body())
+
+
+def test_killed_stage_fails_requests_and_turns_the_broker_unavailable(
+        make_pipeline: Callable[[], PipelineProcs]) -> None:
+    pipe = make_pipeline()
+
+    async def body() -> None:
+        async with running_broker([pipe.request_endpoint]) as (broker, client):
+            streams = [await client.submit(max_tokens=LONG) for _ in range(2)]
+            await asyncio.gather(*(s.decoding() for s in streams))
+            pipe.stages.kill("stage1")
+            for stream in streams:
+                final = await stream.finished(timeout_s=10.0)
+                assert (final.finish_reason, final.code) == ("error", "pipeline_failed"), final
+                assert final.error is not None and "stage1" in final.error
+            await broker.wait_until(lambda: not broker.ready, 5.0)
+            status = await client.status()
+            assert (status.ready, status.dead_stage, status.running, status.lane_count) == (False, "stage1", 0, 0)
+            refused = await (await client.submit()).finished()
+            assert (refused.finish_reason, refused.code) == ("error", "unavailable")
+            assert refused.error == "pipeline unavailable: stage stage1 is down"
+
+    run(body())
