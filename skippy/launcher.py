@@ -14,8 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from skippy.config import StageTopology
@@ -106,6 +107,26 @@ class Children:
             self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                                 start_new_session=True, preexec_fn=_die_with_parent)
         self.wait_ready(name, offset, timeout_s)
+
+    def supervise(self, program: str, start: Callable[[], str]) -> int:
+        """Run `start` (which returns the ready line to print), then watch until SIGINT/SIGTERM (exit 0)
+        or until a child dies (reported by name; exit 1); everything started is stopped either way."""
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            print(start(), flush=True)
+            while not stop.wait(0.2):  # supervision poll
+                dead = self.dead()
+                for name, code in dead:
+                    print(f"{program}: {name} exited with code {code} (log {self.log_path(name)}); stopping",
+                          file=sys.stderr)
+                if dead:
+                    return 1
+            return 0
+        finally:
+            codes = self.stop()
+            print(f"stopped: {', '.join(f'{name}={code}' for name, code in codes.items())}", file=sys.stderr)
 
     def dead(self) -> list[tuple[str, int]]:
         """Children that have exited: (name, exit code)."""

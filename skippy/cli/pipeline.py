@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -38,26 +36,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     flags = list(args.passthrough)
     run_dir = args.run_dir or Path("runs") / time.strftime("pipeline-%Y%m%d-%H%M%S")
     stages = StageProcesses(args.topology, stage_config_paths(args.topology, topology), run_dir, flags, include_stage0=True)
-    stop = {"signal": False}
-    signal.signal(signal.SIGINT, lambda *_: stop.update(signal=True))
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
-    try:
-        stages.start()
-        print(f"pipeline {topology.topology_id} ready: {len(topology.stages)} stages, stage 0 at "
-              f"{topology.first().endpoint}; logs in {run_dir} (scripts/tail-logs {run_dir}); Ctrl-C stops all",
-              flush=True)
-        while not stop["signal"]:
-            dead = stages.dead()
-            if dead:
-                for sid, code in dead:
-                    print(f"stage {sid} exited with code {code} (log {stages.log_path(sid)}); stopping the pipeline",
-                          file=sys.stderr)
-                return 1
-            time.sleep(0.2)  # supervision poll
-        return 0
-    finally:
-        codes = stages.stop()
-        print(f"stopped: {', '.join(f'{sid}={code}' for sid, code in codes.items())}", file=sys.stderr)
+    ready = (f"pipeline {topology.topology_id} ready: {len(topology.stages)} stages, stage 0 at "
+             f"{topology.first().endpoint}; logs in {run_dir} (scripts/tail-logs {run_dir}); Ctrl-C stops all")
+    return stages.supervise("skippy pipeline", lambda: (stages.start(), ready)[1])
 
 
 async def _send_wire(endpoints: list[str], msg: SetWire) -> None:

@@ -9,7 +9,6 @@ is stopped; Ctrl-C stops everything cleanly. All logs land in the run directory 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -63,33 +62,21 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     topology, configs, model, model_id = _topology(args, run_dir)
     children = StageProcesses(topology, configs, run_dir, list(args.passthrough), include_stage0=True)
-    stop = {"signal": False}
-    signal.signal(signal.SIGINT, lambda *_: stop.update(signal=True))
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
     broker_endpoint = f"ipc://{run_dir}/broker.sock"
     broker_flags = [x for flag in BROKER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
                     for x in (flag, getattr(args, flag[2:].replace("-", "_")))]
     if args.openai_adaptive_generation_concurrency:
         broker_flags.append("--openai-adaptive-generation-concurrency")
-    try:
+    served = args.openai_model_id or model_id
+
+    def start() -> str:
         print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
         children.start_process("broker", ["broker", "--bind", broker_endpoint, "--pipeline", str(topology), *broker_flags])
         children.start_process("adapter", ["adapter", "--broker", broker_endpoint, "--model", model, "--model-id",
-                                           args.openai_model_id or model_id, "--bind", args.bind,
+                                           served, "--bind", args.bind,
                                            "--default-max-tokens", str(args.openai_default_max_tokens)])
         url = next((e["url"] for e in read_events(children.log_path("adapter")) if e.get("event") == "ready"), None)
-        print(f"skippy ready: {url}/v1 (model {args.openai_model_id or model_id}); "
-              f"logs: scripts/tail-logs {run_dir}; Ctrl-C stops everything", flush=True)
-        while not stop["signal"]:
-            dead = children.dead()
-            if dead:
-                for name, code in dead:
-                    print(f"skippy up: {name} exited with code {code} (log {children.log_path(name)}); stopping",
-                          file=sys.stderr)
-                return 1
-            time.sleep(0.2)  # supervision poll
-        return 0
-    finally:
-        codes = children.stop()
-        print(f"stopped: {', '.join(f'{name}={code}' for name, code in codes.items())}", file=sys.stderr)
+        return f"skippy ready: {url}/v1 (model {served}); logs: scripts/tail-logs {run_dir}; Ctrl-C stops everything"
+
+    return children.supervise("skippy up", start)

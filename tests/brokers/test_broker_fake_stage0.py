@@ -1,0 +1,151 @@
+"""The broker against scripted fake stage 0s: relaying, routing, silence, refusals, shutdown.
+
+A `FakeStage0` answers Status as the test sets it and records Submits; the test plays the
+pipeline by sending TokenEvents, so what a real pipeline does not do on demand (codeless errors,
+logprobs, going silent) is exercised in well under a second per case (silence: the 2 s timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import zmq.asyncio
+
+from broker_helpers import WAIT_S, FakeStage0, run, running_broker
+from brokers import BrokerAdmission
+from skippy.protocol import TokenEvents, TokenLogprob
+
+
+def fakes(ctx: zmq.asyncio.Context, directory: Path, n: int, **kwargs: int) -> list[FakeStage0]:
+    return [FakeStage0(ctx, f"ipc://{directory}/fake{i}.req", **kwargs) for i in range(n)]
+
+
+def test_events_are_relayed_whole_and_codeless_errors_become_pipeline_failed(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1)
+        try:
+            async with running_broker([stage0.endpoint]) as (broker, client):
+                ok, bad, coded = [await client.submit(request_id=rid) for rid in ("ok", "bad", "coded")]
+                routed = dict([(await stage0.next_submit())[::-1] for _ in range(3)][i][::-1] for i in range(3))
+                by_id = {submit.request_id: (peer, submit) for submit, peer in routed.items()}
+                assert by_id["ok"][1].prompt == (5, 6, 7, 8) and by_id["ok"][1].max_tokens == 40
+                peer = by_id["ok"][0]
+                logprob = TokenLogprob(9, -0.25, ((9, -0.25), (3, -2.0)))
+                tokens = TokenEvents("ok", (9,), None, None, None, (logprob,))
+                final = TokenEvents("ok", (10,), "stop", None, None, (TokenLogprob(10, -0.5),))
+                for msg in (tokens, final):
+                    await stage0.send(peer, msg)
+                await ok.finished()
+                assert ok.messages == [tokens, final]  # every field, logprobs included, unchanged
+                await stage0.send(peer, TokenEvents("bad", (), "error", "stage stage1: stage stage1 stopped"))
+                await stage0.send(peer, TokenEvents("coded", (), "error", "prompt too long", "bad_request"))
+                assert (await bad.finished()) == TokenEvents("bad", (), "error", "stage stage1: stage stage1 stopped",
+                                                             "pipeline_failed")
+                assert (await coded.finished()).code == "bad_request"
+                assert dict(broker.outcomes) == {"stop": 1, "pipeline_failed": 1, "bad_request": 1}
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_requests_go_to_the_least_loaded_ready_pipeline(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        first, second = fakes(ctx, tmp_path, 2)
+        second.ctx_size = 256
+        try:
+            async with running_broker([first.endpoint, second.endpoint]) as (broker, client):
+                await broker.wait_until(lambda: broker.status().lane_count == 4, WAIT_S)
+                status = await client.status()
+                assert (status.ready, status.dead_stage, status.lane_count, status.ctx_size) == (True, None, 4, 256)
+                assert broker.queue.capacity == 32  # clamp(8 x 4, 16, 256)
+                for _ in range(4):
+                    await client.submit(max_tokens=8)
+                assert first.submits.qsize() + second.submits.qsize() <= 4
+                await asyncio.wait_for(asyncio.gather(*(f.next_submit() for f in (first, second, first, second))),
+                                       WAIT_S)
+                too_long = await (await client.submit(prompt=range(3, 300))).finished()
+                assert (too_long.code, too_long.error) == (
+                    "context_length_exceeded", "prompt of 297 tokens must have 1..255 tokens (ctx_size 256)")
+
+                second.ready, second.dead_stage = False, "stage2"
+                await broker.wait_until(lambda: broker.status().lane_count == 2, WAIT_S)
+                status = await client.status()
+                assert (status.ready, status.dead_stage, status.running, status.ctx_size) == (True, "stage2", 4, 512)
+        finally:
+            first.close()
+            second.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_silent_stage0_fails_its_requests_after_the_status_timeout(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1)
+        try:
+            async with running_broker([stage0.endpoint], stage0_ids=["stage0"]) as (broker, client):
+                queued_admission = BrokerAdmission(concurrency=1)
+                assert queued_admission.per_pipeline(2) == 1
+                stream = await client.submit(request_id="stranded")
+                await stage0.next_submit()
+                stage0.silent = True
+                final = await stream.finished(timeout_s=5.0)  # 2 s status timeout + a poll period
+                assert (final.finish_reason, final.code) == ("error", "pipeline_failed")
+                assert final.error == f"stage 0 at {stage0.endpoint} not answering (no status for 2 s)"
+                status = await client.status()
+                assert (status.ready, status.dead_stage, status.running) == (False, "stage0", 0)
+                refused = await (await client.submit()).finished()
+                assert (refused.code, refused.error) == ("unavailable", f"stage 0 at {stage0.endpoint} not answering")
+                stage0.silent = False  # back: the broker (on a fresh socket) sees it and routes again
+                await broker.wait_until(lambda: broker.ready, WAIT_S)
+                assert "stranded" in stage0.cancels  # told to drop the request it may still be running
+                await client.submit(request_id="after")
+                assert (await stage0.next_submit())[1].request_id == "after"
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_refusals_duplicates_shutdown_and_losing_the_last_pipeline(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1, lane_count=1)
+        try:
+            async with running_broker([stage0.endpoint], BrokerAdmission(queue_capacity=4)) as (broker, client):
+                running = await client.submit(request_id="running")
+                await stage0.next_submit()
+                duplicate = await (await client.submit(request_id="running")).finished()
+                assert duplicate.code == "bad_request" and "already in flight" in (duplicate.error or "")
+                client.streams["running"] = running  # the duplicate's refusal replaced it in the client's map
+                queued = [await client.submit(request_id=f"q{i}") for i in range(2)]
+                await broker.wait_until(lambda: broker.queue.waiting == 2, WAIT_S)
+                stage0.ready, stage0.dead_stage = False, "stage1"  # the only pipeline goes: queued ones are refused
+                for stream in queued:
+                    final = await stream.finished()
+                    assert (final.code, final.error) == ("unavailable", "pipeline unavailable: stage stage1 is down")
+                stage0.ready, stage0.dead_stage = True, None
+                await broker.wait_until(lambda: broker.ready, WAIT_S)
+                late = await client.submit(request_id="late")
+                await broker.wait_until(lambda: broker.queue.waiting == 1, WAIT_S)
+                await broker.close()
+                for stream in (running, late):
+                    final = await stream.finished()
+                    assert (final.code, final.error) == ("unavailable", "broker stopping")
+                assert stage0.cancels == ["running"] or await_cancel(stage0)
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def await_cancel(stage0: FakeStage0) -> bool:
+    return False
