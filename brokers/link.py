@@ -25,6 +25,7 @@ from skippy.transport import DealerQueue
 __all__ = ["PipelineLink"]
 
 SEND_TIMEOUT_S = 0.5
+CLOSE_LINGER_MS = 500
 
 OnEvents = Callable[["PipelineLink", TokenEvents], Awaitable[None]]
 OnStatus = Callable[["PipelineLink"], None]
@@ -97,9 +98,10 @@ class PipelineLink:
         self._queue = DealerQueue(self.ctx, self.endpoint)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._queue))
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
+        """Close; messages still queued (a last Cancel) get `linger_ms` to reach stage 0."""
         self._reader.cancel()
-        self._queue.close()
+        self._queue.close(linger_ms)
 
     # -- receiving -----------------------------------------------------------------------------
     async def _read(self, queue: DealerQueue) -> None:

@@ -119,8 +119,7 @@ class FakeStage0:
         self.ready, self.dead_stage, self.silent = True, None, False
         self.lane_count, self.ctx_size = lane_count, ctx_size
         self.submits: asyncio.Queue[tuple[bytes, Submit]] = asyncio.Queue()
-        self.cancels: list[str] = []
-        self.answered = asyncio.Event()
+        self.cancels: asyncio.Queue[str] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._serve())
 
     async def _serve(self) -> None:
@@ -129,14 +128,16 @@ class FakeStage0:
             if isinstance(msg, StatusQuery) and not self.silent:
                 await self.router.send(client, Status(msg.nonce, self.ready, self.dead_stage, 0, 0, self.lane_count,
                                                       self.ctx_size))
-                self.answered.set()
             elif isinstance(msg, Submit):
                 self.submits.put_nowait((client, msg))
             elif isinstance(msg, Cancel):
-                self.cancels.append(msg.request_id)
+                self.cancels.put_nowait(msg.request_id)
 
     async def next_submit(self, timeout_s: float = WAIT_S) -> tuple[bytes, Submit]:
         return await asyncio.wait_for(self.submits.get(), timeout_s)
+
+    async def next_cancel(self, timeout_s: float = WAIT_S) -> str:
+        return await asyncio.wait_for(self.cancels.get(), timeout_s)
 
     async def send(self, client: bytes, msg: TokenEvents) -> None:
         await self.router.send(client, msg)
