@@ -145,3 +145,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     from skippy.cli import bench_pipeline
 
     bench_pipeline.add_to(kinds)
+    from skippy.cli import bench_http
+
+    bench_http.add_to(kinds)
