@@ -134,6 +134,8 @@ class OpenAIAdapter:
             ctx = (await self.status()).ctx_size
         except DriverUnavailable as exc:
             raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
+        if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
+            raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
         if len(ids) >= ctx:
             raise HttpError(400, f"the prompt is {len(ids)} tokens; this model's context is {ctx} tokens",
                             param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
