@@ -67,7 +67,8 @@ class AdaptiveConcurrency:
     def __init__(self, queue: Limited, min_concurrency: int, max_concurrency: int, *, window_s: float = 5.0,
                  min_samples: int = 4, cooldown_windows: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
         if min_concurrency < 1 or max_concurrency < 0:
-            raise ValueError(f"need min_concurrency >= 1 and max_concurrency >= 0, got {min_concurrency}, {max_concurrency}")
+            raise ValueError(f"need min_concurrency >= 1 and max_concurrency >= 0,"
+                             f" got {min_concurrency} and {max_concurrency}")
         if window_s <= 0 or min_samples < 1 or cooldown_windows < 0:
             raise ValueError("window_s must be > 0, min_samples >= 1 and cooldown_windows >= 0")
         self.queue = queue

@@ -250,7 +250,8 @@ class Broker:
         self.log.debug("admitted", request_id=rid, pipeline=link.endpoint,
                        queue_ms=round((req.admitted_at - req.received_at) * 1e3, 3))
         if not await link.submit(req.submit):
-            await self._finish(req, _error(rid, "pipeline_failed", f"stage 0 at {link.endpoint} not accepting requests"))
+            refused = f"stage 0 at {link.endpoint} not accepting requests"
+            await self._finish(req, _error(rid, "pipeline_failed", refused))
 
     async def _on_pipeline_events(self, link: PipelineLink, msg: TokenEvents) -> None:
         req = link.inflight.get(msg.request_id)

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from skippy.protocol import Message, ProtocolError, decode, encode
 
-__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint"]
+__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint", "request_endpoint"]
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 _IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -34,6 +34,15 @@ def ipc_endpoint(directory: Path, name: str) -> str:
     if len(path.encode()) > _IPC_PATH_MAX:
         raise ValueError(f"ipc socket path is {len(path.encode())} bytes, over the {_IPC_PATH_MAX}-byte limit: {path}")
     return f"ipc://{path}"
+
+
+def request_endpoint(pipeline_endpoint: str) -> str:
+    if pipeline_endpoint.startswith("ipc://"):
+        return pipeline_endpoint + ".req"
+    if pipeline_endpoint.startswith("tcp://"):
+        host, _, port = pipeline_endpoint[len("tcp://") :].rpartition(":")
+        return f"tcp://{host}:{int(port) + 1}"
+    raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
 class PullQueue:

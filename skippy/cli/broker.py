@@ -15,12 +15,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import zmq
+
 from brokers import Broker, BrokerAdmission
 from brokers.options import FLAGS
 from skippy.config import ConfigError, StageTopology, TelemetryLevel
 from skippy.config.endpoint import normalize_zmq_endpoint
 from skippy.config.serving_args import FlagReader
-from skippy.driver.client import request_endpoint
+from skippy.transport import request_endpoint
 from skippy.log import configure_logging
 from skippy.stage.links import ignore_signals, stop_on_signals
 
@@ -55,7 +57,8 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(flag, metavar=metavar, default=None, help=help_text)
-    parser.add_argument("--telemetry-level", metavar="LEVEL", default=None, help="off | summary | debug (default summary)")
+    parser.add_argument("--telemetry-level", metavar="LEVEL", default=None,
+                        help="off | summary | debug (default summary)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +110,11 @@ async def serve(settings: BrokerSettings) -> int:
     stopped = asyncio.Event()
     stop_on_signals(stopped)
     broker = Broker(settings.bind, settings.pipelines, settings.admission, stage0_ids=settings.stage0_ids)
-    await broker.start()
+    try:
+        await broker.start()
+    except zmq.ZMQError as exc:
+        await broker.close("cannot bind")
+        raise ConfigError(f"--bind {settings.bind}: cannot bind ({exc})") from None
     try:
         await stopped.wait()
         ignore_signals()

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from skippy.config import StageConfig, StageTopology
-from skippy.driver.client import DriverClient, request_endpoint
+from skippy.driver.client import DriverClient
+from skippy.transport import request_endpoint
 from skippy.driver.events import DriverUnavailable
 from skippy.launcher import StageProcesses
 from skippy.runtime.models import resolve_model_path

@@ -1,6 +1,6 @@
 """Talking to a running stage 0 from another process: submit, stream token events, cancel, status.
 
-Stage 0 serves requests on a ROUTER next to its pipeline endpoint (`request_endpoint`): for
+Stage 0 serves requests on a ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for
 `ipc://PATH` it is `ipc://PATH.req`, for `tcp://HOST:PORT` it is `tcp://HOST:PORT+1`.
 `DriverClient` mirrors the in-process Driver API so the broker and `skippy generate` use either.
 """
@@ -18,15 +18,6 @@ from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
 from skippy.protocol import Cancel, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport import DealerQueue
-
-
-def request_endpoint(pipeline_endpoint: str) -> str:
-    if pipeline_endpoint.startswith("ipc://"):
-        return pipeline_endpoint + ".req"
-    if pipeline_endpoint.startswith("tcp://"):
-        host, _, port = pipeline_endpoint[len("tcp://") :].rpartition(":")
-        return f"tcp://{host}:{int(port) + 1}"
-    raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
 class DriverClient:

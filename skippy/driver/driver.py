@@ -130,6 +130,8 @@ class Driver:
         if max_tokens < 1:
             raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
+        if request_id in self.by_request:
+            raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
         seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
                        ChunkPlanner(self.prefill))
         handle = RequestHandle(request_id)

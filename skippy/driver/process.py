@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skippy.config import ServingOptions
-from skippy.driver.client import request_endpoint
+from skippy.transport import request_endpoint
 from skippy.driver.driver import Driver
 from skippy.driver.events import DriverUnavailable, RequestHandle
 from skippy.log import get_logger

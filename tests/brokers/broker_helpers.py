@@ -150,14 +150,17 @@ class FakeStage0:
 @contextlib.asynccontextmanager
 async def running_broker(pipelines: Sequence[str], admission: BrokerAdmission | None = None,
                          **kwargs: Any) -> AsyncIterator[tuple[Broker, BrokerClient]]:
-    """A started Broker on a tcp port (with a client connected), ready, closed on exit."""
+    """A started Broker on a tcp port, ready, with a client connected (on its own context, so the
+    test may close the broker first and still read what it sent); both closed on exit."""
     configure_logging("summary", stream=sys.stderr, role="test-broker")
     broker = Broker("tcp://127.0.0.1:0", pipelines, admission, **kwargs)
     await broker.start()
-    client = BrokerClient(broker.endpoint, broker.ctx)
+    ctx = zmq.asyncio.Context()
+    client = BrokerClient(broker.endpoint, ctx)
     try:
         await broker.wait_until(lambda: broker.ready, WAIT_S)
         yield broker, client
     finally:
-        client.close()
         await broker.close()
+        client.close()
+        ctx.term()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from skippy.config import StageTopology
-from skippy.driver.client import request_endpoint
+from skippy.transport import request_endpoint
 from skippy.launcher import StageProcesses, write_local_topology
 
 WIRE_FLAGS = ("--downstream-wire-delay-ms", "5")
@@ -46,7 +46,8 @@ def _start(directory: Path, model: Path) -> PipelineProcs:
 
 
 @pytest.fixture(scope="module")
-def shared_pipeline(tmp_path_factory: pytest.TempPathFactory, tiny_model: Callable[..., Path]) -> Iterator[PipelineProcs]:
+def shared_pipeline(tmp_path_factory: pytest.TempPathFactory,
+                    tiny_model: Callable[..., Path]) -> Iterator[PipelineProcs]:
     pipe = _start(tmp_path_factory.mktemp("pipe"), tiny_model("llama"))
     try:
         yield pipe

@@ -24,7 +24,7 @@ def fakes(ctx: zmq.asyncio.Context, directory: Path, n: int, **kwargs: int) -> l
 def test_events_are_relayed_whole_and_codeless_errors_become_pipeline_failed(tmp_path: Path) -> None:
     async def body() -> None:
         ctx = zmq.asyncio.Context()
-        (stage0,) = fakes(ctx, tmp_path, 1)
+        (stage0,) = fakes(ctx, tmp_path, 1, lane_count=4)
         try:
             async with running_broker([stage0.endpoint]) as (broker, client):
                 ok, bad, coded = [await client.submit(request_id=rid) for rid in ("ok", "bad", "coded")]
@@ -65,9 +65,10 @@ def test_requests_go_to_the_least_loaded_ready_pipeline(tmp_path: Path) -> None:
                 assert broker.queue.capacity == 32  # clamp(8 x 4, 16, 256)
                 for _ in range(4):
                     await client.submit(max_tokens=8)
-                assert first.submits.qsize() + second.submits.qsize() <= 4
+                # two each: waiting for a third on either would time out the test
                 await asyncio.wait_for(asyncio.gather(*(f.next_submit() for f in (first, second, first, second))),
                                        WAIT_S)
+                assert first.submits.empty() and second.submits.empty()
                 too_long = await (await client.submit(prompt=range(3, 300))).finished()
                 assert (too_long.code, too_long.error) == (
                     "context_length_exceeded", "prompt of 297 tokens must have 1..255 tokens (ctx_size 256)")
@@ -142,6 +143,33 @@ def test_refusals_duplicates_shutdown_and_losing_the_last_pipeline(tmp_path: Pat
                     assert (final.code, final.error) == ("unavailable", "broker stopping")
                 assert await stage0.next_cancel() == "running"  # the running request is cancelled at stage 0
                 assert dict(broker.outcomes) == {"bad_request": 1, "unavailable": 4}
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_adaptive_admission_starts_at_its_minimum(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1, lane_count=4)
+        try:
+            admission = BrokerAdmission(adaptive=True, adaptive_min=1)
+            async with running_broker([stage0.endpoint], admission) as (broker, client):
+                assert broker.adaptive is not None and broker.adaptive.max_concurrency == 4
+                first, second = await client.submit(request_id="first"), await client.submit(request_id="second")
+                peer, _ = await stage0.next_submit()
+                await broker.wait_until(lambda: broker.queue.waiting == 1, WAIT_S)
+                status = await client.status()
+                assert (status.lane_count, status.running, status.waiting) == (4, 1, 1)  # 4 allowed, 1 granted so far
+                await stage0.send(peer, TokenEvents("first", (7,), "length"))
+                assert (await first.finished()).finish_reason == "length"
+                assert (await stage0.next_submit())[1].request_id == "second"  # its permit passed on
+                await client.cancel("second")
+                assert await stage0.next_cancel() == "second"
+                await stage0.send(peer, TokenEvents("second", (), "cancelled"))
+                assert (await second.finished()).finish_reason == "cancelled"
         finally:
             stage0.close()
             ctx.term()
