@@ -124,7 +124,7 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
         unsplit = LocalChain(RuntimeSpec(model_path=model, layer_start=0, layer_end=0, lane_count=16))
         with StageProcesses(topology, configs, d / "run"):
             options = parse_serving_args(["--config", str(configs[0]), "--topology", str(topology), "--max-inflight", "4"])
-            runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config, options.topology))
+            runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
             driver = Driver(options, runtime)
             await driver.start()
             try:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(str(options.telemetry_level), stage_id=cfg.stage_id, stage_index=cfg.stage_index, role="stage")
     log = get_logger()
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path)
-    runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg, options.topology))
+    runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg))
     if cfg.stage_index == 0:
         from skippy.cli.front import start_openai_front
         from skippy.driver.process import DriverProcess

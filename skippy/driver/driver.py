@@ -60,14 +60,22 @@ class DriverStats:
     compute_ms: dict[str, float] = field(default_factory=dict)  # per stage, summed over batches
 
 
+def micro_batches(options: ServingOptions) -> int:
+    """Iterations kept in flight by default: one per host. Stages sharing a host share its cores, so
+    overlapping their compute only shrinks batches (measured on 2 cores, Gemma 3, 8 streams over 2
+    stages: 182 tok/s with one batch in flight vs 96 tok/s with two)."""
+    if options.topology is None:
+        return 1
+    return len({stage.host or stage.stage_id for stage in options.topology.stages})
+
+
 class Driver:
     def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None) -> None:
         cfg = options.config
         self.options = options
         self.runtime = runtime
         self.identity = StageIdentity(cfg.stage_id, 0, cfg.layer_start, cfg.layer_end, runtime.model_digest, runtime.n_embd)
-        n_stages = len(options.topology.stages) if options.topology else (1 if cfg.downstream is None else 2)
-        self.max_iterations = max_iterations_in_flight or n_stages
+        self.max_iterations = max_iterations_in_flight or micro_batches(options)
         self.prefill = options.openai.prefill if options.openai else PrefillChunkOptions()
         self.log = get_logger()
         self.ctx = zmq.asyncio.Context()

@@ -18,7 +18,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-from skippy.config import StageConfig, StageTopology
+from skippy.config import StageConfig
 from skippy.protocol import TokenLogprob
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.runtime.llama_api import (
@@ -55,13 +55,8 @@ class RuntimeSpec:
     load_mode: str = "runtime-slice"
 
     @classmethod
-    def from_stage_config(cls, config: StageConfig, topology: StageTopology | None = None) -> RuntimeSpec:
-        """The config's fields; without n_threads, stages on one host share its cores evenly."""
-        threads = config.n_threads
-        if threads is None and topology is not None:
-            host = next((s.host for s in topology.stages if s.stage_id == config.stage_id), None)
-            sharing = sum(1 for s in topology.stages if s.host == host)
-            threads = max(1, default_threads() // max(1, sharing))
+    def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:
+        """The config's fields (n_threads unset: all cores; stages sharing a host take turns, see driver)."""
         return cls(
             model_path=config.model_path,
             layer_start=config.layer_start,
@@ -70,7 +65,7 @@ class RuntimeSpec:
             lane_count=config.lane_count,
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
-            n_threads=threads,
+            n_threads=config.n_threads,
             cache_type_k=str(config.cache_type_k),
             cache_type_v=str(config.cache_type_v),
             flash_attn_type=str(config.flash_attn_type),

@@ -115,7 +115,7 @@ async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None
     """A started Driver for `pipe` (stage 0 in this process), closed with its runtime on exit."""
     configure_logging("summary", stream=sys.stderr, stage_id="stage0", role="test-driver")
     options = pipe.driver_options(*flags)
-    runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config, options.topology))
+    runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
     driver = Driver(options, runtime, max_iterations_in_flight=max_iterations)
     try:
         await driver.start()

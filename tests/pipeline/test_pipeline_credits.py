@@ -128,19 +128,15 @@ def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_
 def test_stalled_final_stage_blocks_middle_stage(tiny_model: Callable[..., Path],
                                                  make_pipeline: Callable[..., Pipeline],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """3 stages, the final one frozen: stage1 fills its credit window toward it and waits there.
-
-    The driver is then held by its iterations-in-flight cap (one per stage), not by its credits:
-    stage1 credits a batch on receipt once `reply_credit_limit` credits are already deferred, so the
-    driver's credit window does not reach past a blocked middle stage.
-    """
+    """3 stages, the final one frozen: stage1 fills its credit window toward it and waits there,
+    and the driver stays at its cap of iterations in flight (one per stage here) with no more sent."""
     monkeypatch.setattr(driver_module, "DEAD_AFTER_S", 120.0)
     pipe = make_pipeline(tiny_model("llama"), [2, 4], lane_count=8, ctx_size=256, stage_flags=FLAGS)
     final = pipe.stages.procs["stage2"]
     prompts = [random_prompt(16 + 5 * i, 400 + i, 400) for i in range(5)]
 
     async def body() -> tuple[list, list]:
-        async with running_driver(pipe, *FLAGS) as driver:
+        async with running_driver(pipe, *FLAGS, max_iterations=3) as driver:
             cap = driver.max_iterations
             assert cap == 3
             os.kill(final.pid, signal.SIGSTOP)
