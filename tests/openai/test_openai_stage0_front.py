@@ -1,0 +1,47 @@
+"""The reference's stage-0 surface: `skippy stage --config stage0 --topology T --openai-bind-addr ...`
+serves the OpenAI API for an already running pipeline (stage 0 starts broker + adapter as children)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import openai
+import pytest
+
+from skippy.launcher import StageProcesses, read_events, write_local_topology
+
+
+def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path], tmp_path: Path,
+                                                skippy_cache_dir: Path) -> None:
+    topology, configs = write_local_topology(tmp_path / "t", tiny_model("llama"), 6, [3], lane_count=2,
+                                             model_id="tiny-front")
+    stages = StageProcesses(topology, configs, tmp_path / "run", env={"SKIPPY_CACHE_DIR": str(skippy_cache_dir)})
+    front: dict = {}
+    try:
+        stages.start()  # stage 1 only
+        stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
+                                        "--openai-bind-addr", "127.0.0.1:0", "--openai-generation-concurrency", "1"])
+        stage0_log = stages.log_path("stage0")
+        deadline = time.monotonic() + 60
+        while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
+            front = next((e for e in read_events(stage0_log) if e.get("event") == "openai_ready"), {})
+            time.sleep(0.05)
+        assert front, stage0_log.read_text()[-2000:]
+        url = front["url"]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        reply = client.completions.create(model="tiny-front", prompt="Hello world", max_tokens=5, temperature=0)
+        assert reply.usage is not None and reply.usage.completion_tokens == 5
+        assert reply.choices[0].finish_reason == "length"
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="other", prompt="x", max_tokens=1)
+        client.close()
+    finally:
+        codes = stages.stop()
+    assert codes == {"stage1": 0, "stage0": 0}
+    left = subprocess.run(["pgrep", "-f", str(front["logs"])], capture_output=True, text=True).stdout.split()
+    assert not left, f"broker/adapter of stage 0 still running: {left}"
+    stopped = [e for e in read_events(stages.log_path("stage0")) if e.get("event") == "stopped"]
+    assert {e.get("stage_id") for e in stopped} >= {"stage0"}
