@@ -111,3 +111,21 @@ def test_slice_command_writes_an_artifact_slice_that_loads(tiny_llama: Path, tmp
         logits.append(np.stack([stage.logits(r) for r in rows]))
         stage.close()
     assert np.array_equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("mtp_flag", ["plan", "sidecar"])
+def test_native_mtp_asked_of_a_model_without_heads_fails_at_startup(mtp_flag: str, tiny_llama: Path,
+                                                                     tmp_path: Path) -> None:
+    from skippy.launcher import write_local_topology
+
+    topology, configs = write_local_topology(tmp_path / "t", tiny_llama, 6, [3])
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"native_mtp": {"enabled": True, "max_draft_tokens": 2, "min_draft_tokens": 0,
+                                               "reject_cooldown_tokens": 0, "suppress_cooldown_drafts": False,
+                                               "suppress_cooldown_draft_limit": 0}}))
+    extra = (["--openai-speculative-config", str(plan)] if mtp_flag == "plan"
+             else ["--openai-native-mtp-draft-model-path", str(tmp_path / "mtp.gguf")])
+    out = skippy("stage", "--config", str(configs[0]), "--topology", str(topology),
+                 "--openai-bind-addr", "127.0.0.1:0", *extra, env_dir=tmp_path)
+    assert out.returncode == 2
+    assert "has no MTP heads" in out.stderr and "Traceback" not in out.stderr
