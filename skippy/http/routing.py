@@ -1,0 +1,77 @@
+"""What handlers see and return: Request, Response, StreamResponse, and the Router that maps
+(method, path) to a handler with OpenAI-envelope 404/405 errors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from skippy.http.errors import HttpError
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    request_id: str
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+            raise HttpError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "application/json"
+
+
+@dataclass
+class StreamResponse:
+    chunks: AsyncIterator[bytes]
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "text/event-stream"
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+
+
+def json_response(obj: Any, status: int = 200, headers: Sequence[tuple[str, str]] = ()) -> Response:
+    return Response(status, json.dumps(obj).encode(), list(headers))
+
+
+def _request_id(raw: str | None) -> str:
+    """The client's x-request-id reduced to printable non-space ASCII (<= 128 chars), else a fresh uuid4 hex."""
+    clean = "".join(ch for ch in raw or "" if " " < ch <= "~")[:128]
+    return clean or uuid.uuid4().hex
+
+
+class Router:
+    """Exact-path routing: 404 for an unknown path, 405 (with Allow) for a known path and another method."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, dict[str, Handler]] = {}
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self._routes.setdefault(path, {})[method.upper()] = handler
+
+    def resolve(self, method: str, path: str) -> Handler:
+        methods = self._routes.get(path)
+        if methods is None:
+            raise HttpError(404, f"Invalid URL ({method} {path})", code="not_found")
+        handler = methods.get(method.upper())
+        if handler is None:
+            allow = [("allow", ", ".join(sorted(methods)))]
+            raise HttpError(405, f"Method {method} not allowed for {path}", code="method_not_allowed", headers=allow)
+        return handler
