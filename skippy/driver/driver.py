@@ -178,6 +178,7 @@ class Driver:
             await self._wakeup.wait()
 
     async def _admit(self, seq: Sequence) -> None:
+        seq.admitted_at = time.perf_counter()
         self.running.append(seq)
         if self.runtime.is_final:
             await self._in_runtime(self.runtime.configure_session, seq.session_id, seq.sampling)
@@ -210,7 +211,8 @@ class Driver:
             if pw.is_prefill:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
         windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
-        self.op_log.append(("batch", [(w.session_id, w.pos_start, tuple(int(t) for t in w.tokens), w.outputs) for w in windows]))
+        token_ids = [tuple(w.tokens.tolist()) for w in windows]
+        self.op_log.append(("batch", [(w.session_id, w.pos_start, t, w.outputs) for w, t in zip(windows, token_ids)]))
         started_at, start = time.time(), time.perf_counter()
         try:
             hidden, predictions = await self._in_runtime(self._compute, windows)
@@ -228,7 +230,7 @@ class Driver:
             return
         wait_ms = await self.credits.acquire()
         timing = StageTiming(self.identity.stage_id, started_at, compute_ms, 0.0, wait_ms, time.time())
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, tuple(int(t) for t in w.tokens)) for w in windows)
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, t) for w, t in zip(windows, token_ids))
         entry = self.inflight[batch_id] = InFlight(plan, compute_ms, wait_ms)
         entry.sent = self.downstream.enqueue(Batch(batch_id, wire, hidden, (timing,)))
         self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.inflight))
@@ -279,7 +281,7 @@ class Driver:
     def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         now = time.perf_counter()
         if seq.first_token_at is None:
-            seq.first_token_at = seq.prefill_done_at = now
+            seq.first_token_at = now
         seq.generated.append(token)
         handle = self.by_request[seq.request_id][1]
         if token in seq.stop_tokens:
@@ -304,7 +306,8 @@ class Driver:
         self.log.info(
             "request_done", request_id=seq.request_id, session_id=seq.session_id, finish_reason=reason, error=error,
             prompt_tokens=len(seq.prompt), generated_tokens=len(seq.generated),
-            ttft_ms=round((first - seq.submitted_at) * 1e3, 3), prefill_ms=round((first - seq.submitted_at) * 1e3, 3),
+            ttft_ms=round((first - seq.submitted_at) * 1e3, 3),
+            prefill_ms=round((first - (seq.admitted_at or seq.submitted_at)) * 1e3, 3),
             decode_ms=round((now - first) * 1e3, 3),
             stages={k: {m: round(v, 3) for m, v in d.items()} for k, d in seq.stage_ms.items()},
         )

@@ -36,8 +36,8 @@ class Sequence:
     in_flight: bool = False
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
     first_token_at: float | None = None
-    prefill_done_at: float | None = None
     stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/send/credit_wait
 
     @property
@@ -77,8 +77,7 @@ def plan_iteration(running: deque[Sequence], token_budget: int, max_decode_rows:
             break
         if seq.in_flight or seq.cancelled or seq.prefilling or not seq.generated:
             continue
-        pos = len(seq.prompt) + len(seq.generated) - 1
-        plan.append(PlannedWindow(seq, pos, np.array(seq.generated[-1:], np.int32), (0,)))
+        plan.append(PlannedWindow(seq, seq.length, np.array(seq.generated[-1:], np.int32), (0,)))
         budget -= 1
     # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token
     for seq in running:

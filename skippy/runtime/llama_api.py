@@ -177,9 +177,8 @@ class LlamaContext:
 class BatchBuffers:
     """A `llama_batch` whose arrays are numpy buffers owned here (sized once for n_batch rows)."""
 
-    def __init__(self, n_batch: int, n_embd: int, n_seq_max: int) -> None:
+    def __init__(self, n_batch: int, n_seq_max: int) -> None:
         self.token = np.zeros(n_batch, np.int32)
-        self.embd = np.zeros((n_batch, n_embd), np.float32)
         self.pos = np.zeros(n_batch, np.int32)
         self.n_seq_id = np.ones(n_batch, np.int32)
         self.logits = np.zeros(n_batch, np.int8)
@@ -188,13 +187,14 @@ class BatchBuffers:
         self._seq_ptrs = np.zeros(n_batch, np.uint64)
         self._seq_base = self._seq_ids.ctypes.data
 
-    def build(self, n_rows: int, seq: np.ndarray, *, embeddings: bool) -> L.llama_batch:
-        """Point a llama_batch at the first n_rows (token or embd, pos, logits must already be filled)."""
+    def build(self, n_rows: int, seq: np.ndarray, *, embd: np.ndarray | None = None) -> L.llama_batch:
+        """Point a llama_batch at the first n_rows (token, pos, logits must already be filled); with `embd`
+        (C-contiguous float32 [n_rows, n_embd], read-only is fine) the batch reads it in place."""
         self._seq_ptrs[:n_rows] = self._seq_base + 4 * seq.astype(np.uint64)
         batch = L.llama_batch()
         batch.n_tokens = n_rows
-        if embeddings:
-            batch.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        if embd is not None:
+            batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         else:
             batch.token = self.token.ctypes.data_as(ctypes.POINTER(L.llama_token))
         batch.pos = self.pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))

@@ -160,7 +160,7 @@ class StageRuntime:
         self._captured = 0
         callback = None if self.is_final else L.ggml_backend_sched_eval_callback(self._on_eval)
         self.ctx = LlamaContext(self.model, self.params, callback)
-        self._buffers = BatchBuffers(self.params.n_batch, self.n_embd, spec.lane_count)
+        self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
         self._samplers: dict[int, SamplerChain] = {}
@@ -284,9 +284,9 @@ class StageRuntime:
             buf.logits[rows] = 1
             output_rows.append(rows)
             row = end
-        if not self.is_first:
-            buf.embd[:n_rows] = hidden
-        batch = buf.build(n_rows, lanes, embeddings=not self.is_first)
+        # embedding input is read in place from the received frame: no copy of the activations
+        embd = None if self.is_first else np.ascontiguousarray(hidden, np.float32)
+        batch = buf.build(n_rows, lanes, embd=embd)
         if self.is_final:
             self.ctx.decode(batch)
             return DecodeResult(hidden=None, output_rows=output_rows)
