@@ -2,7 +2,7 @@
 
 Config types are frozen dataclasses deriving from :class:`ConfigModel`.  Their
 field annotations are the schema: ``str``, ``bool``, ``int`` (always
-non-negative, like the reference's ``usize`` fields), ``float``, ``str`` enums,
+non-negative, like the reference's ``usize`` fields; ``SignedInt`` for ``i32``), ``float``, ``str`` enums,
 nested config dataclasses, ``tuple[X, ...]`` and ``X | None``.  On
 construction every field is type-checked and normalised (enum strings become
 members, JSON objects become nested dataclasses, lists become tuples), then
@@ -20,12 +20,13 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, NewType, Self, TypeVar
 
 from skippy.config.errors import ConfigError, FieldError
 
 __all__ = [
     "ConfigModel",
+    "SignedInt",
     "build_dataclass",
     "check",
     "dump_dataclass",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# An int field that may be negative (`n_gpu_layers: -1` = every layer); plain `int` fields are >= 0.
+SignedInt = NewType("SignedInt", int)
 _MISSING = dataclasses.MISSING
 
 
@@ -82,6 +85,8 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(f"'{member.value}'" for member in tp)
     if dataclasses.is_dataclass(tp):
         return "a JSON object"
+    if tp is SignedInt:
+        return "an integer"
     return {
         bool: "a boolean",
         int: "a non-negative integer",
@@ -126,8 +131,8 @@ def _coerce_present(value: Any, tp: Any, declared: Any, field: str) -> Any:
         if not isinstance(value, bool):
             raise wrong()
         return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if tp is int or tp is SignedInt:
+        if isinstance(value, bool) or not isinstance(value, int) or (tp is int and value < 0):
             raise wrong()
         return value
     if tp is float:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from skippy.config.endpoint import normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
-from skippy.config.schema import ConfigModel, check, show
+from skippy.config.kv_cache import KvCacheConfig, KvCacheMode, KvCachePayload
+from skippy.config.llama_options import SelectedDevice, SplitMode, check_llama_fields, check_unsupported_fields
+from skippy.config.schema import ConfigModel, SignedInt, check, show
 
 __all__ = [
     "FlashAttnType",
@@ -24,6 +26,8 @@ __all__ = [
     "KvCacheType",
     "LoadMode",
     "PeerConfig",
+    "SelectedDevice",
+    "SplitMode",
     "StageConfig",
     "StageTopology",
     "StageTopologyEntry",
@@ -31,8 +35,9 @@ __all__ = [
 
 
 class LoadMode(enum.StrEnum):
-    RUNTIME_SLICE = "runtime-slice"  # load the full GGUF, keep only owned layers
+    RUNTIME_SLICE = "runtime-slice"  # slice the full GGUF (cached), load only owned layers
     ARTIFACT_SLICE = "artifact-slice"  # load a pre-sliced GGUF
+    LAYER_PACKAGE = "layer-package"  # the reference's model-package.json dirs: refused
 
 
 class FlashAttnType(enum.StrEnum):
@@ -53,20 +58,6 @@ class KvCacheType(enum.StrEnum):
     IQ4_NL = "iq4_nl"
     Q5_0 = "q5_0"
     Q5_1 = "q5_1"
-
-
-class KvCacheMode(enum.StrEnum):
-    DISABLED = "disabled"
-    AUTO = "auto"
-    RECORD = "record"
-    LOOKUP_RECORD = "lookup-record"
-
-
-class KvCachePayload(enum.StrEnum):
-    AUTO = "auto"
-    RESIDENT_KV = "resident-kv"
-    KV_RECURRENT = "kv-recurrent"
-    FULL_STATE = "full-state"
 
 
 def _require_text(obj: object, *names: str) -> None:
@@ -100,40 +91,25 @@ class PeerConfig(ConfigModel):
         _normalize_endpoint(self, "endpoint", bind=False)
 
 
-@dataclass(frozen=True)
-class KvCacheConfig(ConfigModel):
-    """Prefix (prompt) KV cache settings (reference notes §3.3)."""
-
-    mode: KvCacheMode = KvCacheMode.AUTO
-    payload: KvCachePayload = KvCachePayload.AUTO
-    max_entries: int = 64
-    max_bytes: int = 0  # 0 = no byte cap
-    min_tokens: int = 64
-    shared_prefix_stride_tokens: int = 128
-    shared_prefix_record_limit: int = 2
-
-    def _check(self) -> None:
-        check(self.max_entries > 0, "max_entries", f"must be > 0, got {self.max_entries}")
-        stride = self.shared_prefix_stride_tokens
-        check(stride > 0, "shared_prefix_stride_tokens", f"must be > 0, got {stride}")
-
-    @property
-    def should_lookup(self) -> bool:
-        return self.mode is KvCacheMode.LOOKUP_RECORD
-
-    @property
-    def should_record(self) -> bool:
-        return self.mode in (KvCacheMode.RECORD, KvCacheMode.LOOKUP_RECORD)
-
-
 @dataclass(frozen=True, kw_only=True)
 class StageConfig(ConfigModel):
-    """The JSON config one stage process starts from."""
+    """The JSON config one stage process starts from: the reference's StageConfig, every field.
+
+    What each field does is in docs/stage-config.md; `None` means llama.cpp's default.
+    """
 
     run_id: str
     topology_id: str
     model_id: str
+    package_ref: str | None = None  # metadata: the reference's layer-package reference
+    manifest_sha256: str | None = None  # metadata: that package's manifest digest
+    source_model_path: str | None = None  # the full GGUF; used when model_path is unset
+    source_model_sha256: str | None = None  # checked against the full GGUF at load
+    source_model_bytes: int | None = None  # checked against the full GGUF's size at load
+    materialized_path: str | None = None  # metadata: where the reference materialised the stage
+    materialized_pinned: bool = False  # metadata
     model_path: str | None = None  # None or "default" = the packaged default model
+    projector_path: str | None = None  # multimodal: refused
     stage_id: str
     stage_index: int
     layer_start: int
@@ -142,20 +118,36 @@ class StageConfig(ConfigModel):
     lane_count: int = 4
     n_batch: int | None = None
     n_ubatch: int | None = None
-    n_threads: int | None = None
+    n_threads: int | None = None  # skippy's own: llama.cpp threads (default: every core)
+    n_gpu_layers: SignedInt = SignedInt(0)  # layers offloaded to GPU; -1 = all
+    mmap: bool | None = None
+    mlock: bool = False
+    repack: bool | None = None  # llama.cpp's extra buffer types (weight repacking); None = on
+    op_offload: bool | None = None
+    no_host_buffer: bool = False
+    check_tensors: bool = False
+    direct_io: bool = False
+    main_gpu: SignedInt | None = None
+    split_mode: SplitMode = SplitMode.AUTO
     cache_type_k: KvCacheType = KvCacheType.F16
     cache_type_v: KvCacheType = KvCacheType.F16
     flash_attn_type: FlashAttnType = FlashAttnType.AUTO
-    load_mode: LoadMode
-    filter_tensors_on_load: bool = False
+    kv_offload: bool | None = None
+    kv_unified: bool | None = None  # must stay true (the default here)
+    swa_full: bool | None = None  # must stay true (the default here)
+    cache_idle_slots: bool | None = None
+    filter_tensors_on_load: bool = False  # skippy always loads only owned tensors (a slice GGUF)
+    resident_tensor_names: tuple[str, ...] = ()
+    selected_device: SelectedDevice | None = None
+    kv_cache: KvCacheConfig | None = None
     native_mtp_enabled: bool = True
+    load_mode: LoadMode
     bind_addr: str
     upstream: PeerConfig | None = None
     downstream: PeerConfig | None = None
-    kv_cache: KvCacheConfig | None = None
 
     def _check(self) -> None:
-        _require_text(self, "run_id", "topology_id", "model_id", "model_path", "stage_id")
+        _require_text(self, "run_id", "topology_id", "model_id", "model_path", "source_model_path", "stage_id")
         _check_layer_range(self.layer_start, self.layer_end)
         for name in ("ctx_size", "lane_count", "n_batch", "n_ubatch", "n_threads"):
             value = getattr(self, name)
@@ -166,6 +158,14 @@ class StageConfig(ConfigModel):
                 "n_ubatch",
                 f"must be <= n_batch ({self.n_batch}), got {self.n_ubatch}",
             )
+        check(
+            self.load_mode is not LoadMode.LAYER_PACKAGE,
+            "load_mode",
+            "'layer-package' is not supported (use 'runtime-slice' on a GGUF or 'artifact-slice' on a"
+            " `skippy slice` output)",
+        )
+        check_llama_fields(self)
+        check_unsupported_fields(self)
         _normalize_endpoint(self, "bind_addr", bind=True)
         index = self.stage_index
         if self.upstream is not None:
@@ -175,6 +175,11 @@ class StageConfig(ConfigModel):
             down = self.downstream.stage_index
             reason = f"must be > stage_index ({index}), got {down}"
             check(down > index, "downstream.stage_index", reason)
+
+    @property
+    def model_source(self) -> str | None:
+        """The GGUF this stage loads from: model_path, else source_model_path, else the default."""
+        return self.model_path if self.model_path is not None else self.source_model_path
 
     @property
     def is_first(self) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import llama_cpp as L
 
-from skippy.runtime.llama_api import LlamaModel
+from skippy.runtime.llama_model import LlamaModel
 
 BUILTIN_BY_ARCH = {"gemma3": "gemma", "llama": "llama3", "qwen2": "chatml", "qwen3": "chatml"}
 

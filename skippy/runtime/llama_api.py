@@ -1,4 +1,4 @@
-"""Thin owners of llama.cpp objects (model, context, batch) over llama-cpp-python's low-level API.
+"""Thin owners of llama.cpp objects (context, batch) over llama-cpp-python's low-level API.
 
 Everything here is mechanical: load a GGUF, create a context, build a `llama_batch` that points
 straight at numpy buffers (no per-row Python work), and turn llama.cpp's log lines into the reason
@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llama_cpp as L
 import numpy as np
@@ -20,16 +22,28 @@ from gguf import GGMLQuantizationType
 
 from skippy.runtime.errors import ModelError
 
+if TYPE_CHECKING:
+    from skippy.runtime.llama_model import LlamaModel
+
 _init_lock = threading.Lock()
 _initialised = False
 # Recent llama.cpp warnings/errors, quoted when a load fails (llama.cpp only logs the reason).
 _recent_log: collections.deque[str] = collections.deque(maxlen=8)
+# "<buffer type> model buffer size = <MiB>" lines of the last load: where the weights went.
+_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+_model_buffers: dict[str, float] = {}
+_LOG_WARN, _LOG_ERROR = 3, 4  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
 
 
 @L.llama_log_callback
 def _log_sink(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
-        _recent_log.append(text.decode("utf-8", "replace").strip())
+    if not text:
+        return
+    line = text.decode("utf-8", "replace").strip()
+    if level in (_LOG_WARN, _LOG_ERROR):
+        _recent_log.append(line)
+    elif (match := _BUFFER_LINE.search(line)) is not None:
+        _model_buffers[match.group(1)] = float(match.group(2))
 
 
 def init_backend() -> None:
@@ -42,6 +56,16 @@ def init_backend() -> None:
             _initialised = True
 
 
+def clear_llama_log() -> None:
+    _recent_log.clear()
+    _model_buffers.clear()
+
+
+def model_buffers() -> dict[str, float]:
+    """MiB of weights per llama.cpp buffer type (CPU, CPU_REPACK, CUDA0, ...) in the last load."""
+    return dict(_model_buffers)
+
+
 def last_llama_error() -> str:
     return _recent_log[-1] if _recent_log else "no reason logged"
 
@@ -52,8 +76,6 @@ _ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
 _ggml.ggml_nbytes.restype = ctypes.c_size_t
 _ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
 _ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-
-
 def tensor_name(tensor: int) -> bytes:
     return _ggml.ggml_get_name(tensor)
 
@@ -65,30 +87,6 @@ def copy_tensor(tensor: int, dest: np.ndarray) -> int:
         raise RuntimeError(f"captured tensor of {nbytes} bytes exceeds the {dest.nbytes}-byte buffer")
     _ggml.ggml_backend_tensor_get(tensor, dest.ctypes.data, 0, nbytes)
     return nbytes // 4
-
-
-class LlamaModel:
-    """An owned `llama_model *` (mmap'd weights)."""
-
-    def __init__(self, path: Path, *, vocab_only: bool = False) -> None:
-        init_backend()
-        params = L.llama_model_default_params()
-        params.vocab_only = vocab_only
-        params.n_gpu_layers = 0
-        _recent_log.clear()
-        ptr = L.llama_model_load_from_file(str(path).encode(), params)
-        if not ptr:
-            raise ModelError(f"llama.cpp could not load {path}: {last_llama_error()}")
-        self.ptr = ptr
-        self.path = path
-        self.vocab = L.llama_model_get_vocab(ptr)
-        self.n_embd = int(L.llama_model_n_embd(ptr))
-        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
-
-    def close(self) -> None:
-        if self.ptr:
-            L.llama_model_free(self.ptr)
-            self.ptr = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +102,8 @@ class ContextParams:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn_type: str = "auto"
+    offload_kqv: bool | None = None  # kv_offload: KV cache on the GPU with offloaded layers
+    op_offload: bool | None = None  # offload host tensor ops to the GPU
 
 
 _FLASH_ATTN = {
@@ -139,9 +139,13 @@ class LlamaContext:
         cp.type_k = int(GGMLQuantizationType[params.cache_type_k.upper()])
         cp.type_v = int(GGMLQuantizationType[params.cache_type_v.upper()])
         cp.flash_attn_type = _FLASH_ATTN[params.flash_attn_type]
+        if params.offload_kqv is not None:
+            cp.offload_kqv = params.offload_kqv
+        if params.op_offload is not None:
+            cp.op_offload = params.op_offload
         if eval_callback is not None:
             cp.cb_eval = eval_callback
-        _recent_log.clear()
+        clear_llama_log()
         ptr = L.llama_init_from_model(model.ptr, cp)
         if not ptr:
             raise ModelError(f"llama.cpp could not create a context for {model.path}: {last_llama_error()}")

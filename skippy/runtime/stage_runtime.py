@@ -21,56 +21,12 @@ import numpy as np
 from skippy.config import StageConfig
 from skippy.protocol import TokenLogprob
 from skippy.runtime.errors import ModelError, RuntimeUsageError
-from skippy.runtime.llama_api import (
-    BatchBuffers,
-    ContextParams,
-    LlamaContext,
-    LlamaModel,
-    copy_tensor,
-    default_threads,
-    tensor_name,
-)
+from skippy.runtime.llama_api import BatchBuffers, ContextParams, LlamaContext, copy_tensor, default_threads, tensor_name
+from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplerChain, SamplingParams
-from skippy.runtime.gguf_file import GGUFFile
-from skippy.runtime.slices import Progress, check_range, ensure_slice, file_digest, read_model_info
-
-
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """What a runtime loads; mirrors the StageConfig fields it needs."""
-
-    model_path: str | Path | None
-    layer_start: int
-    layer_end: int
-    ctx_size: int = 512
-    lane_count: int = 4
-    n_batch: int | None = None
-    n_ubatch: int | None = None
-    n_threads: int | None = None
-    n_outputs_max: int | None = None  # final stage: logit rows per decode (default 8 per lane)
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    flash_attn_type: str = "auto"
-    load_mode: str = "runtime-slice"
-
-    @classmethod
-    def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:
-        """The config's fields (n_threads unset: all cores; stages sharing a host take turns, see driver)."""
-        return cls(
-            model_path=config.model_path,
-            layer_start=config.layer_start,
-            layer_end=config.layer_end,
-            ctx_size=config.ctx_size,
-            lane_count=config.lane_count,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            n_threads=config.n_threads,
-            cache_type_k=str(config.cache_type_k),
-            cache_type_v=str(config.cache_type_v),
-            flash_attn_type=str(config.flash_attn_type),
-            load_mode=str(config.load_mode),
-        )
+from skippy.runtime.slices import Progress
+from skippy.runtime.spec import RuntimeSpec, resolve_artifact
 
 
 @dataclass(frozen=True)
@@ -90,50 +46,15 @@ class DecodeResult:
     output_rows: list[list[int]]  # per window, the batch rows whose logits were kept (final stage)
 
 
-@dataclass(frozen=True)
-class _Artifact:
-    load_path: Path
-    digest: str
-    n_layer: int  # layers of the full model
-
-
-def _artifact_slice(path: Path, layer_start: int, layer_end: int) -> _Artifact:
-    gguf = GGUFFile(path)
-    meta = {k: gguf.get(k) for k in gguf.kv if k.startswith("skippy.slice.")}
-    gguf.close()
-    if "skippy.slice.layer_start" not in meta:
-        raise ModelError(f"{path}: not a slice written by `skippy slice` (load_mode artifact-slice needs one)")
-    have = (meta["skippy.slice.layer_start"], meta["skippy.slice.layer_end"])
-    if have != (layer_start, layer_end):
-        raise ModelError(f"{path}: slice holds layers [{have[0]}, {have[1]}), config asks for [{layer_start}, {layer_end})")
-    return _Artifact(path, str(meta["skippy.slice.source_digest"]), int(meta["skippy.slice.source_n_layer"]))
-
-
-def _runtime_slice(path: Path, layer_start: int, layer_end: int, progress: Progress | None) -> _Artifact:
-    info = read_model_info(path)
-    check_range(info, layer_start, layer_end)
-    if (layer_start, layer_end) == (0, info.n_layer):
-        return _Artifact(path, file_digest(path), info.n_layer)  # the whole model: load it as is
-    final = layer_end == info.n_layer
-    sliced = ensure_slice(path, layer_start, layer_end, final=final, progress=progress)
-    return _Artifact(sliced, file_digest(path), info.n_layer)
-
-
 class StageRuntime:
     def __init__(self, spec: RuntimeSpec, progress: Progress | None = None) -> None:
-        if spec.load_mode not in ("runtime-slice", "artifact-slice"):
-            raise ModelError(f"unknown load_mode {spec.load_mode!r} (runtime-slice | artifact-slice)")
-        source = resolve_model_path(spec.model_path)
-        if spec.load_mode == "artifact-slice":
-            artifact = _artifact_slice(source, spec.layer_start, spec.layer_end)
-        else:
-            artifact = _runtime_slice(source, spec.layer_start, spec.layer_end, progress)
+        artifact = resolve_artifact(spec, progress)
         self.spec = spec
         self.model_digest = artifact.digest
         self.layer_start, self.layer_end = spec.layer_start, spec.layer_end
         self.is_first = spec.layer_start == 0
         self.is_final = spec.layer_end == artifact.n_layer
-        self.model = LlamaModel(artifact.load_path)
+        self.model = LlamaModel(artifact.load_path, load=spec.load)
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         n_ctx = spec.ctx_size * spec.lane_count
@@ -153,6 +74,8 @@ class StageRuntime:
             cache_type_k=spec.cache_type_k,
             cache_type_v=spec.cache_type_v,
             flash_attn_type=spec.flash_attn_type,
+            offload_kqv=spec.kv_offload,
+            op_offload=spec.op_offload,
         )
         # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_name = f"l_out-{spec.layer_end - spec.layer_start - 1}".encode()

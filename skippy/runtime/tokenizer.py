@@ -8,7 +8,7 @@ from pathlib import Path
 
 import llama_cpp as L
 
-from skippy.runtime.llama_api import LlamaModel
+from skippy.runtime.llama_model import LlamaModel
 
 
 class Tokenizer:

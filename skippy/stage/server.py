@@ -104,6 +104,8 @@ class StageServer:
             async_prefill_forward=self.options.async_prefill_forward,
             wire_delay_ms=self.options.wire.delay_ms,
             wire_mbps=self.options.wire.mbps,
+            weight_buffers_mib=self.runtime.model.buffers,
+            amx_avoided=self.runtime.model.amx_avoided,
         )
         tasks = [loop.create_task(c) for c in (self._recv_loop(), self._work_loop(), self._heartbeats())]
         stop_wait = loop.create_task(self.stopped.wait())

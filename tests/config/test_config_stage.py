@@ -16,8 +16,11 @@ from skippy.config import (
     KvCacheType,
     LoadMode,
     PeerConfig,
+    SplitMode,
     StageConfig,
 )
+from skippy.runtime.llama_model import ModelLoadParams
+from skippy.runtime.spec import RuntimeSpec
 
 
 def test_defaults(stage_dict: dict[str, Any]) -> None:
@@ -73,8 +76,32 @@ def full_config_dict(stage_dict: dict[str, Any]) -> dict[str, Any]:
         "bind_addr": "tcp://0.0.0.0:19001",
         "upstream": {"stage_id": "stage-0", "stage_index": 0, "endpoint": "tcp://10.0.0.1:19000"},
         "downstream": {"stage_id": "stage-2", "stage_index": 2, "endpoint": "ipc:///tmp/s2"},
+        "package_ref": "hf://org/model-layers:main",
+        "manifest_sha256": "ab" * 32,
+        "source_model_path": "/models/full.gguf",
+        "source_model_sha256": "cd" * 32,
+        "source_model_bytes": 123456,
+        "materialized_path": "/var/cache/stage-1.gguf",
+        "materialized_pinned": True,
+        "projector_path": None,
+        "n_gpu_layers": -1,
+        "mmap": False,
+        "mlock": True,
+        "repack": False,
+        "op_offload": False,
+        "no_host_buffer": True,
+        "check_tensors": True,
+        "direct_io": False,
+        "main_gpu": 1,
+        "split_mode": "row",
+        "kv_offload": False,
+        "kv_unified": True,
+        "swa_full": True,
+        "cache_idle_slots": False,
+        "resident_tensor_names": [],
+        "selected_device": {"backend_device": "CUDA1", "stable_id": "gpu-uuid", "index": 1, "vram_bytes": 8 << 30},
         "kv_cache": {
-            "mode": "lookup-record",
+            "mode": "disabled",
             "payload": "resident-kv",
             "max_entries": 8,
             "max_bytes": 1 << 30,
@@ -155,7 +182,21 @@ def test_peer_endpoint_bare_host_port_normalised() -> None:
         ({"cache_type_k": "q3_k"}, "cache_type_k", "must be one of 'f32', 'f16'"),
         ({"cache_type_v": "int8"}, "cache_type_v", "must be one of 'f32', 'f16'"),
         ({"flash_attn_type": "on"}, "flash_attn_type", "must be one of 'auto'"),
-        ({"load_mode": "layer-package"}, "load_mode", "must be one of 'runtime-slice'"),
+        ({"load_mode": "packed"}, "load_mode", "must be one of 'runtime-slice'"),
+        ({"load_mode": "layer-package"}, "load_mode", "'layer-package' is not supported"),
+        ({"kv_unified": False}, "kv_unified", "false is not supported: skippy batches many sessions"),
+        ({"swa_full": False}, "swa_full", "false is not supported: positions are authoritative"),
+        ({"projector_path": "/m/mmproj.gguf"}, "projector_path", "multimodal projectors are not supported"),
+        ({"resident_tensor_names": ["blk.0.attn_q.weight"]}, "resident_tensor_names", "layer-package graph"),
+        ({"cache_idle_slots": True}, "cache_idle_slots", "true is not supported yet"),
+        ({"kv_cache": {"mode": "record"}}, "kv_cache.mode", "'record' is not supported yet"),
+        ({"kv_cache": {"mode": "lookup-record"}}, "kv_cache.mode", "'lookup-record' is not supported yet"),
+        ({"direct_io": True, "mmap": True}, "direct_io", "cannot be combined with mmap: true"),
+        ({"direct_io": True, "mlock": True}, "direct_io", "cannot be combined with mlock: true"),
+        ({"split_mode": "graph"}, "split_mode", "must be one of 'auto', 'none', 'layer', 'row', 'tensor'"),
+        ({"selected_device": {"backend_device": " "}}, "selected_device.backend_device", "must not be empty"),
+        ({"n_gpu_layers": "all"}, "n_gpu_layers", "must be an integer, got \"all\""),
+        ({"source_model_bytes": -5}, "source_model_bytes", "must be a non-negative integer or null"),
         ({"kv_cache": {"mode": "sometimes"}}, "kv_cache.mode", "must be one of 'disabled'"),
         ({"kv_cache": {"max_entries": 0}}, "kv_cache.max_entries", "must be > 0, got 0"),
     ],
@@ -243,10 +284,10 @@ def test_direct_construction_validates_and_coerces() -> None:
         layer_end=1,
         load_mode="artifact-slice",  # type: ignore[arg-type]
         bind_addr="localhost:7000",
-        kv_cache={"mode": "record"},  # type: ignore[arg-type]
+        kv_cache={"mode": "disabled"},  # type: ignore[arg-type]
     )
     assert config.load_mode is LoadMode.ARTIFACT_SLICE
-    assert config.kv_cache == KvCacheConfig(mode=KvCacheMode.RECORD)
+    assert config.kv_cache == KvCacheConfig(mode=KvCacheMode.DISABLED)
     assert config.bind_addr == "tcp://localhost:7000"
     with pytest.raises(ConfigError, match=r"^field 'lane_count' must be > 0, got 0$"):
         StageConfig(**{**config.to_dict(), "lane_count": 0})
@@ -256,3 +297,46 @@ def test_config_is_frozen(stage_dict: dict[str, Any]) -> None:
     config = StageConfig.from_dict(stage_dict)
     with pytest.raises(AttributeError):
         config.lane_count = 8  # type: ignore[misc]
+
+
+def reference_stage_config() -> dict[str, Any]:
+    """The seed's `stage_config()` test fixture, as the reference serialises it (every field)."""
+    return {
+        "run_id": "run", "topology_id": "topology", "model_id": "model",
+        "package_ref": None, "manifest_sha256": None,
+        "source_model_path": None, "source_model_sha256": None, "source_model_bytes": None,
+        "materialized_path": None, "materialized_pinned": False,
+        "model_path": "/tmp/model.gguf", "projector_path": None,
+        "stage_id": "stage-0", "stage_index": 0, "layer_start": 0, "layer_end": 4,
+        "ctx_size": 512, "lane_count": 1, "n_batch": None, "n_ubatch": None,
+        "n_gpu_layers": -1, "mmap": None, "mlock": False, "repack": False, "op_offload": None,
+        "no_host_buffer": False, "check_tensors": False, "direct_io": False, "main_gpu": None,
+        "split_mode": "auto", "cache_type_k": "f16", "cache_type_v": "f16", "flash_attn_type": "auto",
+        "kv_offload": None, "kv_unified": None, "swa_full": None, "cache_idle_slots": None,
+        "filter_tensors_on_load": True, "resident_tensor_names": [], "selected_device": None,
+        "kv_cache": None, "native_mtp_enabled": True, "load_mode": "runtime-slice",
+        "bind_addr": "127.0.0.1:0", "upstream": None, "downstream": None,
+    }
+
+
+def test_reference_stage_config_is_accepted_whole(write_json) -> None:
+    data = reference_stage_config()
+    config = StageConfig.load(write_json("stage.json", data))
+    assert config.n_gpu_layers == -1 and config.repack is False and config.filter_tensors_on_load is True
+    assert config.split_mode is SplitMode.AUTO and config.bind_addr == "tcp://127.0.0.1:0"
+    dumped = config.to_dict()
+    assert set(dumped) == set(data) | {"n_threads"}  # n_threads is skippy's own (null)
+    assert {k: v for k, v in dumped.items() if k != "bind_addr"} == {
+        **{k: v for k, v in data.items() if k != "bind_addr"}, "n_threads": None}
+
+
+def test_reference_config_knobs_reach_the_runtime_spec(stage_dict: dict[str, Any]) -> None:
+    data = full_config_dict(stage_dict)
+    spec = RuntimeSpec.from_stage_config(StageConfig.from_dict({**data, "model_path": None}))
+    assert spec.model_path == "/models/full.gguf"  # source_model_path stands in for a null model_path
+    assert spec.load == ModelLoadParams(
+        n_gpu_layers=-1, main_gpu=1, split_mode="row", device="CUDA1", mmap=False, mlock=True,
+        direct_io=False, repack=False, no_host=True, check_tensors=True,
+    )
+    assert (spec.kv_offload, spec.op_offload) == (False, False)
+    assert (spec.source_sha256, spec.source_bytes) == ("cd" * 32, 123456)
