@@ -30,7 +30,7 @@ from brokers.link import PipelineLink
 from brokers.options import BrokerAdmission
 from brokers.pool import PipelinePool
 from skippy.config import AdmissionOptions
-from skippy.log import get_logger
+from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.transport import RouterQueue
 
@@ -93,7 +93,7 @@ class Broker:
         self.router = RouterQueue(self.ctx, self.bind_endpoint)
         self.pool.start()
         self._server = asyncio.get_running_loop().create_task(self._serve(self.router))
-        self.log.info("ready", endpoint=self.router.endpoint, pipelines=self.pool.endpoints,
+        announce_ready(self.log, endpoint=self.router.endpoint, pipelines=self.pool.endpoints,
                       concurrency=self.admission.concurrency, queue_capacity=self.admission.queue_capacity,
                       admission_timeout_s=self.admission.timeout_s, adaptive=self.admission.adaptive)
         return self

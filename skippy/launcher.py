@@ -1,6 +1,8 @@
 """Start and supervise a pipeline's stage processes: downstream first, each waited for until ready.
 
-Each stage's JSON log goes to `<run_dir>/<stage_id>.log`. `StageProcesses.stop()` sends SIGTERM to
+A child says ready over a pipe (`SKIPPY_READY_FD`, see `skippy.log.announce_ready`) with its bound
+endpoints; a thread per child waits on its exit. Each stage's JSON log goes to
+`<run_dir>/<stage_id>.log`. `StageProcesses.stop()` sends SIGTERM to
 every stage, waits, and kills what is left, so nothing outlives its owner. `write_local_topology`
 makes a topology plus one config per stage for a model split at given layers, on ipc:// endpoints
 in a directory (or tcp on loopback), for tests, `skippy generate --topology` and scripts.
@@ -8,9 +10,12 @@ in a directory (or tcp on loopback), for tests, `skippy generate --topology` and
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
+import queue
+import select
 import signal
 import subprocess
 import sys
@@ -18,8 +23,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from skippy.config import StageTopology
+from skippy.log import READY_FD_ENV
 
 READY_TIMEOUT_S = 120.0
 
@@ -31,7 +38,7 @@ def _die_with_parent() -> None:
 
 
 class LaunchError(RuntimeError):
-    """A stage exited or never logged `ready`; the message names it and points at its log."""
+    """A child exited or never said ready; the message names it, the knob to raise, and its log."""
 
 
 def write_local_topology(
@@ -87,43 +94,98 @@ def read_events(log_path: Path) -> list[dict[str, object]]:
 
 
 class Children:
-    """Supervised `skippy ...` child processes, each logging to <run_dir>/<name>.log; stop() ends them all."""
+    """Supervised `skippy ...` child processes, each logging to <run_dir>/<name>.log; stop() ends them all.
+
+    Readiness is a handshake: each child gets the write end of a pipe (`SKIPPY_READY_FD`) and writes
+    its `ready` fields there (bound endpoints, URL); `ready[name]` keeps them. A thread per child
+    waits on its exit, so supervision reacts to a death at once instead of polling.
+    """
 
     def __init__(self, run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.run_dir = run_dir
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ready: dict[str, dict[str, Any]] = {}
+        self._exits: queue.Queue[tuple[str, int] | None] = queue.Queue()  # None: a signal asked to stop
+        self._async_exits: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, int]]]] = []
+        self._lock = threading.Lock()
+        self._stopping = False
 
     def log_path(self, name: str) -> Path:
         return self.run_dir / f"{name}.log"
 
-    def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Run `skippy <skippy_args>` as child `name`, logging to <run_dir>/<name>.log, and wait for `ready`."""
+    def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """Run `skippy <skippy_args>` as child `name` (log: <run_dir>/<name>.log); wait for its ready fields."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path(name)
-        offset = log.stat().st_size if log.exists() else 0
+        read_fd, write_fd = os.pipe()
         cmd = [sys.executable, "-m", "skippy.cli.main", *skippy_args]
-        with log.open("ab") as out:
-            self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                start_new_session=True, preexec_fn=_die_with_parent)
-        self.wait_ready(name, offset, timeout_s)
+        try:
+            with self.log_path(name).open("ab") as out:
+                self.procs[name] = proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env={**self.env, READY_FD_ENV: str(write_fd)},
+                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            os.close(write_fd)  # the child holds the only write end: EOF = it exited
+        threading.Thread(target=self._wait_exit, args=(name, proc), name=f"wait-{name}", daemon=True).start()
+        try:
+            self.ready[name] = self._read_ready(name, read_fd, timeout_s)
+        finally:
+            os.close(read_fd)
+        return self.ready[name]
+
+    def _read_ready(self, name: str, fd: int, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        data = b""
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise LaunchError(f"{name} not ready within {timeout_s:g} s (raise --startup-timeout-secs;"
+                                  f" log {self.log_path(name)})")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self.procs[name].wait()
+                tail = self.log_path(name).read_text(errors="replace").strip().splitlines()[-3:]
+                raise LaunchError(f"{name} exited with code {code} before ready (log {self.log_path(name)}): "
+                                  + " | ".join(tail))
+            data += chunk
+        try:
+            return dict(json.loads(data.split(b"\n", 1)[0]))
+        except ValueError as exc:
+            raise LaunchError(f"{name} sent an unreadable ready line ({exc}); log {self.log_path(name)}") from None
+
+    def _wait_exit(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        with self._lock:
+            if self._stopping:
+                return
+            self._exits.put((name, code))
+            for loop, exits in self._async_exits:
+                loop.call_soon_threadsafe(exits.put_nowait, (name, code))
+
+    async def wait_dead(self) -> tuple[str, int]:
+        """The next child to exit (not counting those stop() ends): (name, exit code)."""
+        with self._lock:
+            if not self._async_exits:
+                exits: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+                self._async_exits.append((asyncio.get_running_loop(), exits))
+                for name, code in self.dead():
+                    exits.put_nowait((name, code))
+            exits = self._async_exits[0][1]
+        return await exits.get()
 
     def supervise(self, program: str, start: Callable[[], str]) -> int:
-        """Run `start` (which returns the ready line to print), then watch until SIGINT/SIGTERM (exit 0)
+        """Run `start` (which returns the ready line to print), then wait until SIGINT/SIGTERM (exit 0)
         or until a child dies (reported by name; exit 1); everything started is stopped either way."""
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._exits.put(None))
+        signal.signal(signal.SIGTERM, lambda *_: self._exits.put(None))
         try:
             print(start(), flush=True)
-            while not stop.wait(0.2):  # supervision poll
-                dead = self.dead()
-                for name, code in dead:
-                    print(f"{program}: {name} exited with code {code} (log {self.log_path(name)}); stopping",
-                          file=sys.stderr)
-                if dead:
-                    return 1
-            return 0
+            event = self._exits.get()  # blocks until a child exits or a signal arrives
+            if event is None:
+                return 0
+            name, code = event
+            print(f"{program}: {name} exited with code {code} (log {self.log_path(name)}); stopping", file=sys.stderr)
+            return 1
         finally:
             codes = self.stop()
             print(f"stopped: {', '.join(f'{name}={code}' for name, code in codes.items())}", file=sys.stderr)
@@ -132,54 +194,43 @@ class Children:
         """Children that have exited: (name, exit code)."""
         return [(name, p.returncode) for name, p in self.procs.items() if p.poll() is not None]
 
-    def wait_ready(self, stage_id: str, offset: int, timeout_s: float) -> None:
-        log, proc = self.log_path(stage_id), self.procs[stage_id]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with log.open("rb") as f:
-                f.seek(offset)
-                if any(b'"event": "ready"' in line for line in f):
-                    return
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                raise LaunchError(f"stage {stage_id} exited with code {proc.returncode} before ready (log {log}): "
-                                  + " | ".join(tail))
-            time.sleep(0.05)  # bounded poll of the child's log file
-        raise LaunchError(f"stage {stage_id} not ready within {timeout_s:g} s (log {log})")
-
-    def kill(self, stage_id: str) -> None:
-        """SIGKILL one stage (tests of failure handling)."""
-        proc = self.procs[stage_id]
+    def kill(self, name: str) -> None:
+        """SIGKILL one child (tests of failure handling)."""
+        proc = self.procs[name]
         proc.kill()
         proc.wait(10)
 
     def stop(self, timeout_s: float = 15.0) -> dict[str, int | None]:
         """SIGTERM every child (most recently started first), wait, then SIGKILL stragglers; returns exit codes."""
+        with self._lock:
+            self._stopping = True
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         codes: dict[str, int | None] = {}
-        for stage_id, proc in self.procs.items():
+        for name, proc in self.procs.items():
             try:
-                codes[stage_id] = proc.wait(max(0.1, deadline - time.monotonic()))
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                codes[stage_id] = proc.wait(5)
+                codes[name] = proc.wait(5)
         return codes
 
 
-
 class StageProcesses(Children):
-    """Stage processes of one topology (optionally skipping stage 0), started downstream first."""
+    """Stage processes of one topology (optionally skipping stage 0), started downstream first.
+    `flags` go to every stage, `first_flags` (stage 0's driver options) to stage 0 only."""
 
     def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
-                 flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None) -> None:
+                 flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None,
+                 first_flags: Sequence[str] = ()) -> None:
         super().__init__(run_dir, env)
         self.topology_path = topology_path
         self.topology = StageTopology.load(topology_path)
         self.config_paths = list(config_paths)
         self.flags = list(flags)
+        self.first_flags = list(first_flags)
         self.first = 0 if include_stage0 else 1
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
@@ -193,9 +244,10 @@ class StageProcesses(Children):
         return self
 
     def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
+        extra = self.first_flags if index == 0 else []
         self.start_process(self.topology.stages[index].stage_id,
                            ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),
-                            *self.flags], timeout_s)
+                            *self.flags, *extra], timeout_s)
 
     def __enter__(self) -> StageProcesses:
         return self.start()

@@ -7,7 +7,9 @@ merge the files of a run in time order.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -54,3 +56,20 @@ def configure_logging(telemetry_level: str = "summary", stream: TextIO | None = 
 
 def get_logger(**bound: Any) -> Any:
     return structlog.get_logger().bind(**bound)
+
+
+READY_FD_ENV = "SKIPPY_READY_FD"  # set by skippy.launcher: the pipe a child announces its readiness on
+
+
+def announce_ready(log: Any, **fields: Any) -> None:
+    """Log the `ready` line and, when started by skippy.launcher, hand the same fields to the parent
+    over its readiness pipe (bound endpoints, URLs): readiness by handshake, not by reading logs."""
+    log.info("ready", **fields)
+    fd = os.environ.pop(READY_FD_ENV, None)  # once, and not inherited by this process's own children
+    if fd is None:
+        return
+    try:
+        with os.fdopen(int(fd), "w") as pipe:
+            pipe.write(json.dumps({"event": "ready", **fields}, default=str) + "\n")
+    except (OSError, ValueError) as exc:
+        log.warning("ready_pipe_failed", fd=fd, error=str(exc))

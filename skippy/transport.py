@@ -133,8 +133,9 @@ class RouterQueue:
     async def send(self, client: bytes, msg: Message) -> int:
         return await _send_frames(self._socket, encode(msg), prefix=client)
 
-    def close(self) -> None:
-        self._socket.close(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; replies still queued get ``linger_ms`` to leave."""
+        self._socket.close(linger=linger_ms)
 
 
 class DealerQueue:

@@ -9,7 +9,7 @@ from skippy.driver.client import DriverClient
 from skippy.http.adapter import OpenAIAdapter
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.server import HttpServer
-from skippy.log import configure_logging, get_logger
+from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ async def serve(args: argparse.Namespace) -> int:
     await server.start()
     stopped = asyncio.Event()
     stop_on_signals(stopped)
-    log.info("ready", url=f"http://{host}:{server.port}", model_id=args.model_id, broker=args.broker,
+    announce_ready(log, url=f"http://{host}:{server.port}", model_id=args.model_id, broker=args.broker,
              chat_template=template.source)
     await stopped.wait()
     ignore_signals()

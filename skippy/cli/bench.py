@@ -148,3 +148,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     from skippy.cli import bench_http
 
     bench_http.add_to(kinds)
+    from skippy.cli import bench_soak
+
+    bench_soak.add_to(kinds)

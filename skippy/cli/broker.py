@@ -83,16 +83,12 @@ def resolve_broker_settings(args: argparse.Namespace) -> BrokerSettings:
     adaptive = flags.switch(FLAGS["adaptive"])
     if flags.given(FLAGS["adaptive_min"]) and not adaptive:
         raise ConfigError(f"{FLAGS['adaptive_min']} requires {FLAGS['adaptive']}")
-
-    def optional(name: str, minimum: int) -> int | None:
-        return flags.integer(FLAGS[name], minimum, minimum=minimum) if flags.given(FLAGS[name]) else None
-
     admission = BrokerAdmission(
-        concurrency=optional("concurrency", 1),
-        queue_capacity=optional("queue_capacity", 0),
+        concurrency=flags.optional_integer(FLAGS["concurrency"]),
+        queue_capacity=flags.optional_integer(FLAGS["queue_capacity"], minimum=0),
         timeout_s=flags.number(FLAGS["timeout_s"], 0.0),
         adaptive=adaptive,
-        adaptive_min=optional("adaptive_min", 1) or 1,
+        adaptive_min=flags.optional_integer(FLAGS["adaptive_min"]) or 1,
     )
     telemetry_level = flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY)
     topologies = [StageTopology.load(path) for path in paths]  # last: flag mistakes are reported first

@@ -1,4 +1,6 @@
-"""`skippy check-config`: resolve a stage's serving options from flags + config and print them."""
+"""`skippy check-config`: resolve a stage's serving options from flags + config and print them.
+
+It fails, as `skippy stage` would, on a flag whose feature is not built yet."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 
-from skippy.config import add_serving_arguments, resolve_mtp_source, resolve_serving_options
+from skippy.config import add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
 
 
 def _plain(value: object) -> object:
@@ -31,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = resolve_serving_options(args)
+    refuse_unsupported(options)
     resolved = _plain(asdict(options))
     assert isinstance(resolved, dict)
     resolved["mtp_source"] = resolve_mtp_source(options).name.lower()

@@ -1,10 +1,11 @@
-"""The reference's stage-0 surface: `skippy stage ... --openai-bind-addr` also serves the OpenAI API.
+"""The OpenAI front of a pipeline: the broker and the adapter, started as supervised child processes.
 
-Design: stage 0 starts the broker and the adapter as its own supervised child processes (the same
-programs `skippy up` runs), configured from the `--openai-*` flags: admission flags go to the
-broker, the model id and default max tokens to the adapter; prefill and speculative flags stay with
-the driver in the stage-0 process. Their logs go to a run directory named in stage 0's `openai_ready`
-line; a dead child is logged by name (`child_died`).
+Two surfaces start it. `skippy up` starts it next to the stages it launches; the reference's
+stage-0 surface, `skippy stage ... --openai-bind-addr`, makes stage 0 start it as its own children
+(logs in a run directory named in stage 0's `openai_ready` line; a dead child is logged by name,
+`child_died`). Either way it is configured from the resolved `--openai-*` options: admission goes
+to the broker, the model id and default max tokens to the adapter; prefill and speculative options
+stay with stage 0's driver.
 """
 
 from __future__ import annotations
@@ -13,18 +14,13 @@ import tempfile
 from pathlib import Path
 
 from skippy.config import ConfigError, ServingOptions
-from skippy.launcher import Children, read_events
+from skippy.launcher import Children
 
 
-def start_openai_front(options: ServingOptions) -> tuple[Children, str]:
-    """Start broker + adapter for this pipeline; returns the children and the adapter's URL."""
+def start_front(children: Children, options: ServingOptions, topology: Path) -> str:
+    """Start broker + adapter as `children` for the pipeline in `topology`; returns the adapter's URL."""
     openai, cfg = options.openai, options.config
     assert openai is not None
-    if options.topology is None:
-        raise ConfigError("--openai-bind-addr needs --topology (the broker reaches stage 0 through it)")
-    run_dir = Path(tempfile.mkdtemp(prefix=f"skippy-{cfg.stage_id}-openai-"))
-    topology = run_dir / "topology.json"
-    topology.write_text(options.topology.to_json())
     admission = openai.admission
     broker_flags = ["--openai-generation-concurrency", str(admission.generation_concurrency),
                     "--openai-generation-queue-capacity", str(admission.queue_capacity),
@@ -32,15 +28,25 @@ def start_openai_front(options: ServingOptions) -> tuple[Children, str]:
     if admission.adaptive:
         broker_flags += ["--openai-adaptive-generation-concurrency",
                          "--openai-adaptive-generation-min-concurrency", str(admission.adaptive_min_concurrency or 1)]
-    broker = f"ipc://{run_dir}/broker.sock"
+    level = ["--telemetry-level", str(options.telemetry_level)]
+    broker = f"ipc://{children.run_dir}/broker.sock"
+    children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology), *broker_flags, *level])
+    ready = children.start_process("adapter", ["adapter", "--broker", broker, "--model", str(cfg.model_path or "default"),
+                                       "--model-id", openai.model_id, "--bind", openai.bind_addr,
+                                       "--default-max-tokens", str(openai.default_max_tokens), *level])
+    return str(ready["url"])
+
+
+def start_openai_front(options: ServingOptions) -> tuple[Children, str]:
+    """Stage 0's `--openai-bind-addr`: start the front in a fresh run directory; (children, URL)."""
+    if options.topology is None:
+        raise ConfigError("--openai-bind-addr needs --topology (the broker reaches stage 0 through it)")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"skippy-{options.config.stage_id}-openai-"))
+    topology = run_dir / "topology.json"
+    topology.write_text(options.topology.to_json())
     children = Children(run_dir)
     try:
-        children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology), *broker_flags])
-        children.start_process("adapter", ["adapter", "--broker", broker, "--model", str(cfg.model_path or "default"),
-                                           "--model-id", openai.model_id, "--bind", openai.bind_addr,
-                                           "--default-max-tokens", str(openai.default_max_tokens)])
+        return children, start_front(children, options, topology)
     except BaseException:
         children.stop()
         raise
-    url = next((str(e["url"]) for e in read_events(children.log_path("adapter")) if e.get("event") == "ready"), "")
-    return children, url

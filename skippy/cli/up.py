@@ -2,8 +2,12 @@
 
 Default: the packaged Gemma 3 270M split over 2 stages at layer 9 on ipc:// endpoints inside the
 run directory, serving http://127.0.0.1:9337. With `--topology`, that topology's stage configs
-(<stage_id>.json beside it). Children are supervised: a dead one is reported by name and everything
-is stopped; Ctrl-C stops everything cleanly. All logs land in the run directory (scripts/tail-logs).
+(<stage_id>.json beside it). `skippy up` takes every serving flag of `skippy stage` except the
+per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
+unsupported flag fails before anything starts) and hands each to its owner: stage flags to every
+stage, prefill and speculative flags to stage 0, admission flags to the broker, the model id and
+default max tokens to the adapter. Children are supervised: a dead one is reported by name and
+everything is stopped; Ctrl-C stops everything cleanly. All logs land in the run directory.
 """
 
 from __future__ import annotations
@@ -13,15 +17,25 @@ import sys
 import time
 from pathlib import Path
 
-from skippy.cli.adapter import split_host_port
+from skippy.cli.front import start_front
 from skippy.cli.remote_generate import stage_config_paths
-from skippy.config import StageConfig, StageTopology
-from skippy.launcher import StageProcesses, read_events, write_local_topology
+from skippy.config import (
+    ConfigError,
+    FlagReader,
+    Owner,
+    ServingOptions,
+    StageTopology,
+    add_serving_arguments,
+    parse_serving_args,
+    refuse_unsupported,
+)
+from skippy.config.endpoint import normalize_http_addr
+from skippy.config.serving_args import flag_owner
+from skippy.launcher import StageProcesses, write_local_topology
 from skippy.runtime.models import DEFAULT_MODEL_ID, resolve_model_path
 from skippy.runtime.slices import read_model_info
 
-BROKER_FLAGS = ("--openai-generation-concurrency", "--openai-generation-queue-capacity",
-                "--openai-generation-admission-timeout-secs", "--openai-adaptive-generation-min-concurrency")
+UP_OWNERS = (Owner.EVERY_STAGE, Owner.STAGE0, Owner.BROKER, Owner.ADAPTER)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,49 +48,53 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
     p.add_argument("--bind", default="127.0.0.1:9337", help="HTTP address (default 127.0.0.1:9337)")
     p.add_argument("--run-dir", type=Path, default=None, help="logs and sockets (default: runs/up-<time>)")
-    p.add_argument("--openai-model-id", default=None)
-    p.add_argument("--openai-default-max-tokens", type=int, default=16)
-    for flag in BROKER_FLAGS:
-        p.add_argument(flag, default=None)
-    p.add_argument("--openai-adaptive-generation-concurrency", action="store_true")
+    add_serving_arguments(p, UP_OWNERS)
     p.set_defaults(run=run)
 
 
-def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path], str, str]:
+def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path]]:
     if args.topology is not None:
-        topology = StageTopology.load(args.topology)
-        configs = stage_config_paths(args.topology, topology)
-        first = StageConfig.load(configs[0])
-        return args.topology, configs, str(first.model_path or "default"), topology.model_id
+        return args.topology, stage_config_paths(args.topology, StageTopology.load(args.topology))
     model = resolve_model_path(args.model)
     splits = [int(x) for x in args.split.split(",") if x.strip()]
     model_id = DEFAULT_MODEL_ID if args.model == "default" else model.stem
-    topology, configs = write_local_topology(run_dir / "topology", model, read_model_info(model).n_layer, splits,
-                                             lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id)
-    return topology, configs, str(model), model_id
+    return write_local_topology(run_dir / "topology", model, read_model_info(model).n_layer, splits,
+                                lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id)
+
+
+def stage0_options(args: argparse.Namespace, topology: Path, config: Path) -> ServingOptions:
+    """Stage 0's options with the front at `--bind`, as `skippy stage` would resolve them; refuses
+    what `skippy stage` would refuse, so nothing starts with a bad or unsupported flag."""
+    try:
+        normalize_http_addr(args.bind)
+    except ValueError as error:
+        raise ConfigError(f"--bind {error}") from None
+    for arg in args.passthrough:
+        owner = flag_owner(arg.split("=", 1)[0])
+        if owner is not None and owner not in (Owner.EVERY_STAGE, Owner.STAGE0):
+            raise ConfigError(f"{arg.split('=', 1)[0]} cannot follow --: flags after -- go to every stage"
+                              " (skippy up sets the per-stage files and sockets; give the rest before --)")
+    options = parse_serving_args(["--config", str(config), "--topology", str(topology),
+                                  *FlagReader(args).argv(UP_OWNERS), *args.passthrough, "--openai-bind-addr", args.bind])
+    refuse_unsupported(options)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
-    split_host_port(args.bind, "--bind")
     run_dir = (args.run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    topology, configs, model, model_id = _topology(args, run_dir)
-    children = StageProcesses(topology, configs, run_dir, list(args.passthrough), include_stage0=True)
-    broker_endpoint = f"ipc://{run_dir}/broker.sock"
-    broker_flags = [x for flag in BROKER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
-                    for x in (flag, getattr(args, flag[2:].replace("-", "_")))]
-    if args.openai_adaptive_generation_concurrency:
-        broker_flags.append("--openai-adaptive-generation-concurrency")
-    served = args.openai_model_id or model_id
+    topology, configs = _topology(args, run_dir)
+    options = stage0_options(args, topology, configs[0])
+    assert options.openai is not None
+    flags = FlagReader(args)
+    children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
+                              include_stage0=True, first_flags=flags.argv([Owner.STAGE0]))
 
     def start() -> str:
         print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
-        children.start_process("broker", ["broker", "--bind", broker_endpoint, "--pipeline", str(topology), *broker_flags])
-        children.start_process("adapter", ["adapter", "--broker", broker_endpoint, "--model", model, "--model-id",
-                                           served, "--bind", args.bind,
-                                           "--default-max-tokens", str(args.openai_default_max_tokens)])
-        url = next((e["url"] for e in read_events(children.log_path("adapter")) if e.get("event") == "ready"), None)
-        return f"skippy ready: {url}/v1 (model {served}); logs: scripts/tail-logs {run_dir}; Ctrl-C stops everything"
+        url = start_front(children, options, topology)
+        return (f"skippy ready: {url}/v1 (model {options.openai.model_id}); logs: scripts/tail-logs {run_dir}; "
+                "Ctrl-C stops everything")
 
     return children.supervise("skippy up", start)

@@ -5,8 +5,14 @@ typed, validated :class:`ServingOptions`, applying the reference
 ``serve-binary`` defaults (notes §3.4) that depend on the stage config:
 generation concurrency = ``lane_count``, queue capacity =
 ``clamp(8 * concurrency, 16, 256)``, ``max_inflight`` clamped to
-``lane_count``, reply credit = ``max_inflight - 1``.  ``resolve_mtp_source``
+``lane_count``, reply credit = ``max_inflight - 1``.  Stage 0's generation
+options (prefill chunking, speculative decoding) are resolved by
+``generation`` with or without the OpenAI front.  ``resolve_mtp_source``
 decides where native-MTP drafts come from.
+
+Flags whose feature is not built yet still resolve (so their values are
+checked and visible), but ``refuse_unsupported`` fails a process that would
+start with them: every entry point that starts something calls it.
 """
 
 from __future__ import annotations
@@ -17,9 +23,15 @@ from dataclasses import dataclass, field
 
 from skippy.config.endpoint import normalize_http_addr, normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
+from skippy.config.generation import (
+    PrefillChunkOptions,
+    PrefillChunkPolicy,
+    SpeculativeOptions,
+    resolve_prefill,
+    resolve_speculative,
+)
 from skippy.config.schema import ConfigModel
-from skippy.config.serving_args import FlagReader, add_serving_arguments
-from skippy.config.speculative import SpeculativeDecodeConfig
+from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
 from skippy.config.stage import StageConfig, StageTopology
 from skippy.config.wire import WireCondition
 
@@ -30,12 +42,15 @@ __all__ = [
     "PrefillChunkOptions",
     "PrefillChunkPolicy",
     "ServingOptions",
+    "SpeculativeOptions",
     "TelemetryLevel",
     "add_serving_arguments",
     "default_queue_capacity",
     "parse_serving_args",
+    "refuse_unsupported",
     "resolve_mtp_source",
     "resolve_serving_options",
+    "unsupported_options",
 ]
 
 
@@ -43,12 +58,6 @@ class TelemetryLevel(enum.StrEnum):
     OFF = "off"
     SUMMARY = "summary"
     DEBUG = "debug"
-
-
-class PrefillChunkPolicy(enum.StrEnum):
-    FIXED = "fixed"
-    SCHEDULE = "schedule"
-    ADAPTIVE_RAMP = "adaptive-ramp"
 
 
 class MtpSource(enum.Enum):
@@ -69,32 +78,13 @@ class AdmissionOptions(ConfigModel):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrefillChunkOptions(ConfigModel):
-    """How stage 0 splits a prompt's prefill into chunks."""
-
-    policy: PrefillChunkPolicy = PrefillChunkPolicy.ADAPTIVE_RAMP
-    chunk_size: int = 256
-    schedule: tuple[int, ...] = ()  # non-empty only for the schedule policy
-    adaptive_start: int = 128
-    adaptive_step: int = 128
-    adaptive_max: int = 384
-    adaptive_target_ms: float = 100.0
-
-
-@dataclass(frozen=True, kw_only=True)
 class OpenAIOptions(ConfigModel):
-    """The embedded OpenAI front (stage 0 only)."""
+    """The OpenAI front of stage 0 (``--openai-bind-addr``): its broker and adapter."""
 
     bind_addr: str
     model_id: str
     default_max_tokens: int = 16
     admission: AdmissionOptions
-    prefill: PrefillChunkOptions
-    speculative: SpeculativeDecodeConfig | None = None
-    draft_model_path: str | None = None
-    speculative_window: int = 4
-    adaptive_speculative_window: bool = False
-    native_mtp_draft_model_path: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +100,10 @@ class ServingOptions(ConfigModel):
     wire: WireCondition = field(default_factory=WireCondition)
     downstream_connect_timeout_secs: float = 60.0
     telemetry_level: TelemetryLevel = TelemetryLevel.SUMMARY
+    telemetry_queue_capacity: int | None = None  # None: not given (reference default 1024)
     metrics_otlp_grpc: str | None = None
+    prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
+    speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
 
@@ -153,81 +146,26 @@ def _resolve_admission(flags: FlagReader, lane_count: int) -> AdmissionOptions:
     )
 
 
-def _resolve_prefill(flags: FlagReader) -> PrefillChunkOptions:
-    policy_flag, schedule_flag = "--openai-prefill-chunk-policy", "--openai-prefill-chunk-schedule"
-    policy = flags.choice(
-        policy_flag,
-        PrefillChunkPolicy,
-        PrefillChunkPolicy.ADAPTIVE_RAMP,
-        aliases={"adaptive": PrefillChunkPolicy.ADAPTIVE_RAMP},
-    )
-    schedule = flags.int_list(schedule_flag)
-    if schedule is not None:
-        if flags.given(policy_flag) and policy is PrefillChunkPolicy.ADAPTIVE_RAMP:
-            raise ConfigError(f"{schedule_flag} needs {policy_flag} schedule, got adaptive-ramp")
-        policy = PrefillChunkPolicy.SCHEDULE  # also the legacy "fixed + schedule" form
-    elif policy is PrefillChunkPolicy.SCHEDULE:
-        raise ConfigError(f"{policy_flag} schedule requires {schedule_flag}")
-    start = flags.integer("--openai-prefill-adaptive-start", 128)
-    maximum = flags.integer("--openai-prefill-adaptive-max", 384)
-    if start > maximum:
-        raise ConfigError(
-            f"--openai-prefill-adaptive-start must be <= --openai-prefill-adaptive-max"
-            f" ({maximum}), got {start}"
-        )
-    return PrefillChunkOptions(
-        policy=policy,
-        chunk_size=flags.integer("--openai-prefill-chunk-size", 256),
-        schedule=schedule or (),
-        adaptive_start=start,
-        adaptive_step=flags.integer("--openai-prefill-adaptive-step", 128),
-        adaptive_max=maximum,
-        adaptive_target_ms=flags.number(
-            "--openai-prefill-adaptive-target-ms", 100.0, positive=True
-        ),
-    )
-
-
 def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> OpenAIOptions | None:
     bind_addr = _endpoint_flag(flags, "--openai-bind-addr", http=True)
     if bind_addr is None:
+        stray = flags.argv((Owner.BROKER, Owner.ADAPTER))
+        if stray:
+            raise ConfigError(
+                f"{stray[0]} needs --openai-bind-addr (or give it to skippy up, which hands it"
+                " to its broker or adapter)"
+            )
         return None
     if not config.is_first:
         raise ConfigError(
             f"--openai-bind-addr is only allowed on stage 0, but {source} has"
             f" stage_index {config.stage_index}"
         )
-    draft_model_path = flags.text("--openai-draft-model-path")
-    window = flags.integer("--openai-speculative-window", 4, minimum=0)
-    if draft_model_path is not None and window == 0:
-        raise ConfigError(
-            "--openai-speculative-window must be > 0 when --openai-draft-model-path is set, got 0"
-        )
-    plan_path = flags.text("--openai-speculative-config")
-    plan = SpeculativeDecodeConfig.load(plan_path) if plan_path is not None else None
-    sidecar = flags.text("--openai-native-mtp-draft-model-path")
-    if sidecar is not None:
-        if not config.native_mtp_enabled:
-            reason = f"{source} sets native_mtp_enabled = false"
-        elif plan is not None and not plan.native_mtp.enabled:
-            reason = f"{plan_path} sets native_mtp.enabled = false"
-        else:
-            reason = None
-        if reason is not None:
-            raise ConfigError(
-                f"--openai-native-mtp-draft-model-path requires native MTP, but {reason}"
-            )
     return OpenAIOptions(
         bind_addr=bind_addr,
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
         admission=_resolve_admission(flags, config.lane_count),
-        prefill=_resolve_prefill(flags),
-        speculative=plan,
-        draft_model_path=draft_model_path,
-        speculative_window=window,
-        adaptive_speculative_window=flags.switch("--openai-adaptive-speculative-window"),
-        native_mtp_draft_model_path=sidecar,
     )
 
 
@@ -265,24 +203,67 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         wire=_resolve_wire(flags),
         downstream_connect_timeout_secs=flags.number("--downstream-connect-timeout-secs", 60.0),
         telemetry_level=flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY),
+        telemetry_queue_capacity=flags.optional_integer("--telemetry-queue-capacity"),
         metrics_otlp_grpc=flags.text("--metrics-otlp-grpc"),
+        prefill=resolve_prefill(flags),
+        speculative=resolve_speculative(flags),
         openai=_resolve_openai(flags, config, source),
         native_mtp_enabled=config.native_mtp_enabled,
     )
 
 
 def resolve_mtp_source(options: ServingOptions) -> MtpSource:
-    """Where native-MTP drafts come from (notes §9.1 "MTP source resolution")."""
+    """Where native-MTP drafts come from, as the reference's ``resolved_mtp_source``.
+
+    Off in the config (or the runtime) -> Disabled; no OpenAI front -> Integrated; with a front
+    the plan decides (the default plan, used when no ``--openai-speculative-config`` is given,
+    has native MTP off -> Disabled); a sidecar path -> External; else Integrated.
+    """
     if not options.native_mtp_enabled or not options.config.native_mtp_enabled:
         return MtpSource.DISABLED
     if options.openai is None:
         return MtpSource.INTEGRATED
-    plan = options.openai.speculative
-    if plan is not None and not plan.native_mtp.enabled:
+    speculative = options.speculative
+    if not speculative.plan.native_mtp.enabled:
         return MtpSource.DISABLED
-    if options.openai.native_mtp_draft_model_path is not None:
+    if speculative.native_mtp_draft_model_path is not None:
         return MtpSource.EXTERNAL
     return MtpSource.INTEGRATED
+
+
+_OTLP, _SPECULATIVE = "OTLP export: issue 12", "speculative decoding: issue 9"
+
+
+def unsupported_options(options: ServingOptions) -> list[str]:
+    """One line per given flag whose feature is not built yet (empty when all is supported)."""
+    spec = options.speculative
+    given = {
+        "--metrics-otlp-grpc": (options.metrics_otlp_grpc is not None, _OTLP),
+        "--telemetry-queue-capacity": (
+            options.telemetry_queue_capacity is not None,
+            "telemetry event queue: issue 12",
+        ),
+        "--openai-speculative-config": (
+            bool(spec.plan.drafting),
+            f"{_SPECULATIVE}; {spec.plan_path} sets {', '.join(spec.plan.drafting)}",
+        ),
+        "--openai-draft-model-path": (spec.draft_model_path is not None, _SPECULATIVE),
+        "--openai-speculative-window": (spec.speculative_window is not None, _SPECULATIVE),
+        "--openai-adaptive-speculative-window": (spec.adaptive_speculative_window, _SPECULATIVE),
+        "--openai-draft-n-gpu-layers": (spec.draft_n_gpu_layers is not None, _SPECULATIVE),
+        "--openai-native-mtp-draft-model-path": (
+            spec.native_mtp_draft_model_path is not None,
+            _SPECULATIVE,
+        ),
+    }
+    return [f"{flag} is not supported yet ({why})" for flag, (on, why) in given.items() if on]
+
+
+def refuse_unsupported(options: ServingOptions) -> None:
+    """Fail (one line naming each flag) before anything starts with an unsupported flag."""
+    lines = unsupported_options(options)
+    if lines:
+        raise ConfigError("; ".join(lines))
 
 
 class _RaisingParser(argparse.ArgumentParser):

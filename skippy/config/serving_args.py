@@ -5,6 +5,10 @@
 from "set to the default" and derive defaults from the stage config; values
 are left as strings and converted by :class:`FlagReader`, so any bad value
 becomes a one-line ConfigError naming the flag (``--flag must be ..., got X``).
+
+Each flag has an :class:`Owner`: the process that acts on it.  Launchers
+(``skippy up``) declare the flags of the owners they serve and hand each
+given flag to its owner with ``FlagReader.argv``.
 """
 
 from __future__ import annotations
@@ -13,54 +17,74 @@ import argparse
 import enum
 import math
 import os
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from skippy.config.errors import ConfigError
 
-__all__ = ["FlagReader", "add_serving_arguments"]
+__all__ = ["FlagReader", "Owner", "add_serving_arguments", "flag_owner"]
 
 E = TypeVar("E", bound=enum.Enum)
 
-# (flag, metavar, help) for value flags; metavar None marks an on/off switch.
-_FLAGS: tuple[tuple[str, str | None, str], ...] = (
-    ("--config", "PATH", "StageConfig JSON file (required)"),
-    ("--topology", "PATH", "StageTopology JSON file; the config is checked against it"),
-    ("--bind-addr", "ENDPOINT", "stage socket endpoint (default: the config's bind_addr)"),
-    ("--max-inflight", "N", "in-flight messages per connection (default 4, clamped to lane_count)"),
-    ("--reply-credit-limit", "N", "deferred prefill ACK window (default max_inflight - 1)"),
-    ("--async-prefill-forward", None, "forward prefill activations asynchronously (default)"),
-    ("--no-async-prefill-forward", None, "forward prefill activations synchronously"),
-    ("--downstream-wire-delay-ms", "MS", "emulated propagation delay downstream (default 0)"),
-    ("--downstream-wire-mbps", "MBPS", "emulated downstream bandwidth (default unlimited)"),
-    ("--downstream-connect-timeout-secs", "SECS", "wait for the downstream stage (default 60)"),
-    ("--telemetry-level", "LEVEL", "off | summary | debug (default summary)"),
-    ("--metrics-otlp-grpc", "URL", "OTLP gRPC endpoint for traces"),
-    ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)"),
-    ("--openai-model-id", "ID", "served model id (default: the config's model_id)"),
-    ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)"),
-    ("--openai-generation-concurrency", "N", "generation permits (default lane_count)"),
-    ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput"),
-    ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)"),
-    ("--openai-generation-queue-capacity", "N", "waiting requests (default clamp(8*N, 16, 256))"),
-    ("--openai-generation-admission-timeout-secs", "SECS", "queue wait limit; 0 = none (default)"),
-    ("--openai-prefill-chunk-size", "N", "fixed prefill chunk size (default 256)"),
-    ("--openai-prefill-chunk-policy", "POLICY", "fixed | schedule | adaptive-ramp (default)"),
-    ("--openai-prefill-chunk-schedule", "LIST", "chunk sizes for 'schedule', e.g. 128,256,384"),
-    ("--openai-prefill-adaptive-start", "N", "adaptive-ramp first chunk size (default 128)"),
-    ("--openai-prefill-adaptive-step", "N", "adaptive-ramp step (default 128)"),
-    ("--openai-prefill-adaptive-max", "N", "adaptive-ramp largest chunk (default 384)"),
-    ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)"),
-    ("--openai-draft-model-path", "PATH", "standalone draft model GGUF"),
-    ("--openai-speculative-window", "N", "draft tokens per verify window (default 4)"),
-    ("--openai-adaptive-speculative-window", None, "adapt the window to acceptance"),
-    ("--openai-native-mtp-draft-model-path", "PATH", "native MTP sidecar GGUF"),
-    ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file"),
+
+class Owner(enum.Enum):
+    """Which process acts on a flag."""
+
+    STAGE_FILES = "stage-files"  # per-stage files and sockets, set by launchers
+    EVERY_STAGE = "every-stage"  # each stage process
+    STAGE0 = "stage0"  # stage 0's driver: prefill chunking, speculative decoding
+    FRONT = "front"  # --openai-bind-addr: stage 0 starts broker + adapter itself
+    BROKER = "broker"  # generation admission
+    ADAPTER = "adapter"  # the OpenAI HTTP adapter
+
+
+_S, _E, _0, _F, _B, _A = Owner
+# (flag, metavar, help, owner) for value flags; metavar None marks an on/off switch.
+_FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
+    ("--config", "PATH", "StageConfig JSON file (required)", _S),
+    ("--topology", "PATH", "StageTopology JSON file; the config is checked against it", _S),
+    ("--bind-addr", "ENDPOINT", "stage socket endpoint (default: the config's bind_addr)", _S),
+    ("--max-inflight", "N", "in-flight messages per connection (default 4, clamped to lane_count)", _E),
+    ("--reply-credit-limit", "N", "deferred prefill ACK window (default max_inflight - 1)", _E),
+    ("--async-prefill-forward", None, "forward prefill activations asynchronously (default)", _E),
+    ("--no-async-prefill-forward", None, "forward prefill activations synchronously", _E),
+    ("--downstream-wire-delay-ms", "MS", "emulated propagation delay downstream (default 0)", _E),
+    ("--downstream-wire-mbps", "MBPS", "emulated downstream bandwidth (default unlimited)", _E),
+    ("--downstream-connect-timeout-secs", "SECS", "wait for the downstream stage (default 60)", _E),
+    ("--telemetry-level", "LEVEL", "off | summary | debug (default summary)", _E),
+    ("--telemetry-queue-capacity", "N", "telemetry event queue (not supported yet: issue 12)", _E),
+    ("--metrics-otlp-grpc", "URL", "OTLP gRPC trace endpoint (not supported yet: issue 12)", _E),
+    ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)", _F),
+    ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
+    ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)", _A),
+    ("--openai-generation-concurrency", "N", "generation permits (default lane_count)", _B),
+    ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput", _B),
+    ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)", _B),
+    ("--openai-generation-queue-capacity", "N", "waiting requests (default clamp(8*N, 16, 256))", _B),
+    ("--openai-generation-admission-timeout-secs", "SECS", "queue wait limit; 0 = none (default)", _B),
+    ("--openai-prefill-chunk-size", "N", "fixed prefill chunk size (default 256)", _0),
+    ("--openai-prefill-chunk-policy", "POLICY", "fixed | schedule | adaptive-ramp (default)", _0),
+    ("--openai-prefill-chunk-schedule", "LIST", "chunk sizes for 'schedule', e.g. 128,256,384", _0),
+    ("--openai-prefill-adaptive-start", "N", "adaptive-ramp first chunk size (default 128)", _0),
+    ("--openai-prefill-adaptive-step", "N", "adaptive-ramp step (default 128)", _0),
+    ("--openai-prefill-adaptive-max", "N", "adaptive-ramp largest chunk (default 384)", _0),
+    ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)", _0),
+    ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file", _0),
+    ("--openai-draft-model-path", "PATH", "standalone draft model GGUF (not supported yet)", _0),
+    ("--openai-speculative-window", "N", "draft tokens per verify window (not supported yet)", _0),
+    ("--openai-adaptive-speculative-window", None, "adapt the window (not supported yet)", _0),
+    ("--openai-draft-n-gpu-layers", "N", "draft model GPU layers (not supported yet)", _0),
+    ("--openai-native-mtp-draft-model-path", "PATH", "native MTP sidecar (not supported yet)", _0),
 )
 
 
-def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the stage-server flags to ``parser`` (all default to None)."""
-    for flag, metavar, help_text in _FLAGS:
+def add_serving_arguments(
+    parser: argparse.ArgumentParser, owners: Collection[Owner] = tuple(Owner)
+) -> None:
+    """Add the stage-server flags of ``owners`` (default: all) to ``parser``; all default to None."""
+    for flag, metavar, help_text, owner in _FLAGS:
+        if owner not in owners:
+            continue
         if metavar is None:
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
@@ -68,6 +92,11 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(
                 flag, metavar=metavar, default=None, required=required, help=help_text
             )
+
+
+def flag_owner(flag: str) -> Owner | None:
+    """The owner of a stage-server flag (None: not one)."""
+    return next((owner for name, _metavar, _help, owner in _FLAGS if name == flag), None)
 
 
 class FlagReader:
@@ -82,6 +111,18 @@ class FlagReader:
     def given(self, flag: str) -> bool:
         return self.raw(flag) is not None
 
+    def argv(self, owners: Collection[Owner]) -> list[str]:
+        """The given flags of ``owners``, back as command-line arguments (to hand to their owner)."""
+        argv: list[str] = []
+        for flag, metavar, _help, owner in _FLAGS:
+            if owner not in owners or not self.given(flag):
+                continue
+            if metavar is not None:
+                argv += [flag, str(self.raw(flag))]
+            elif self.switch(flag):
+                argv.append(flag)
+        return argv
+
     def switch(self, flag: str) -> bool:
         return bool(self.raw(flag))
 
@@ -95,7 +136,8 @@ class FlagReader:
             raise ConfigError(f"{flag} must be a non-empty string, got {value!r}")
         return value.strip()
 
-    def integer(self, flag: str, default: int, *, minimum: int = 1) -> int:
+    def integer(self, flag: str, default: int, *, minimum: int | None = 1) -> int:
+        """An integer flag; ``minimum`` None allows any (signed) value."""
         value = self.raw(flag)
         if value is None:
             return default
@@ -106,10 +148,14 @@ class FlagReader:
                 raise ConfigError(f"{flag} must be an integer, got '{value}'") from None
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{flag} must be an integer, got {value!r}")
-        if value < minimum:
+        if minimum is not None and value < minimum:
             bound = "> 0" if minimum == 1 else f">= {minimum}"
             raise ConfigError(f"{flag} must be {bound}, got {value}")
         return value
+
+    def optional_integer(self, flag: str, *, minimum: int | None = 1) -> int | None:
+        """An integer flag, or None when it is not given."""
+        return self.integer(flag, 0, minimum=minimum) if self.given(flag) else None
 
     def number(self, flag: str, default: float, *, positive: bool = False) -> float:
         value = self.raw(flag)

@@ -76,6 +76,7 @@ class VerifyWindowConfig(ConfigModel):
     min_tokens: int = 1
     max_tokens: int = 4
     pipeline_depth: int = 1
+    runahead_max_tokens: int = 0  # in-flight speculative-token budget; 0 = use pipeline_depth
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +89,17 @@ class SpeculativeDecodeConfig(ConfigModel):
     ngram: NgramConfig | None = None
     extension: NgramExtensionConfig | None = None
     verify_window: VerifyWindowConfig = field(default_factory=VerifyWindowConfig)
+
+    @property
+    def drafting(self) -> tuple[str, ...]:
+        """What in the plan asks for drafting, e.g. ``("native_mtp.enabled",)``; the default: ()."""
+        asks = {
+            "native_mtp.enabled": self.native_mtp.enabled,
+            "ngram": self.ngram is not None,
+            "extension": self.extension is not None,
+            f"effective_strategy '{self.effective_strategy}'": self.effective_strategy != "disabled",
+        }
+        return tuple(name for name, on in asks.items() if on)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>") -> Self:

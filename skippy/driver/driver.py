@@ -1,63 +1,46 @@
-"""The driver at stage 0: admits requests, runs the iteration scheduler, keeps micro-batches in flight.
+"""The driver at stage 0: admits requests, schedules iterations, keeps micro-batches in flight.
 
-It owns stage 0's runtime (layers [0, a)), the link to stage 1 (credits, wire condition), and the
-PULL where everything comes back: predictions straight from the final stage, credits, errors and
-heartbeats. Python API: `submit(...)` returns a handle whose async iterator yields `TokenEvent`s
-ending with a finish reason (stop, length, cancelled, error); `cancel(request_id)`. A finished or
-cancelled request releases its session on every stage. A stage whose heartbeats stop fails the
-requests in flight with an error naming it, and new requests are refused until it is back.
+One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `BatchLauncher.launch`
+(stage 0's layers, then the wire) -> later, when the final stage's predictions arrive,
+`postprocess` (committed tokens, finishes) and delivery. Requests live in a `SequenceTable`;
+downstream liveness is `Liveness`. Python API: `submit(...)` returns a handle whose async iterator
+yields `TokenEvent`s ending with a finish reason; `cancel(request_id)`. A finished request's session
+is released on every stage. A silent stage fails the requests in flight with an error naming it,
+and new requests are refused until it is back. Every loop runs under a `Supervisor`: if one
+raises, the live requests fail with the cause and the owning process exits nonzero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import zmq.asyncio
 
-from skippy.config import PrefillChunkOptions, ServingOptions
+from skippy.config import ServingOptions
+from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
 from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
-from skippy.driver.prefill import ChunkObservation, ChunkPlanner
-from skippy.driver.scheduler import PlannedWindow, Sequence, decode_rows_per_iteration, plan_iteration
+from skippy.driver.liveness import DEAD_AFTER_S, Liveness
+from skippy.driver.postprocess import Outcome, postprocess
+from skippy.driver.prefill import ChunkPlanner
+from skippy.driver.scheduler import decode_rows_per_iteration, plan_iteration
+from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
-    Batch, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
-    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, TokenLogprob, Window, decode,
+    ConfigureSession, ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message, Predictions, ProtocolError,
+    Ready, ReleaseSessions, StageIdentity, decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
-from skippy.stage.handshake import await_ready, connectable
-from skippy.stage.predict import predict
-from skippy.stage.links import DownstreamLink, ReplyCredits, apply_wire
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.stage.handshake import connectable, open_downstream
+from skippy.stage.links import DownstreamLink, handle_link_control
+from skippy.stage.worker import RuntimeWorker
+from skippy.supervise import Supervisor
 from skippy.transport import PullQueue
-
-DEAD_AFTER_S = 3.0  # no heartbeat for this long: the stage is dead
-
-
-@dataclass
-class InFlight:
-    plan: list[PlannedWindow]
-    compute_ms: float
-    credit_wait_ms: float
-    sent: asyncio.Future[float] | None = None
-
-
-@dataclass
-class DriverStats:
-    iterations: int = 0
-    max_rows: int = 0
-    max_sessions: int = 0
-    max_in_flight: int = 0
-    hop_ms: deque[list[float]] = field(default_factory=lambda: deque(maxlen=4096))
-    compute_ms: dict[str, float] = field(default_factory=dict)  # per stage, summed over batches
 
 
 def micro_batches(options: ServingOptions) -> int:
@@ -70,67 +53,81 @@ def micro_batches(options: ServingOptions) -> int:
 
 
 class Driver:
-    def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None) -> None:
+    def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None,
+                 supervisor: Supervisor | None = None, dead_after_s: float = DEAD_AFTER_S) -> None:
         cfg = options.config
         self.options = options
         self.runtime = runtime
         self.identity = StageIdentity(cfg.stage_id, 0, cfg.layer_start, cfg.layer_end, runtime.model_digest, runtime.n_embd)
         self.max_iterations = max_iterations_in_flight or micro_batches(options)
-        self.prefill = options.openai.prefill if options.openai else PrefillChunkOptions()
+        self.prefill = options.prefill
+        self.dead_after_s = dead_after_s
         self.log = get_logger()
+        self.supervisor = supervisor or Supervisor(self.log, asyncio.Event())
+        self.supervisor.on_failure(self._on_process_failure)
         self.ctx = zmq.asyncio.Context()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runtime-stage0")
-        self.credits = ReplyCredits(options.max_inflight)
-        self.stats = DriverStats()
-        self.op_log: list[tuple[str, Any]] = []  # ("batch", windows) / ("release", ids) in stage order
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
-        self.by_request: dict[str, tuple[Sequence, RequestHandle]] = {}
-        self.inflight: dict[int, InFlight] = {}
-        self.pending_releases: list[int] = []
-        self.dead: str | None = None
-        self.last_seen: dict[str, float] = {}
+        self.worker = RuntimeWorker(runtime, "runtime-stage0")
+        self.table = SequenceTable()
+        self.launcher = BatchLauncher(self.worker, None, cfg.stage_id)
+        self.liveness = Liveness(())
+        self.failed: str | None = None  # set when this process failed: no new requests
         self._ids = itertools.count(1)
-        self._batch_ids = itertools.count(1)
         self._wakeup = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
+
+    @property
+    def stats(self) -> DriverStats:
+        return self.launcher.stats
+
+    @property
+    def recorder(self) -> OpRecorder | None:
+        return self.launcher.recorder
+
+    @recorder.setter
+    def recorder(self, recorder: OpRecorder | None) -> None:
+        self.launcher.recorder = recorder
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self.inbound = PullQueue(self.ctx, self.options.bind_addr, decoder=lambda f: decode(f, n_embd=None))
         early: list[Message] = []
-        downstream = self.options.config.downstream
-        if downstream is not None:
-            self.downstream = DownstreamLink(self.ctx, downstream.endpoint, self.options.wire)
-            await self.downstream.send(Hello(self.identity, connectable(self.inbound.endpoint)))
-            await await_ready(self.inbound, self.options, early)
-            watched = [s.stage_id for s in self.options.topology.stages[1:]] if self.options.topology else [downstream.stage_id]
-            self.last_seen = {stage: time.monotonic() for stage in watched}
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(c) for c in (self._recv_loop(early), self._schedule_loop(), self._monitor())]
-        self.log.info("pipeline_ready", stages=len(self.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
+        if self.options.config.downstream is not None:
+            self.downstream, early = await open_downstream(self.ctx, self.options, self.identity, self.inbound,
+                                                           self.supervisor.fail)
+            self.launcher.downstream = self.downstream
+            topology = self.options.topology
+            watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
+            self.liveness = Liveness(watched, self.dead_after_s)
+        self.supervisor.spawn("receive loop", self._recv_loop(early))
+        self.supervisor.spawn("schedule loop", self._schedule_loop())
+        self.supervisor.spawn("liveness monitor", self._monitor())
+        self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
 
     async def close(self) -> None:
-        for seq, _ in list(self.by_request.values()):
-            self._finish(seq, "cancelled", "driver shutting down")
-        await self._flush_releases()
-        if self.downstream is not None:
-            await asyncio.wait_for(self.downstream.drain(), 2.0)
-        for task in self._tasks:
-            task.cancel()
-        for link in (self.downstream, self.inbound):
-            if link is not None:
-                link.close()
-        self.executor.shutdown(wait=True)
-        self.ctx.term()
+        """Cancel what is live, release sessions downstream, and close sockets, thread and context,
+        whichever of these steps fails."""
+        try:
+            for seq in self.table.live():
+                self._finish(seq, FinishReason.CANCELLED, "driver shutting down")
+            await self._flush_releases()
+            if self.downstream is not None:
+                await self.downstream.drain()
+        finally:
+            await self.supervisor.close()
+            for link in (self.downstream, self.inbound):
+                if link is not None:
+                    link.close()
+            self.worker.close()
+            self.ctx.term()
 
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
                stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
-        if self.dead is not None:
-            raise DriverUnavailable(f"pipeline unavailable: stage {self.dead} is down")
+        if self.failed is not None:
+            raise DriverUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
+        if self.liveness.dead is not None:
+            raise DriverUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
         tokens = np.asarray(prompt, np.int32)
         ctx_size = self.runtime.spec.ctx_size
         if len(tokens) == 0 or len(tokens) >= ctx_size:
@@ -138,186 +135,98 @@ class Driver:
         if max_tokens < 1:
             raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self.by_request:
+        if self.table.get(request_id) is not None:
             raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
-        seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
-                       ChunkPlanner(self.prefill))
         handle = RequestHandle(request_id)
-        self.by_request[request_id] = (seq, handle)
-        self.waiting.append(seq)
+        self.table.add(Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens,
+                                stop_tokens, ChunkPlanner(self.prefill), handle))
         self._wakeup.set()
         return handle
 
     def cancel(self, request_id: str) -> None:
-        entry = self.by_request.get(request_id)
-        if entry is None:
+        seq = self.table.get(request_id)
+        if seq is None:
             return
-        seq = entry[0]
         seq.cancelled = True
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-            self._finish(seq, "cancelled", released=False)
-        elif not seq.in_flight:
-            self._finish(seq, "cancelled")
+        if not seq.in_flight:  # else it finishes when its batch comes back
+            self._finish(seq, FinishReason.CANCELLED)
         self._wakeup.set()
 
-    # -- scheduling ----------------------------------------------------------------------------
+    # -- the step: schedule -> launch; predictions -> postprocess -> deliver -------------------
     async def _schedule_loop(self) -> None:
         while True:
             self._wakeup.clear()
             await self._flush_releases()
-            while self.waiting and len(self.running) < self.runtime.spec.lane_count:
-                await self._admit(self.waiting.popleft())
-            if self.dead is None and len(self.inflight) < self.max_iterations:
-                decoding = sum(1 for s in self.running if s.generated and not s.prefilling)
-                plan = plan_iteration(self.running, self.runtime.params.n_batch,
+            for seq in self.table.admit(self.runtime.spec.lane_count):
+                await self._configure(seq)
+            if self.liveness.dead is None and len(self.launcher.inflight) < self.max_iterations:
+                decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
+                plan = plan_iteration(self.table.running, self.runtime.params.n_batch,
                                       decode_rows_per_iteration(decoding, self.max_iterations))
                 if plan:
-                    await self._launch(plan)
+                    fault_point("driver.launch")
+                    try:
+                        done = await self.launcher.launch(plan)
+                    except (RuntimeUsageError, RuntimeError) as exc:
+                        for pw in plan:
+                            pw.seq.in_flight = False
+                            self._finish(pw.seq, FinishReason.ERROR, f"stage {self.identity.stage_id}: {exc}")
+                        continue
+                    if done is not None:
+                        self._on_predictions(done)
                     continue
             await self._wakeup.wait()
 
-    async def _admit(self, seq: Sequence) -> None:
-        seq.admitted_at = time.perf_counter()
-        self.running.append(seq)
+    async def _configure(self, seq: Sequence) -> None:
         if self.runtime.is_final:
-            await self._in_runtime(self.runtime.configure_session, seq.session_id, seq.sampling)
+            await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling)
         else:
             assert self.downstream is not None
             self.downstream.enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict()))
 
     async def _flush_releases(self) -> None:
-        if not self.pending_releases:
+        ids = self.table.take_releases()
+        if not ids:
             return
-        ids, self.pending_releases = tuple(self.pending_releases), []
-        await self._in_runtime(lambda: [self.runtime.release_session(s) for s in ids])
-        self.op_log.append(("release", ids))
+        await self.worker.call(self.worker.release, ids)
+        self.launcher.record_release(ids)
         if self.downstream is not None:
             self.downstream.enqueue(ReleaseSessions(ids))
 
-    async def _in_runtime(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    def _compute(self, windows: list[SessionWindow]) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...]]:
-        result = self.runtime.decode(windows)
-        if not self.runtime.is_final:
-            return result.hidden, ()
-        return None, predict(self.runtime, windows, result)
-
-    async def _launch(self, plan: list[PlannedWindow]) -> None:
-        batch_id = next(self._batch_ids)
-        for pw in plan:
-            pw.seq.in_flight = True
-            if pw.is_prefill:
-                pw.seq.prefilled = pw.pos_start + len(pw.tokens)
-        windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
-        token_ids = [tuple(w.tokens.tolist()) for w in windows]
-        self.op_log.append(("batch", [(w.session_id, w.pos_start, t, w.outputs) for w, t in zip(windows, token_ids)]))
-        started_at, start = time.time(), time.perf_counter()
-        try:
-            hidden, predictions = await self._in_runtime(self._compute, windows)
-        except (RuntimeUsageError, RuntimeError) as exc:
-            for pw in plan:
-                pw.seq.in_flight = False
-                self._finish(pw.seq, "error", f"stage {self.identity.stage_id}: {exc}")
-            return
-        compute_ms = (time.perf_counter() - start) * 1e3
-        self._count(plan)
-        if self.downstream is None:
-            self.inflight[batch_id] = InFlight(plan, compute_ms, 0.0)
-            timing = StageTiming(self.identity.stage_id, started_at, compute_ms, 0.0, 0.0, time.time())
-            self._on_predictions(Predictions(batch_id, predictions, (timing,)))
-            return
-        wait_ms = await self.credits.acquire()
-        timing = StageTiming(self.identity.stage_id, started_at, compute_ms, 0.0, wait_ms, time.time())
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, t) for w, t in zip(windows, token_ids))
-        entry = self.inflight[batch_id] = InFlight(plan, compute_ms, wait_ms)
-        entry.sent = self.downstream.enqueue(Batch(batch_id, wire, hidden, (timing,)))
-        self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.inflight))
-
-    def _count(self, plan: list[PlannedWindow]) -> None:
-        self.stats.iterations += 1
-        self.stats.max_rows = max(self.stats.max_rows, sum(len(pw.tokens) for pw in plan))
-        self.stats.max_sessions = max(self.stats.max_sessions, len(plan))
-
-    # -- results -----------------------------------------------------------------------------
     def _on_predictions(self, msg: Predictions) -> None:
-        entry = self.inflight.pop(msg.batch_id, None)
+        entry = self.launcher.complete(msg.batch_id)
         if entry is None:
             self.log.warning("unknown_batch", batch_id=msg.batch_id)
             return
-        tokens = {r.session_id: r.tokens for r in msg.results}
-        logprobs = {r.session_id: r.logprobs for r in msg.results}
-        hops = [b.recv_at - a.sent_at for a, b in zip(msg.timings, msg.timings[1:])]
-        self.stats.hop_ms.append([h * 1e3 for h in hops])
-        for t in msg.timings:
-            self.stats.compute_ms[t.stage_id] = self.stats.compute_ms.get(t.stage_id, 0.0) + t.compute_ms
-        slowest = max((t.compute_ms / max(1, sum(len(pw.tokens) for pw in entry.plan)) for t in msg.timings), default=None)
-        write_ms = entry.sent.result() if entry.sent is not None and entry.sent.done() and not entry.sent.exception() else 0.0
-        for pw in entry.plan:
-            seq = pw.seq
-            seq.in_flight = False
-            for t in msg.timings:
-                acc = seq.stage_ms.setdefault(t.stage_id, {"compute_ms": 0.0, "send_ms": 0.0, "credit_wait_ms": 0.0})
-                acc["compute_ms"] += t.compute_ms
-                acc["send_ms"] += t.send_ms
-                acc["credit_wait_ms"] += t.credit_wait_ms
-            if pw.is_prefill:
-                seq.planner.observe(ChunkObservation(entry.compute_ms, write_ms, entry.credit_wait_ms, slowest))
-            if seq.cancelled:
-                self._finish(seq, "cancelled")
-            elif pw.outputs:
-                got = tokens.get(seq.session_id)
-                if not got:
-                    self._finish(seq, "error", f"final stage returned no prediction for session {seq.session_id}")
-                else:
-                    lp = logprobs.get(seq.session_id) or (None,)
-                    self._emit(seq, got[0], lp[0])
-        self.log.debug("iteration_done", batch_id=msg.batch_id, rows=sum(len(pw.tokens) for pw in entry.plan),
-                       sessions=len(entry.plan), hop_ms=[round(h * 1e3, 3) for h in hops],
+        self.launcher.stats.observe(msg)
+        for outcome in postprocess(entry, msg, self.runtime.spec.ctx_size):
+            self._deliver(outcome)
+        self.log.debug("iteration_done", batch_id=msg.batch_id, rows=entry.rows, sessions=len(entry.plan),
+                       hop_ms=[round(h, 3) for h in self.launcher.stats.hop_ms[-1]],
                        stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
         self._wakeup.set()
 
-    def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
-        now = time.perf_counter()
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-        seq.generated.append(token)
-        handle = self.by_request[seq.request_id][1]
-        if token in seq.stop_tokens:
-            self._finish(seq, "stop")
-            return
-        handle.put(TokenEvent(token=token, logprob=logprob))
-        full = len(seq.prompt) + len(seq.generated) >= self.runtime.spec.ctx_size
-        if len(seq.generated) >= seq.max_tokens or full:
-            self._finish(seq, "length")
+    def _deliver(self, outcome: Outcome) -> None:
+        for event in outcome.events:
+            outcome.seq.handle.put(event)
+        if outcome.finish is not None:
+            self._finish(outcome.seq, outcome.finish, outcome.error)
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None, *, released: bool = True) -> None:
-        entry = self.by_request.pop(seq.request_id, None)
-        if entry is None:
-            return
-        if seq in self.running:
-            self.running.remove(seq)
-        if released:
-            self.pending_releases.append(seq.session_id)
-        entry[1].put(TokenEvent(finish_reason=reason, error=error))
-        now = time.perf_counter()
-        first = seq.first_token_at or now
-        self.log.info(
-            "request_done", request_id=seq.request_id, session_id=seq.session_id, finish_reason=reason, error=error,
-            prompt_tokens=len(seq.prompt), generated_tokens=len(seq.generated),
-            ttft_ms=round((first - seq.submitted_at) * 1e3, 3),
-            prefill_ms=round((first - (seq.admitted_at or seq.submitted_at)) * 1e3, 3),
-            decode_ms=round((now - first) * 1e3, 3),
-            stages={k: {m: round(v, 3) for m, v in d.items()} for k, d in seq.stage_ms.items()},
-        )
-        self._wakeup.set()
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
+                code: ErrorCode | None = None) -> None:
+        if self.table.finish(seq, reason, error, code):
+            self.log.info("request_done", **seq.summary(reason, error))
+            self._wakeup.set()
 
-    def _fail_all(self, error: str) -> None:
-        for seq, _ in list(self.by_request.values()):
-            self._finish(seq, "error", error, released=seq not in self.waiting)
-        self.waiting.clear()
-        self.inflight.clear()
+    def _fail_live(self, error: str, code: ErrorCode | None = None) -> None:
+        for seq in self.table.live():
+            seq.in_flight = False
+            self._finish(seq, FinishReason.ERROR, error, code)
+        self.launcher.inflight.clear()
+
+    def _on_process_failure(self, cause: str) -> None:
+        self.failed = cause
+        self._fail_live(f"stage {self.identity.stage_id} failed: {cause}", ErrorCode.PIPELINE_FAILED)
 
     # -- inbound -----------------------------------------------------------------------------
     async def _recv_loop(self, early: list[Message]) -> None:
@@ -330,53 +239,46 @@ class Driver:
     async def _dispatch(self, msg: Message | ProtocolError) -> None:
         if isinstance(msg, Predictions):
             self._on_predictions(msg)
-        elif isinstance(msg, Credit):
-            await self.credits.release()
-        elif isinstance(msg, SetWire):
-            apply_wire(self.downstream, msg, self.log)
         elif isinstance(msg, Heartbeat):
-            if msg.stage_id == self.dead:
+            if self.liveness.heard(msg.stage_id):
                 await self._revive(msg.stage_id)
-            self.last_seen[msg.stage_id] = time.monotonic()
         elif isinstance(msg, ErrorReport):
-            await self._on_error(msg)
+            self._on_error(msg)
         elif isinstance(msg, ProtocolError):
             self.log.warning("bad_message", code=msg.code, error=msg.message)
         elif isinstance(msg, Ready):
             self.log.info("downstream_ready", downstream=msg.sender.stage_id)
-        else:
+        elif not await handle_link_control(msg, self.downstream, self.log):
             self.log.warning("unexpected_message", kind=type(msg).__name__)
 
-    async def _on_error(self, msg: ErrorReport) -> None:
+    def _on_error(self, msg: ErrorReport) -> None:
         self.log.error("stage_error", from_stage=msg.stage_id, code=msg.code, error=msg.message, batch_id=msg.batch_id)
         error = f"stage {msg.stage_id}: {msg.message}"
-        if msg.code == "stage_stopped":
+        if msg.code is ErrorCode.STAGE_STOPPED:
             self._mark_dead(msg.stage_id, error)
             return
-        entry = self.inflight.pop(msg.batch_id, None) if msg.batch_id is not None else None
+        entry = self.launcher.complete(msg.batch_id) if msg.batch_id is not None else None
         seqs = [pw.seq for pw in entry.plan] if entry else []
-        seqs += [s for s, _ in self.by_request.values() if s.session_id in msg.session_ids]
+        seqs += [s for s in self.table.live() if s.session_id in msg.session_ids]
         for seq in seqs:
             seq.in_flight = False
-            self._finish(seq, "error", error)
+            self._finish(seq, FinishReason.ERROR, error)
 
     def _mark_dead(self, stage_id: str, error: str) -> None:
-        if self.dead is None:
-            self.dead = stage_id
+        if self.liveness.mark_dead(stage_id):
             self.log.error("stage_dead", dead_stage=stage_id, error=error)
-        self._fail_all(error)
+        self._fail_live(error, ErrorCode.PIPELINE_FAILED)
 
     async def _revive(self, stage_id: str) -> None:
         assert self.downstream is not None and self.inbound is not None
-        await self.credits.reset()
-        self.dead = None
+        await self.downstream.credits.reset()
         await self.downstream.send(Hello(self.identity, connectable(self.inbound.endpoint)))
         self.log.info("stage_back", stage=stage_id)
 
     async def _monitor(self) -> None:
         while True:
-            await asyncio.sleep(DEAD_AFTER_S / 6)
-            now = time.monotonic()
-            for stage, seen in self.last_seen.items():
-                if now - seen > DEAD_AFTER_S and self.dead is None:
-                    self._mark_dead(stage, f"stage {stage} stopped responding (no heartbeat for {DEAD_AFTER_S:g} s)")
+            await asyncio.sleep(self.liveness.dead_after_s / 6)
+            stage = self.liveness.silent()
+            if stage is not None:
+                self._mark_dead(stage, f"stage {stage} stopped responding (no heartbeat for {self.liveness.dead_after_s:g} s)")
+

@@ -6,9 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from skippy.protocol import TokenLogprob
-
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+from skippy.protocol import ErrorCode, FinishReason, TokenLogprob
 
 
 class DriverUnavailable(RuntimeError):
@@ -18,10 +16,10 @@ class DriverUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class TokenEvent:
     token: int | None = None  # a generated token, or None on the final event
-    finish_reason: str | None = None  # set on the final event: stop | length | cancelled | error
+    finish_reason: FinishReason | None = None  # set on the final event
     error: str | None = None  # why, when finish_reason is "error"
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
-    code: str | None = None  # error class (queue_full, admission_timeout, unavailable, ...)
+    code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
 
     @property
     def final(self) -> bool:

@@ -3,6 +3,8 @@
 Clients send Submit / Cancel / StatusQuery; each request's tokens go back as TokenEvents to the
 client that asked. The process logs `ready` once stage 1 (and so the whole chain) has answered the
 handshake, and `stopped` after SIGTERM/SIGINT has failed what was in flight and closed its sockets.
+If any of its loops fails, the requests in flight get an error naming the cause, the process logs
+`process_failed` and exits with code 1.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skippy.config import ServingOptions
-from skippy.transport import request_endpoint
 from skippy.driver.driver import Driver
 from skippy.driver.events import DriverUnavailable, RequestHandle
-from skippy.log import get_logger
-from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.log import announce_ready, get_logger
+from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.stage.links import ignore_signals, stop_on_signals
-from skippy.transport import RouterQueue
+from skippy.supervise import Supervisor
+from skippy.transport import RouterQueue, request_endpoint
+
+DELIVER_ON_STOP_S = 2.0  # how long final events of failed requests get to reach their clients
 
 
 class Front(Protocol):
@@ -30,7 +34,7 @@ class Front(Protocol):
 
     run_dir: Path
 
-    def dead(self) -> list[tuple[str, int]]: ...
+    async def wait_dead(self) -> tuple[str, int]: ...
     def log_path(self, name: str) -> Path: ...
     def stop(self) -> Any: ...
 
@@ -40,53 +44,64 @@ FrontStarter = Callable[[ServingOptions], tuple[Front, str]]
 
 class DriverProcess:
     def __init__(self, options: ServingOptions, runtime: StageRuntime, start_front: FrontStarter | None = None) -> None:
-        self.driver = Driver(options, runtime)
-        self.runtime = runtime
         self.log = get_logger()
         self.stopped = asyncio.Event()
+        self.supervisor = Supervisor(self.log, self.stopped)
+        self.driver = Driver(options, runtime, supervisor=self.supervisor)
+        self.runtime = runtime
         self.forwarders: set[asyncio.Task[None]] = set()
         self.start_front = start_front
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
         stop_on_signals(self.stopped)
-        await self.driver.start()
-        assert self.driver.inbound is not None
-        router = RouterQueue(self.driver.ctx, request_endpoint(self.driver.inbound.endpoint))
-        cfg = self.driver.options.config
-        self.log.info("ready", layer_start=cfg.layer_start, layer_end=cfg.layer_end, endpoint=self.driver.inbound.endpoint,
-                      request_endpoint=router.endpoint, n_embd=self.runtime.n_embd, final=self.runtime.is_final,
-                      max_iterations_in_flight=self.driver.max_iterations)
-        serving = loop.create_task(self._serve(router))
-        front = None
-        if self.driver.options.openai is not None and self.start_front is not None:
-            front, url = await asyncio.to_thread(self.start_front, self.driver.options)
-            self.log.info("openai_ready", url=url, logs=str(front.run_dir))
-            loop.create_task(self._watch(front))
-        await self.stopped.wait()
-        ignore_signals()
-        if front is not None:
-            await asyncio.to_thread(front.stop)
-        serving.cancel()
-        for task in self.forwarders:
-            task.cancel()
-        router.close()  # before the driver terms the shared context
-        await self.driver.close()
-        self.runtime.close()
+        router: RouterQueue | None = None
+        front: Front | None = None
+        try:
+            await self.driver.start()
+            assert self.driver.inbound is not None
+            router = RouterQueue(self.driver.ctx, request_endpoint(self.driver.inbound.endpoint))
+            cfg = self.driver.options.config
+            announce_ready(self.log, layer_start=cfg.layer_start, layer_end=cfg.layer_end,
+                          endpoint=self.driver.inbound.endpoint, request_endpoint=router.endpoint,
+                          n_embd=self.runtime.n_embd, final=self.runtime.is_final,
+                          max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict())
+            self.supervisor.spawn("request endpoint", self._serve(router))
+            if self.driver.options.openai is not None and self.start_front is not None:
+                front, url = await asyncio.to_thread(self.start_front, self.driver.options)
+                self.log.info("openai_ready", url=url, logs=str(front.run_dir))
+                self.supervisor.spawn("front watch", self._watch(front))
+            await self.stopped.wait()
+        finally:
+            ignore_signals()
+            await self._shutdown(router, front)
         stats = self.driver.stats
-        self.log.info("stopped", iterations=stats.iterations, max_rows=stats.max_rows, max_sessions=stats.max_sessions,
-                      max_in_flight=stats.max_in_flight, credits=vars(self.driver.credits.stats))
-        return 0
+        credits = self.driver.downstream.credits.stats if self.driver.downstream is not None else None
+        self.log.info("stopped", exit_code=self.supervisor.exit_code, iterations=stats.iterations,
+                      max_rows=stats.max_rows, max_sessions=stats.max_sessions, max_in_flight=stats.max_in_flight,
+                      credits=vars(credits) if credits else None)
+        return self.supervisor.exit_code
+
+    async def _shutdown(self, router: RouterQueue | None, front: Front | None) -> None:
+        try:
+            if front is not None:
+                await asyncio.to_thread(front.stop)
+            if self.forwarders:  # final events (e.g. of requests failed by a crash) reach their clients
+                await asyncio.wait(self.forwarders, timeout=DELIVER_ON_STOP_S)
+            for task in self.forwarders:
+                task.cancel()
+        finally:
+            if router is not None:
+                router.close(linger_ms=500)  # before the driver terms the shared context
+            try:
+                await self.driver.close()
+            finally:
+                self.runtime.close()
 
     async def _watch(self, front: Front) -> None:
         """A dead broker or adapter is reported by name (stage 0 keeps serving its pipeline)."""
-        reported: set[str] = set()
         while True:
-            for name, code in front.dead():
-                if name not in reported:
-                    reported.add(name)
-                    self.log.error("child_died", child=name, exit_code=code, log=str(front.log_path(name)))
-            await asyncio.sleep(0.5)
+            name, code = await front.wait_dead()
+            self.log.error("child_died", child=name, exit_code=code, log=str(front.log_path(name)))
 
     async def _serve(self, router: RouterQueue) -> None:
         while True:
@@ -101,8 +116,8 @@ class DriverProcess:
                                             msg.request_id)
             except (RuntimeUsageError, DriverUnavailable, TypeError, ValueError) as exc:
                 self.log.warning("request_refused", request_id=msg.request_id, error=str(exc))
-                code = "unavailable" if isinstance(exc, DriverUnavailable) else "bad_request"
-                await router.send(client, TokenEvents(msg.request_id, (), "error", str(exc), code))
+                code = ErrorCode.UNAVAILABLE if isinstance(exc, DriverUnavailable) else ErrorCode.BAD_REQUEST
+                await router.send(client, TokenEvents(msg.request_id, (), FinishReason.ERROR, str(exc), code))
                 return
             task = asyncio.get_running_loop().create_task(self._forward(router, client, handle))
             self.forwarders.add(task)
@@ -111,7 +126,8 @@ class DriverProcess:
             self.driver.cancel(msg.request_id)
         elif isinstance(msg, StatusQuery):
             d = self.driver
-            await router.send(client, Status(msg.nonce, d.dead is None, d.dead, len(d.running), len(d.waiting),
+            dead = d.liveness.dead or (d.identity.stage_id if d.failed else None)
+            await router.send(client, Status(msg.nonce, dead is None, dead, len(d.table.running), len(d.table.waiting),
                                              self.runtime.spec.lane_count, self.runtime.spec.ctx_size))
         else:
             self.log.warning("bad_request", detail=str(msg)[:200])

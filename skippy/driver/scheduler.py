@@ -10,44 +10,12 @@ decoding sessions into micro-batches so every stage has one to work on.
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
-from skippy.driver.prefill import ChunkPlanner
-from skippy.runtime.sampling import SamplingParams
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One admitted request: its session on every stage, progress, and timings."""
-
-    request_id: str
-    session_id: int
-    prompt: np.ndarray  # int32 token ids
-    sampling: SamplingParams
-    max_tokens: int
-    stop_tokens: frozenset[int]
-    planner: ChunkPlanner
-    prefilled: int = 0  # prompt positions sent through stage 0
-    generated: list[int] = field(default_factory=list)
-    in_flight: bool = False
-    cancelled: bool = False
-    submitted_at: float = field(default_factory=time.perf_counter)
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/send/credit_wait
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
-
-    @property
-    def length(self) -> int:
-        """Positions this session occupies in KV once its last step is done."""
-        return self.prefilled + max(0, len(self.generated) - 1)
+from skippy.driver.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -67,8 +35,9 @@ def decode_rows_per_iteration(n_running: int, iterations_in_flight: int) -> int:
     return max(1, math.ceil(n_running / max(1, iterations_in_flight)))
 
 
-def plan_iteration(running: deque[Sequence], token_budget: int, max_decode_rows: int) -> list[PlannedWindow]:
+def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_rows: int) -> list[PlannedWindow]:
     """The next micro-batch: decode rows first, then prefill chunks, within `token_budget` rows."""
+    running = list(running)
     plan: list[PlannedWindow] = []
     budget = token_budget
     # decode: one row per session whose last token is back; input = last sampled token

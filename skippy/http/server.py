@@ -1,7 +1,8 @@
 """Minimal HTTP/1.1 server on asyncio streams + h11, used by the OpenAI-compatible adapter.
 
 Routing by exact path, keep-alive, request bodies by Content-Length or chunked, size limits
-(413 / 431), OpenAI error envelopes for every error, chunked streaming responses, and client
+(413 / 431), HTTP/1.0 and 1.1 only (505), OpenAI error envelopes for every error (a malformed or
+truncated request gets a 400 before the connection closes), chunked streaming responses, and client
 disconnect detection: while a handler runs or a stream is sent, a watcher reads the socket and, on
 EOF, cancels the handler task (so its `finally:` blocks and the stream generator's run promptly).
 """
@@ -49,7 +50,7 @@ def _body_too_large(limit: int) -> HttpError:
 
 
 class _Closed(Exception):
-    """The connection ends without a response (peer gone, idle timeout, truncated request)."""
+    """The connection ends without a response (idle timeout)."""
 
 
 class _Connection:
@@ -98,12 +99,7 @@ class _Connection:
 
     async def _next_event(self) -> Any:
         while True:
-            try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError:
-                if self.eof:
-                    raise _Closed("truncated_request") from None
-                raise
+            event = self.conn.next_event()  # RemoteProtocolError (truncated at EOF too): answered with a 400
             if event is not h11.NEED_DATA:
                 return event
             try:
@@ -114,6 +110,10 @@ class _Connection:
             self.conn.receive_data(data)
 
     def _check_head(self, head: h11.Request) -> None:
+        if head.http_version not in (b"1.0", b"1.1"):
+            version = head.http_version.decode("ascii", "replace")
+            raise HttpError(505, f"HTTP version {version} not supported (HTTP/1.0 and HTTP/1.1 are)",
+                            type="server_error", code="http_version_not_supported")
         size = len(head.target) + sum(len(name) + len(value) + 4 for name, value in head.headers)
         if size > self.server.max_header_bytes:
             raise _headers_too_large()

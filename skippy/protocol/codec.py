@@ -6,6 +6,7 @@ bad peer and keep serving.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass, replace
@@ -15,7 +16,8 @@ import msgpack
 import numpy as np
 
 from skippy.protocol.messages import (
-    Batch, Cancel, ConfigureSession, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready,
+    Batch, Cancel, ConfigureSession, Credit, ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message,
+    MessageKind, Predictions, ProtocolError, Ready,
     ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
     TokenLogprob, Window,
 )
@@ -23,7 +25,7 @@ from skippy.protocol.messages import (
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION: int = 1
+PROTOCOL_VERSION: int = 2  # 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
 MAX_HEADER_BYTES = 1 << 20
 MAX_WINDOWS = 1024
 MAX_ROWS = 16384
@@ -46,7 +48,7 @@ def _show(value: Any) -> str:
 
 
 def _fail(path: str, expected: str, value: Any) -> ProtocolError:
-    return ProtocolError("malformed", f"{path}: expected {expected}, got {_show(value)}")
+    return ProtocolError(ErrorCode.MALFORMED, f"{path}: expected {expected}, got {_show(value)}")
 
 
 def _atom(expected: str, ok: Callable[[Any], bool]) -> Spec:
@@ -68,12 +70,23 @@ _float = _atom("finite number", lambda v: type(v) is int or type(v) is float and
 _str_keyed_map = _atom("map with str keys", lambda v: type(v) is dict and all(type(k) is str for k in v))
 
 
+def _enum(kind: type[enum.StrEnum]) -> Spec:
+    names = ", ".join(member.value for member in kind)
+
+    def parse(value: Any, path: str) -> Any:
+        if type(value) is not str or value not in kind._value2member_map_:
+            raise _fail(path, f"one of {names}", value)
+        return kind(value)
+
+    return parse
+
+
 def _seq(item: Spec, max_len: int) -> Spec:
     def parse(value: Any, path: str) -> tuple[Any, ...]:
         if type(value) is not tuple:  # unpacked with use_list=False
             raise _fail(path, "array", value)
         if len(value) > max_len:
-            raise ProtocolError("too_large", f"{path}: expected at most {max_len} items, got {len(value)}")
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"{path}: expected at most {max_len} items, got {len(value)}")
         return tuple(item(x, f"{path}[{i}]") for i, x in enumerate(value))
 
     return parse
@@ -94,7 +107,7 @@ class _Struct:
             raise _fail(path, "map", value)
         missing = [name for name in self.specs if name not in value]
         if missing:
-            raise ProtocolError("malformed", f"{path}: missing field(s) {', '.join(missing)}")
+            raise ProtocolError(ErrorCode.MALFORMED, f"{path}: missing field(s) {', '.join(missing)}")
         obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items()})
         if self.check is not None:
             self.check(obj, path)
@@ -110,23 +123,21 @@ def _check_window(w: Window, path: str) -> None:
     out = w.outputs
     if out and (out[-1] >= w.n_tokens or any(a >= b for a, b in zip(out, out[1:]))):
         raise _fail(f"{path}.outputs", f"strictly increasing offsets in [0, {w.n_tokens})", list(out))
-    if w.tokens is not None and len(w.tokens) != w.n_tokens:
-        raise ProtocolError("malformed", f"{path}.tokens: expected {w.n_tokens} tokens (n_tokens), got {len(w.tokens)}")
 
 
 def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
     seen: set[int] = set()
     for i, sid in enumerate(ids):
         if sid in seen:
-            raise ProtocolError("malformed", f"{path}.{items}[{i}].session_id: duplicate session {sid}")
+            raise ProtocolError(ErrorCode.MALFORMED, f"{path}.{items}[{i}].session_id: duplicate session {sid}")
         seen.add(sid)
 
 
 def _check_batch(b: Batch, path: str) -> None:
     if not b.windows:
-        raise ProtocolError("malformed", f"{path}.windows: expected at least one window, got none")
+        raise ProtocolError(ErrorCode.MALFORMED, f"{path}.windows: expected at least one window, got none")
     if b.n_rows > MAX_ROWS:
-        raise ProtocolError("too_large", f"{path}: expected at most {MAX_ROWS} rows, got {b.n_rows}")
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"{path}: expected at most {MAX_ROWS} rows, got {b.n_rows}")
     _check_unique(path, "windows", [w.session_id for w in b.windows])
 
 
@@ -139,11 +150,11 @@ _TOKENS = _seq(_int(0, _I31), MAX_ROWS)
 _SESSIONS = _seq(_SESSION, MAX_SESSIONS_PER_MESSAGE)
 _IDENTITY = _Struct(StageIdentity, _check_identity, stage_id=_str, stage_index=_int(0, _I31),
                     layer_start=_int(0, _I31), layer_end=_int(0, _I31), model_digest=_str, n_embd=_int(1, _I31))
-_TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float, send_ms=_float,
-                  credit_wait_ms=_float, sent_at=_float)
+_TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float, credit_wait_ms=_float,
+                  sent_at=_float)
 _TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
 _WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
-                  outputs=_seq(_int(), MAX_ROWS), tokens=_opt(_TOKENS))
+                  outputs=_seq(_int(), MAX_ROWS))
 _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
               and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
@@ -151,28 +162,28 @@ _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", la
 _LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
 _RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logprobs=_LOGPROBS)
 
-_SCHEMAS: dict[str, _Struct] = {
-    "hello": _Struct(Hello, sender=_IDENTITY, reply_endpoint=_str),
-    "ready": _Struct(Ready, sender=_IDENTITY),
-    "batch": _Struct(Batch, _check_batch, batch_id=_int(), windows=_seq(_WINDOW, MAX_WINDOWS), timings=_TIMINGS),
-    "configure": _Struct(ConfigureSession, session_id=_SESSION, sampling=_str_keyed_map),
-    "release": _Struct(ReleaseSessions, session_ids=_SESSIONS),
-    "credit": _Struct(Credit, batch_id=_int(), stage_id=_str),
-    "predictions": _Struct(Predictions, _check_predictions, batch_id=_int(),
+_SCHEMAS: dict[MessageKind, _Struct] = {
+    MessageKind.HELLO: _Struct(Hello, sender=_IDENTITY, reply_endpoint=_str),
+    MessageKind.READY: _Struct(Ready, sender=_IDENTITY),
+    MessageKind.BATCH: _Struct(Batch, _check_batch, batch_id=_int(), windows=_seq(_WINDOW, MAX_WINDOWS), timings=_TIMINGS),
+    MessageKind.CONFIGURE: _Struct(ConfigureSession, session_id=_SESSION, sampling=_str_keyed_map),
+    MessageKind.RELEASE: _Struct(ReleaseSessions, session_ids=_SESSIONS),
+    MessageKind.CREDIT: _Struct(Credit, batch_id=_int(), stage_id=_str),
+    MessageKind.PREDICTIONS: _Struct(Predictions, _check_predictions, batch_id=_int(),
                            results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS),
-    "error": _Struct(ErrorReport, code=_str, message=_str, stage_id=_str, batch_id=_opt(_int()), session_ids=_SESSIONS),
-    "heartbeat": _Struct(Heartbeat, stage_id=_str, stage_index=_int(0, _I31), sent_at=_float),
-    "wire": _Struct(SetWire, delay_ms=_float, mbps=_opt(_float)),
-    "submit": _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
+    MessageKind.ERROR: _Struct(ErrorReport, code=_enum(ErrorCode), message=_str, stage_id=_str, batch_id=_opt(_int()), session_ids=_SESSIONS),
+    MessageKind.HEARTBEAT: _Struct(Heartbeat, stage_id=_str),
+    MessageKind.WIRE: _Struct(SetWire, delay_ms=_float, mbps=_opt(_float)),
+    MessageKind.SUBMIT: _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
                       stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
-    "cancel": _Struct(Cancel, request_id=_str),
-    "tokens": _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_str), error=_opt(_str),
-                      code=_opt(_str), logprobs=_LOGPROBS),
-    "status_query": _Struct(StatusQuery, nonce=_int()),
-    "status": _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
+    MessageKind.CANCEL: _Struct(Cancel, request_id=_str),
+    MessageKind.TOKENS: _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_enum(FinishReason)),
+                      error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS),
+    MessageKind.STATUS_QUERY: _Struct(StatusQuery, nonce=_int()),
+    MessageKind.STATUS: _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),
 }
-_KIND_OF: dict[type, str] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
+_KIND_OF: dict[type, MessageKind] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
 
 # --- encode / decode ---
 
@@ -216,17 +227,17 @@ def _view(frame: Any, index: int) -> memoryview:
     try:
         return memoryview(frame).cast("B")
     except (TypeError, ValueError, BufferError):
-        raise ProtocolError("malformed", f"frame {index}: expected a byte buffer, got {type(frame).__name__}") from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame {index}: expected a byte buffer, got {type(frame).__name__}") from None
 
 
 def _unpack_header(frame: Any) -> dict[Any, Any]:
     view = _view(frame, 0)
     if view.nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError("too_large", f"header: {view.nbytes} bytes, over the {MAX_HEADER_BYTES} limit")
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"header: {view.nbytes} bytes, over the {MAX_HEADER_BYTES} limit")
     try:
         header = msgpack.unpackb(view, raw=False, use_list=False, strict_map_key=False)
     except Exception as exc:  # msgpack's failure types are many and unspecified
-        raise ProtocolError("malformed", f"header: not valid msgpack ({type(exc).__name__})") from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"header: not valid msgpack ({type(exc).__name__})") from None
     if type(header) is not dict:
         raise _fail("header", "map", header)
     return header
@@ -236,11 +247,11 @@ def _attach_hidden(batch: Batch, frame: Any, n_embd: int | None) -> Batch:
     n_rows, view = batch.n_rows, None if frame is None else _view(frame, 1)
     got = "no activation frame" if view is None else f"an activation frame of {view.nbytes} bytes"
     if n_embd is not None and (view is None or view.nbytes != n_rows * n_embd * 4):
-        raise ProtocolError("n_embd", f"batch: expected {n_rows} rows x n_embd {n_embd} float32, got {got}")
+        raise ProtocolError(ErrorCode.N_EMBD, f"batch: expected {n_rows} rows x n_embd {n_embd} float32, got {got}")
     if view is None:
         return batch
     if view.nbytes == 0 or view.nbytes % (n_rows * 4):
-        raise ProtocolError("malformed", f"batch: expected {n_rows} rows x n_embd float32, got {got}")
+        raise ProtocolError(ErrorCode.MALFORMED, f"batch: expected {n_rows} rows x n_embd float32, got {got}")
     hidden = np.frombuffer(view, dtype=_F32).reshape(n_rows, view.nbytes // (n_rows * 4))
     hidden.flags.writeable = False
     return replace(batch, hidden=hidden)
@@ -258,15 +269,15 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
     header = _unpack_header(frames[0])
     version = _int()(header.get("v"), "header.v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError("version", f"peer speaks protocol version {version}, this build speaks {PROTOCOL_VERSION}")
+        raise ProtocolError(ErrorCode.VERSION, f"peer speaks protocol version {version}, this build speaks {PROTOCOL_VERSION}")
     kind = _str(header.get("k"), "header.k")
     schema = _SCHEMAS.get(kind)
     if schema is None:
         known = ", ".join(_SCHEMAS)
-        raise ProtocolError("unknown_kind", f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
     msg = schema(header, kind)
     if isinstance(msg, Batch):
         return _attach_hidden(msg, frames[1] if len(frames) == 2 else None, n_embd)
     if len(frames) == 2:
-        raise ProtocolError("malformed", f"{kind}: unexpected frame 1; only a batch carries activations")
+        raise ProtocolError(ErrorCode.MALFORMED, f"{kind}: unexpected frame 1; only a batch carries activations")
     return msg

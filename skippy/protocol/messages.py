@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -13,10 +14,62 @@ import numpy as np
 _FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
 
 
-class ProtocolError(Exception):
-    """An invalid message.  ``code``: malformed, version, unknown_kind, n_embd or too_large."""
+class ErrorCode(enum.StrEnum):
+    """Why something failed, as it travels in ErrorReport.code and TokenEvents.code."""
 
-    def __init__(self, code: str, message: str) -> None:
+    # a message no peer should have sent (ProtocolError.code)
+    MALFORMED = "malformed"
+    VERSION = "version"
+    UNKNOWN_KIND = "unknown_kind"
+    N_EMBD = "n_embd"
+    TOO_LARGE = "too_large"
+    # a stage's report to its upstream or to stage 0
+    HANDSHAKE = "handshake"
+    STAGE_STOPPED = "stage_stopped"
+    BATCH_FAILED = "batch_failed"
+    SESSION_CONTROL = "session_control"
+    # a request's outcome, as a client sees it
+    QUEUE_FULL = "queue_full"  # HTTP 429
+    ADMISSION_TIMEOUT = "admission_timeout"  # HTTP 429
+    UNAVAILABLE = "unavailable"  # HTTP 503
+    BAD_REQUEST = "bad_request"  # HTTP 400
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # HTTP 400
+    PIPELINE_FAILED = "pipeline_failed"  # HTTP 502
+
+
+class FinishReason(enum.StrEnum):
+    """How a request ended (the last TokenEvents of a request carries one)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class MessageKind(enum.StrEnum):
+    """The `k` of a message header: which message type follows."""
+
+    HELLO = "hello"
+    READY = "ready"
+    BATCH = "batch"
+    CONFIGURE = "configure"
+    RELEASE = "release"
+    CREDIT = "credit"
+    PREDICTIONS = "predictions"
+    ERROR = "error"
+    HEARTBEAT = "heartbeat"
+    WIRE = "wire"
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    TOKENS = "tokens"
+    STATUS_QUERY = "status_query"
+    STATUS = "status"
+
+
+class ProtocolError(Exception):
+    """An invalid message; ``code`` is one of the first five ErrorCodes."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(code, message)
         self.code = code
         self.message = message
@@ -56,7 +109,6 @@ class Window:
     pos_start: int
     n_tokens: int
     outputs: tuple[int, ...] = ()
-    tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +117,6 @@ class StageTiming:
     stage_id: str
     recv_at: float
     compute_ms: float
-    send_ms: float
     credit_wait_ms: float
     sent_at: float
 
@@ -137,7 +188,7 @@ class Predictions:
 @dataclass(frozen=True)
 class ErrorReport:
     """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
-    code: str
+    code: ErrorCode
     message: str
     stage_id: str
     batch_id: int | None = None
@@ -148,8 +199,6 @@ class ErrorReport:
 class Heartbeat:
     """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed."""
     stage_id: str
-    stage_index: int
-    sent_at: float
 
 
 @dataclass(frozen=True)
@@ -179,14 +228,13 @@ class Cancel:
 class TokenEvents:
     """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
 
-    ``code`` classifies an error: queue_full, admission_timeout (HTTP 429), unavailable (503),
-    bad_request, context_length_exceeded (400), pipeline_failed (502).
+    ``code`` classifies an error (see ErrorCode for the HTTP status each maps to).
     """
     request_id: str
     tokens: tuple[int, ...]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
-    code: str | None = None
+    code: ErrorCode | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
 
 

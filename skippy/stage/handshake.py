@@ -1,12 +1,16 @@
-"""Startup handshake between neighbouring stages, and where a stage finds stage 0."""
+"""Startup handshake between neighbouring stages (Hello -> Ready), and where a stage finds stage 0."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+
+import zmq.asyncio
 
 from skippy.config import ConfigError, ServingOptions
-from skippy.protocol import ErrorReport, Message, ProtocolError, Ready, StageIdentity
+from skippy.protocol import ErrorCode, ErrorReport, Hello, Message, ProtocolError, Ready, StageIdentity
+from skippy.stage.links import DownstreamLink
 from skippy.transport import PullQueue
 
 
@@ -50,7 +54,7 @@ async def await_ready(inbound: PullQueue, options: ServingOptions, early: list[M
             continue
         if isinstance(msg, Ready):
             return msg
-        if isinstance(msg, ErrorReport) and msg.code == "handshake":
+        if isinstance(msg, ErrorReport) and msg.code is ErrorCode.HANDSHAKE:
             raise HandshakeError(f"downstream {downstream.stage_id} at {downstream.endpoint} refused: {msg.message}")
         if not isinstance(msg, ProtocolError):
             early.append(msg)
@@ -74,3 +78,24 @@ def stage0_endpoint(options: ServingOptions) -> str:
     raise ConfigError(
         f"stage {cfg.stage_id}: cannot find stage 0 for direct prediction return and heartbeats; pass --topology"
     )
+
+
+async def open_downstream(ctx: zmq.asyncio.Context, options: ServingOptions, me: StageIdentity, inbound: PullQueue,
+                          on_failure: Callable[[str], None]) -> tuple[DownstreamLink, list[Message]]:
+    """Connect to the configured downstream, greet it and wait for its Ready.
+
+    Returns the link (credits sized by --max-inflight, the wire condition applied) and whatever
+    else arrived on `inbound` meanwhile, for the caller to dispatch.
+    """
+    downstream = options.config.downstream
+    assert downstream is not None
+    link = DownstreamLink(ctx, downstream.endpoint, options.wire, max_inflight=options.max_inflight,
+                          on_failure=on_failure)
+    early: list[Message] = []
+    try:
+        await link.send(Hello(me, connectable(inbound.endpoint)))
+        await await_ready(inbound, options, early)
+    except BaseException:
+        link.close()
+        raise
+    return link, early

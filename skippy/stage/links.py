@@ -1,10 +1,11 @@
-"""The sending side of a link to the next stage: reply credits and an ordered, wire-conditioned sender.
+"""The sending side of a link to the next stage: credits, the wire condition, ordered sends, failures.
 
-`ReplyCredits` bounds how many messages may be un-credited toward a downstream (backpressure you
-can count). `DownstreamLink` sends every message in FIFO order through one task; a message waits
-until `enqueued_at + delay` (so frames in flight overlap like a pipe) and then `bytes / (mbps x
-125000)` seconds (serialisation), then goes out. `send()` returns once the message is on the
-socket; `enqueue()` returns at once (async forward) and failures surface on the next call.
+`DownstreamLink` owns the PUSH to the next stage and its `ReplyCredits`. Every message goes out in
+FIFO order through one task; a message waits until `enqueued_at + delay` (so frames in flight
+overlap like a pipe) and then `bytes / (mbps x 125000)` seconds (serialisation). `forward()` is
+the one way a batch leaves a stage: take a credit, stamp this stage's timing, enqueue. A send that
+fails is reported once through `on_failure` (the process's supervisor stops the process with that
+cause); later sends raise `LinkFailed` instead of queueing toward a socket that is gone.
 """
 
 from __future__ import annotations
@@ -12,77 +13,43 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq.asyncio
 
 from skippy.config import ConfigError, WireCondition
-from skippy.protocol import Message, SetWire, encode
+from skippy.faults import fault_point
+from skippy.protocol import Batch, Credit, Message, SetWire, StageTiming, Window, encode
+from skippy.stage.credits import ReplyCredits
 from skippy.transport import PushQueue
 
 
-@dataclass
-class CreditStats:
-    limit: int
-    outstanding: int = 0
-    max_outstanding: int = 0
-    waits: int = 0
-    wait_ms: float = 0.0
-    granted: int = 0
-
-
-class ReplyCredits:
-    """At most `limit` un-credited messages toward one downstream."""
-
-    def __init__(self, limit: int) -> None:
-        self.stats = CreditStats(limit=max(1, limit))
-        self._changed = asyncio.Condition()
-
-    async def acquire(self) -> float:
-        """Take a credit, waiting while none is free; returns the wait in ms."""
-        start = time.perf_counter()
-        async with self._changed:
-            if self.stats.outstanding >= self.stats.limit:
-                self.stats.waits += 1
-                await self._changed.wait_for(lambda: self.stats.outstanding < self.stats.limit)
-            self.stats.outstanding += 1
-            self.stats.max_outstanding = max(self.stats.max_outstanding, self.stats.outstanding)
-        waited = (time.perf_counter() - start) * 1e3
-        self.stats.wait_ms += waited
-        return waited
-
-    async def release(self) -> None:
-        async with self._changed:
-            if self.stats.outstanding > 0:
-                self.stats.outstanding -= 1
-                self.stats.granted += 1
-            self._changed.notify_all()
-
-    async def reset(self) -> None:
-        """Forget outstanding credits (the downstream restarted or was re-greeted)."""
-        async with self._changed:
-            self.stats.outstanding = 0
-            self._changed.notify_all()
+class LinkFailed(RuntimeError):
+    """A send to the downstream failed; the link takes no more messages."""
 
 
 class DownstreamLink:
-    """Ordered sends to one peer with the wire condition applied; owns its PushQueue."""
+    """Ordered, credited, wire-conditioned sends to one peer; owns its PushQueue."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, wire: WireCondition | None = None) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, wire: WireCondition | None = None, *,
+                 max_inflight: int = 1, on_failure: Callable[[str], None] | None = None) -> None:
         self.endpoint = endpoint
         self.wire = wire or WireCondition()
+        self.credits = ReplyCredits(max_inflight)
         self.queue = PushQueue(ctx, endpoint)
+        self._on_failure = on_failure
         self._jobs: asyncio.Queue[tuple[float, Message, asyncio.Future[float]]] = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._pump())
-        self._failure: BaseException | None = None
+        self._task = asyncio.get_running_loop().create_task(self._pump(), name=f"link to {endpoint}")
+        self._failure: str | None = None
         self._last: asyncio.Future[float] | None = None
         self.bytes_sent = 0
 
     def enqueue(self, msg: Message) -> asyncio.Future[float]:
         """Queue a message; the future resolves to the send time in ms once it is on the socket."""
         if self._failure is not None:
-            raise RuntimeError(f"sending to {self.endpoint} failed earlier: {self._failure}")
+            raise LinkFailed(self._failure)
         done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._jobs.put_nowait((time.monotonic(), msg, done))
         self._last = done
@@ -91,35 +58,76 @@ class DownstreamLink:
     async def send(self, msg: Message) -> float:
         return await self.enqueue(msg)
 
+    async def forward(self, batch_id: int, windows: tuple[Window, ...], hidden: np.ndarray | None,
+                      timings: tuple[StageTiming, ...], stage_id: str, recv_at: float,
+                      compute_ms: float) -> tuple[asyncio.Future[float], float]:
+        """Send a computed batch on (waiting for a credit first); returns (send future, credit wait ms)."""
+        wait_ms = await self.credits.acquire()
+        timing = StageTiming(stage_id, recv_at, compute_ms, wait_ms, time.time())
+        return self.enqueue(Batch(batch_id, windows, hidden, (*timings, timing))), wait_ms
+
     async def _pump(self) -> None:
         while True:
             enqueued_at, msg, done = await self._jobs.get()
             try:
+                if isinstance(msg, Batch):
+                    fault_point("link.batch")
                 frames = encode(msg)
-                nbytes = sum(len(f) for f in frames)
                 delay = enqueued_at + self.wire.propagation_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                serialise = self.wire.serialization_s(nbytes)
+                serialise = self.wire.serialization_s(sum(len(f) for f in frames))
                 if serialise > 0:
                     await asyncio.sleep(serialise)
                 start = time.perf_counter()
                 self.bytes_sent += await self.queue.send_frames(frames)
                 if not done.done():
                     done.set_result((time.perf_counter() - start) * 1e3)
-            except Exception as exc:  # noqa: BLE001 - surfaced to the caller through the future
-                self._failure = exc
+            except Exception as exc:  # noqa: BLE001 - reported once, then every later send refuses
+                self._fail(f"sending {type(msg).__name__} to {self.endpoint} failed: {exc!r}")
                 if not done.done():
-                    done.set_exception(exc)
+                    done.set_exception(LinkFailed(self._failure))
+                    done.exception()  # retrieved: the failure is reported through on_failure
 
-    async def drain(self) -> None:
-        """Wait until everything queued so far is on the socket."""
-        if self._last is not None:
-            await asyncio.shield(self._last)
+    def _fail(self, cause: str) -> None:
+        if self._failure is None:
+            self._failure = cause
+            if self._on_failure is not None:
+                self._on_failure(cause)
+
+    async def drain(self, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until everything queued so far is on the socket."""
+        if self._last is not None and self._failure is None:
+            await asyncio.wait([asyncio.shield(self._last)], timeout=timeout_s)
 
     def close(self) -> None:
         self._task.cancel()
         self.queue.close()
+
+
+async def handle_link_control(msg: Message, link: DownstreamLink | None, log: Any) -> bool:
+    """Credit and SetWire are handled the same by every stage; True when `msg` was one of them."""
+    if isinstance(msg, Credit):
+        if link is not None:
+            await link.credits.release()
+        return True
+    if isinstance(msg, SetWire):
+        apply_wire(link, msg, log)
+        return True
+    return False
+
+
+def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
+    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied."""
+    if link is None:
+        log.warning("wire_ignored", error="this stage has no downstream link")
+        return
+    try:
+        link.wire = WireCondition(delay_ms=msg.delay_ms, mbps=msg.mbps)
+    except (ConfigError, ValueError) as exc:
+        log.warning("wire_refused", error=str(exc))
+        return
+    log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps)
 
 
 def stop_on_signals(stopped: asyncio.Event) -> None:
@@ -135,16 +143,3 @@ def ignore_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
         signal.signal(sig, signal.SIG_IGN)
-
-
-def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
-    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied."""
-    if link is None:
-        log.warning("wire_ignored", error="this stage has no downstream link")
-        return
-    try:
-        link.wire = WireCondition(delay_ms=msg.delay_ms, mbps=msg.mbps)
-    except (ConfigError, ValueError) as exc:
-        log.warning("wire_refused", error=str(exc))
-        return
-    log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps)

@@ -1,8 +1,8 @@
 """Reference runs for pipeline tests: replay a driver's batches on an unsplit model, greedy runs with margins.
 
 llama.cpp is not batch-invariant, so a pipeline's tokens are only bitwise comparable with an unsplit
-model that decodes the *same batches*. `replay_op_log` re-runs a driver's `op_log` (every batch and
-release exactly as the stages applied them) on a `LocalChain` and returns the tokens sampled per
+model that decodes the *same batches*. `replay_op_log` re-runs a driver's `OpLog` (every batch and
+release exactly as the stages applied them, recorded when a test installs one) on a `LocalChain` and returns the tokens sampled per
 session. `greedy_with_margins` runs one prompt alone and also returns each step's top-2 logit margin,
 so a batched-vs-alone comparison can stop where the margin is too thin to be meaningful.
 """
@@ -17,6 +17,16 @@ import numpy as np
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow
+
+
+class OpLog(list[tuple[str, Any]]):
+    """A driver OpRecorder that keeps every op in stage order: `driver.recorder = OpLog()` (tests only)."""
+
+    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]) -> None:
+        self.append(("batch", windows))
+
+    def release(self, session_ids: tuple[int, ...]) -> None:
+        self.append(("release", session_ids))
 
 
 def replay_op_log(

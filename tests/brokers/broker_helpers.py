@@ -4,6 +4,9 @@
 StatusQuery) that keeps every TokenEvents message whole, so tests can assert error codes.
 `FakeStage0` is a ROUTER that answers Status as told and records Submits, for fast tests of
 what a real pipeline does not do on demand (go silent, send codeless errors, logprobs).
+`Clock` is a time source the test moves by hand (the broker's and AdaptiveConcurrency's `clock`).
+`PipelineProcs` is a started pipeline of real stage processes (made by conftest.py's fixtures; it
+lives here because test modules cannot import from conftest: another test directory has one too).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import itertools
 import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
 from brokers import Broker, BrokerAdmission
+from skippy.config import StageTopology
+from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
 from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
-from skippy.transport import DealerQueue, RouterQueue
+from skippy.transport import DealerQueue, RouterQueue, request_endpoint
 
 TEST_TIMEOUT_S = 60.0
 WAIT_S = 15.0  # bound on any single wait for an event
@@ -30,6 +37,26 @@ WAIT_S = 15.0  # bound on any single wait for an event
 def run(coro: Coroutine[Any, Any, Any], timeout: float = TEST_TIMEOUT_S) -> Any:
     """Run an async test body with an overall bound."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@dataclass
+class PipelineProcs:
+    topology: Path
+    stages: StageProcesses
+
+    @property
+    def request_endpoint(self) -> str:
+        return request_endpoint(StageTopology.load(self.topology).first().endpoint)
+
+
+class Clock:
+    """A clock that only moves when the test sets `now`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Stream:
@@ -120,14 +147,19 @@ class FakeStage0:
         self.lane_count, self.ctx_size = lane_count, ctx_size
         self.submits: asyncio.Queue[tuple[bytes, Submit]] = asyncio.Queue()
         self.cancels: asyncio.Queue[str] = asyncio.Queue()
+        self.answered = 0  # nonce of the last Status sent
+        self.ignored = asyncio.Event()  # a StatusQuery went unanswered (every earlier one was answered)
         self._task = asyncio.get_running_loop().create_task(self._serve())
 
     async def _serve(self) -> None:
         while True:
             client, msg = await self.router.recv()
-            if isinstance(msg, StatusQuery) and not self.silent:
+            if isinstance(msg, StatusQuery) and self.silent:
+                self.ignored.set()
+            elif isinstance(msg, StatusQuery):
                 await self.router.send(client, Status(msg.nonce, self.ready, self.dead_stage, 0, 0, self.lane_count,
                                                       self.ctx_size))
+                self.answered = msg.nonce
             elif isinstance(msg, Submit):
                 self.submits.put_nowait((client, msg))
             elif isinstance(msg, Cancel):

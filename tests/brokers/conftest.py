@@ -10,26 +10,14 @@ stage is stopped at teardown (StageProcesses), even when the test failed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from skippy.config import StageTopology
-from skippy.transport import request_endpoint
+from broker_helpers import PipelineProcs
 from skippy.launcher import StageProcesses, write_local_topology
 
 WIRE_FLAGS = ("--downstream-wire-delay-ms", "5")
-
-
-@dataclass
-class PipelineProcs:
-    topology: Path
-    stages: StageProcesses
-
-    @property
-    def request_endpoint(self) -> str:
-        return request_endpoint(StageTopology.load(self.topology).first().endpoint)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,6 +11,7 @@ import io
 import json
 from dataclasses import dataclass
 
+from broker_helpers import Clock
 from brokers.adaptive import AdaptiveConcurrency, Decision
 from brokers.admission import AdmissionQueue
 from skippy.log import configure_logging
@@ -23,14 +24,6 @@ class QueueStub:
     concurrency: int = 0
     running: int = 0
     waiting: int = 3
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def controller(queue: QueueStub | AdmissionQueue, clock: Clock, *, lo: int = 1, hi: int = 4,

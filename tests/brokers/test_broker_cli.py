@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from broker_helpers import BrokerClient, run
-from conftest import PipelineProcs
+from broker_helpers import BrokerClient, PipelineProcs, run
 from skippy.cli.broker import main, register, resolve_broker_settings, run_broker
 from skippy.config import ConfigError
 from skippy.launcher import read_events

@@ -2,7 +2,8 @@
 
 A `FakeStage0` answers Status as the test sets it and records Submits; the test plays the
 pipeline by sending TokenEvents, so what a real pipeline does not do on demand (codeless errors,
-logprobs, going silent) is exercised in well under a second per case (silence: the 2 s timeout).
+logprobs, going silent) is exercised in well under a second per case (silence: the broker's clock is
+moved past its 2 s status timeout by the test, not waited for).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from broker_helpers import WAIT_S, BrokerClient, FakeStage0, run, running_broker
+from broker_helpers import WAIT_S, BrokerClient, Clock, FakeStage0, run, running_broker
 from brokers import BrokerAdmission
 from skippy.protocol import TokenEvents, TokenLogprob
 
@@ -89,12 +90,22 @@ def test_silent_stage0_fails_its_requests_after_the_status_timeout(tmp_path: Pat
     async def body() -> None:
         ctx = zmq.asyncio.Context()
         (stage0,) = fakes(ctx, tmp_path, 1)
+        clock = Clock(1000.0)
         try:
-            async with running_broker([stage0.endpoint], stage0_ids=["stage0"]) as (broker, client):
+            async with running_broker([stage0.endpoint], stage0_ids=["stage0"], clock=clock,
+                                      poll_interval_s=0.05) as (broker, client):
+                (link,) = broker.pool.links
                 stream = await client.submit(request_id="stranded")
                 await stage0.next_submit()
                 stage0.silent = True
-                final = await stream.finished(timeout_s=5.0)  # 2 s status timeout + a poll period
+                await asyncio.wait_for(stage0.ignored.wait(), WAIT_S)  # every earlier poll was answered...
+                await broker.wait_until(lambda: link.status is not None and link.status.nonce == stage0.answered,
+                                        WAIT_S)  # ...and the broker has read those answers
+                clock.now += 1.5  # silent, but within the 2 s status timeout: still ready, nothing failed
+                assert link.answering() and broker.ready and not stream.done.is_set()
+                clock.now += 1.0  # 2.5 s without a Status: the next poll finds stage 0 silent
+                assert not link.answering()
+                final = await stream.finished()
                 assert (final.finish_reason, final.code) == ("error", "pipeline_failed")
                 assert final.error == f"stage 0 at {stage0.endpoint} not answering (no status for 2 s)"
                 status = await client.status()

@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from broker_helpers import WAIT_S, BrokerClient, Stream, run, running_broker
+from broker_helpers import WAIT_S, BrokerClient, PipelineProcs, Stream, run, running_broker
 from brokers import BrokerAdmission
-from conftest import PipelineProcs
 from skippy.driver.client import DriverClient
 
 LONG = 480  # tokens: >= 2.4 s at the 5 ms wire delay, so these outlast every wait below; cancelled at the end

@@ -113,19 +113,91 @@ def test_slice_command_writes_an_artifact_slice_that_loads(tiny_llama: Path, tmp
     assert np.array_equal(logits[0], logits[1])
 
 
-@pytest.mark.parametrize("mtp_flag", ["plan", "sidecar"])
-def test_native_mtp_asked_of_a_model_without_heads_fails_at_startup(mtp_flag: str, tiny_llama: Path,
-                                                                     tmp_path: Path) -> None:
+UNSUPPORTED = [
+    (["--metrics-otlp-grpc", "http://127.0.0.1:4317"], "--metrics-otlp-grpc is not supported yet (OTLP export: issue 12)"),
+    (["--telemetry-queue-capacity", "64"], "--telemetry-queue-capacity is not supported yet (telemetry event queue"),
+    (["--openai-speculative-config", "{plan}"], "--openai-speculative-config is not supported yet (speculative decoding"),
+    (["--openai-native-mtp-draft-model-path", "mtp.gguf"], "--openai-native-mtp-draft-model-path is not supported yet"),
+    (["--openai-draft-model-path", "draft.gguf"], "--openai-draft-model-path is not supported yet"),
+    (["--openai-speculative-window", "4"], "--openai-speculative-window is not supported yet"),
+    (["--openai-adaptive-speculative-window"], "--openai-adaptive-speculative-window is not supported yet"),
+    (["--openai-draft-n-gpu-layers", "-1"], "--openai-draft-n-gpu-layers is not supported yet"),
+]
+
+
+@pytest.fixture
+def local_topology(tiny_llama: Path, tmp_path: Path) -> tuple[Path, list[Path], Path]:
+    """(topology, stage configs, a plan that asks for native MTP drafting)."""
     from skippy.launcher import write_local_topology
 
     topology, configs = write_local_topology(tmp_path / "t", tiny_llama, 6, [3])
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"native_mtp": {"enabled": True, "max_draft_tokens": 2, "min_draft_tokens": 0,
-                                               "reject_cooldown_tokens": 0, "suppress_cooldown_drafts": False,
-                                               "suppress_cooldown_draft_limit": 0}}))
-    extra = (["--openai-speculative-config", str(plan)] if mtp_flag == "plan"
-             else ["--openai-native-mtp-draft-model-path", str(tmp_path / "mtp.gguf")])
+    plan.write_text(json.dumps({"native_mtp": {"enabled": True, "max_draft_tokens": 2}}))
+    return topology, configs, plan
+
+
+@pytest.mark.parametrize("command", ["stage", "check-config", "up"])
+@pytest.mark.parametrize(("flags", "message"), UNSUPPORTED, ids=[flags[0] for flags, _ in UNSUPPORTED])
+def test_unsupported_flag_fails_at_startup_naming_it(command: str, flags: list[str], message: str,
+                                                     local_topology: tuple[Path, list[Path], Path],
+                                                     tiny_llama: Path, tmp_path: Path) -> None:
+    """Every entry point that would start something refuses the flag in one line, before starting it."""
+    topology, configs, plan = local_topology
+    flags = [f.replace("{plan}", str(plan)) for f in flags]
+    if command == "up":
+        run_dir = tmp_path / "run"
+        args = ["up", "--model", str(tiny_llama), "--split", "3", "--bind", "127.0.0.1:0", "--run-dir", str(run_dir)]
+    else:
+        args = [command, "--config", str(configs[0]), "--topology", str(topology)]
+    out = skippy(*args, *flags, env_dir=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"skippy {command}: error: {message}" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    if command == "up":
+        assert not list(run_dir.glob("*.log")), "nothing may start"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--openai-prefill-chunk-size", "0"], "--openai-prefill-chunk-size must be > 0, got 0"),
+        (["--openai-prefill-adaptive-target-ms", "nan"], "--openai-prefill-adaptive-target-ms must be finite and > 0"),
+        (["--openai-generation-concurrency", "0"], "--openai-generation-concurrency must be > 0, got 0"),
+        (["--openai-generation-concurrency", "3"], "--openai-generation-concurrency must be <= lane_count (2), got 3"),
+        (["--openai-default-max-tokens", "0"], "--openai-default-max-tokens must be > 0, got 0"),
+        (["--max-inflight", "0"], "--max-inflight must be > 0, got 0"),
+        (["--bind", "9337"], "--bind must be host:port, got '9337'"),
+        (["--", "--openai-generation-concurrency", "1"], "--openai-generation-concurrency cannot follow --"),
+        (["--", "--bind-addr", "127.0.0.1:0"], "--bind-addr cannot follow --"),
+        (["--", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_up_checks_every_flag_before_starting_anything(flags: list[str], message: str, tiny_llama: Path,
+                                                       tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = skippy("up", "--model", str(tiny_llama), "--split", "3", "--lane-count", "2", "--bind", "127.0.0.1:0",
+                 "--run-dir", str(run_dir), *flags, env_dir=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"skippy up: error: {message}" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not list(run_dir.glob("*.log")), "nothing may start"
+
+
+def test_stage_rejects_front_flags_without_the_front(local_topology: tuple[Path, list[Path], Path],
+                                                     tmp_path: Path) -> None:
+    topology, configs, _plan = local_topology
     out = skippy("stage", "--config", str(configs[0]), "--topology", str(topology),
-                 "--openai-bind-addr", "127.0.0.1:0", *extra, env_dir=tmp_path)
+                 "--openai-generation-concurrency", "1", env_dir=tmp_path)
     assert out.returncode == 2
-    assert "has no MTP heads" in out.stderr and "Traceback" not in out.stderr
+    assert "--openai-generation-concurrency needs --openai-bind-addr" in out.stderr
+
+
+def test_check_config_shows_stage0_options_without_the_front(local_topology: tuple[Path, list[Path], Path],
+                                                             tmp_path: Path) -> None:
+    topology, configs, _plan = local_topology
+    out = skippy("check-config", "--config", str(configs[0]), "--topology", str(topology),
+                 "--openai-prefill-chunk-policy", "fixed", "--openai-prefill-chunk-size", "48", env_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    resolved = json.loads(out.stdout)
+    assert resolved["prefill"]["policy"] == "fixed" and resolved["prefill"]["chunk_size"] == 48
+    assert resolved["openai"] is None and resolved["mtp_source"] == "integrated"

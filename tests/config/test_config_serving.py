@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import pytest
 from skippy.config import (
     ConfigError,
     MtpSource,
-    PrefillChunkPolicy,
+    PrefillChunkOptions,
     ServingOptions,
     SpeculativeDecodeConfig,
+    SpeculativeOptions,
     StageConfig,
     TelemetryLevel,
     WireCondition,
@@ -63,7 +65,10 @@ def test_defaults_without_openai(serve: Serve) -> None:
     assert options.wire == WireCondition() and options.wire.is_ideal
     assert options.downstream_connect_timeout_secs == 60.0
     assert options.telemetry_level is TelemetryLevel.SUMMARY
+    assert options.telemetry_queue_capacity is None
     assert options.metrics_otlp_grpc is None
+    assert options.prefill == PrefillChunkOptions()
+    assert options.speculative == SpeculativeOptions()
     assert options.openai is None
     assert options.native_mtp_enabled is True
 
@@ -78,6 +83,7 @@ def test_stage_flags(serve: Serve) -> None:
         "--downstream-wire-mbps", "100",
         "--downstream-connect-timeout-secs", "5",
         "--telemetry-level", "debug",
+        "--telemetry-queue-capacity", "512",
         "--metrics-otlp-grpc", "http://127.0.0.1:4317",
     )  # fmt: skip
     assert options.bind_addr == "tcp://0.0.0.0:19005"
@@ -86,6 +92,7 @@ def test_stage_flags(serve: Serve) -> None:
     assert options.wire == WireCondition(delay_ms=12.5, mbps=100.0)
     assert options.downstream_connect_timeout_secs == 5.0
     assert options.telemetry_level is TelemetryLevel.DEBUG
+    assert options.telemetry_queue_capacity == 512
     assert options.metrics_otlp_grpc == "http://127.0.0.1:4317"
 
 
@@ -134,6 +141,7 @@ def test_async_flag_wins_when_both_given(serve: Serve) -> None:
         ),
         (["--bind-addr", "nowhere"], "--bind-addr must be host:port, got 'nowhere'"),
         (["--metrics-otlp-grpc", ""], "--metrics-otlp-grpc must be a non-empty string"),
+        (["--telemetry-queue-capacity", "0"], "--telemetry-queue-capacity must be > 0, got 0"),
     ],
 )
 def test_bad_stage_flags(serve: Serve, flags: list[str], expected: str) -> None:
@@ -196,14 +204,6 @@ def test_openai_defaults(serve: Serve) -> None:
     assert admission.adaptive is False and admission.adaptive_min_concurrency is None
     assert admission.queue_capacity == 32
     assert admission.admission_timeout_secs == 0.0
-    prefill = openai.prefill
-    assert prefill.policy is PrefillChunkPolicy.ADAPTIVE_RAMP
-    assert prefill.chunk_size == 256 and prefill.schedule == ()
-    assert (prefill.adaptive_start, prefill.adaptive_step, prefill.adaptive_max) == (128, 128, 384)
-    assert prefill.adaptive_target_ms == 100.0
-    assert openai.speculative is None
-    assert openai.draft_model_path is None and openai.native_mtp_draft_model_path is None
-    assert openai.speculative_window == 4 and openai.adaptive_speculative_window is False
 
 
 @pytest.mark.parametrize(
@@ -245,43 +245,9 @@ def test_adaptive_concurrency(serve: Serve) -> None:
 
 
 def test_openai_overrides(serve: Serve) -> None:
-    openai = serve(
-        *OPENAI,
-        "--openai-model-id", "served-name",
-        "--openai-default-max-tokens", "64",
-        "--openai-prefill-chunk-size", "64",
-        "--openai-prefill-chunk-policy", "adaptive",
-        "--openai-prefill-adaptive-start", "32",
-        "--openai-prefill-adaptive-step", "16",
-        "--openai-prefill-adaptive-max", "96",
-        "--openai-prefill-adaptive-target-ms", "250",
-        "--openai-draft-model-path", "/models/draft.gguf",
-        "--openai-speculative-window", "6",
-        "--openai-adaptive-speculative-window",
-    ).openai  # fmt: skip
+    openai = serve(*OPENAI, "--openai-model-id", "served-name", "--openai-default-max-tokens", "64").openai
     assert openai is not None
     assert (openai.model_id, openai.default_max_tokens) == ("served-name", 64)
-    prefill = openai.prefill
-    assert prefill.policy is PrefillChunkPolicy.ADAPTIVE_RAMP and prefill.chunk_size == 64
-    assert (prefill.adaptive_start, prefill.adaptive_step, prefill.adaptive_max) == (32, 16, 96)
-    assert prefill.adaptive_target_ms == 250.0
-    assert openai.draft_model_path == "/models/draft.gguf"
-    assert openai.speculative_window == 6 and openai.adaptive_speculative_window
-
-
-@pytest.mark.parametrize("policy", [None, "fixed", "schedule"])
-def test_schedule_policy(serve: Serve, policy: str | None) -> None:
-    flags = ["--openai-prefill-chunk-schedule", "128, 256,384"]
-    if policy:
-        flags += ["--openai-prefill-chunk-policy", policy]
-    prefill = serve(*OPENAI, *flags).openai.prefill  # type: ignore[union-attr]
-    assert prefill.policy is PrefillChunkPolicy.SCHEDULE
-    assert prefill.schedule == (128, 256, 384)
-
-
-def test_fixed_policy(serve: Serve) -> None:
-    prefill = serve(*OPENAI, "--openai-prefill-chunk-policy", "fixed").openai.prefill  # type: ignore[union-attr]
-    assert prefill.policy is PrefillChunkPolicy.FIXED and prefill.schedule == ()
 
 
 @pytest.mark.parametrize(
@@ -312,52 +278,6 @@ def test_fixed_policy(serve: Serve) -> None:
             " <= --openai-generation-concurrency (4), got 5",
         ),
         ("--openai-default-max-tokens 0", "--openai-default-max-tokens must be > 0, got 0"),
-        ("--openai-prefill-chunk-size 0", "--openai-prefill-chunk-size must be > 0, got 0"),
-        (
-            "--openai-prefill-chunk-policy greedy",
-            "--openai-prefill-chunk-policy must be one of fixed | schedule | adaptive-ramp",
-        ),
-        (
-            "--openai-prefill-chunk-policy schedule",
-            "--openai-prefill-chunk-policy schedule requires --openai-prefill-chunk-schedule",
-        ),
-        (
-            "--openai-prefill-chunk-schedule 128,,256",
-            "--openai-prefill-chunk-schedule must be a comma-separated list"
-            " of positive integers, got '128,,256'",
-        ),
-        (
-            "--openai-prefill-chunk-schedule 128,0",
-            "--openai-prefill-chunk-schedule must be a comma-separated list of positive integers",
-        ),
-        (
-            "--openai-prefill-chunk-schedule a,b",
-            "--openai-prefill-chunk-schedule must be a comma-separated list of positive integers",
-        ),
-        (
-            "--openai-prefill-chunk-policy adaptive-ramp --openai-prefill-chunk-schedule 64",
-            "--openai-prefill-chunk-schedule needs --openai-prefill-chunk-policy schedule",
-        ),
-        ("--openai-prefill-adaptive-start 0", "--openai-prefill-adaptive-start must be > 0, got 0"),
-        ("--openai-prefill-adaptive-step 0", "--openai-prefill-adaptive-step must be > 0, got 0"),
-        ("--openai-prefill-adaptive-max 0", "--openai-prefill-adaptive-max must be > 0, got 0"),
-        (
-            "--openai-prefill-adaptive-start 512",
-            "--openai-prefill-adaptive-start must be"
-            " <= --openai-prefill-adaptive-max (384), got 512",
-        ),
-        (
-            "--openai-prefill-adaptive-target-ms 0",
-            "--openai-prefill-adaptive-target-ms must be finite and > 0",
-        ),
-        (
-            "--openai-prefill-adaptive-target-ms inf",
-            "--openai-prefill-adaptive-target-ms must be finite and > 0",
-        ),
-        (
-            "--openai-draft-model-path d.gguf --openai-speculative-window 0",
-            "--openai-speculative-window must be > 0 when --openai-draft-model-path is set, got 0",
-        ),
     ],
 )
 def test_bad_openai_flags(serve: Serve, flags: str, expected: str) -> None:
@@ -375,10 +295,6 @@ def test_bad_openai_bind_addr(serve: Serve) -> None:
     )
 
 
-def test_window_zero_without_draft_model_is_allowed(serve: Serve) -> None:
-    assert serve(*OPENAI, "--openai-speculative-window", "0").openai.speculative_window == 0  # type: ignore[union-attr]
-
-
 def test_openai_only_on_stage_zero(serve: Serve) -> None:
     stage = {"stage_index": 1, "layer_start": 4, "layer_end": 8}
     message = _error(serve, *OPENAI, stage=stage)
@@ -386,91 +302,167 @@ def test_openai_only_on_stage_zero(serve: Serve) -> None:
     assert message.endswith("has stage_index 1")
 
 
-def test_openai_flags_ignored_without_front(serve: Serve) -> None:
-    assert serve("--openai-generation-concurrency", "2").openai is None
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--openai-generation-concurrency", "2"],
+        ["--openai-adaptive-generation-concurrency"],
+        ["--openai-model-id", "x"],
+        ["--openai-default-max-tokens", "9"],
+    ],
+)
+def test_front_flags_need_the_front(serve: Serve, flags: list[str]) -> None:
+    """Admission, model id and default max tokens act only through a front: never accepted and dropped."""
+    message = _error(serve, *flags)
+    assert message.startswith(f"{flags[0]} needs --openai-bind-addr (or give it to skippy up")
 
 
-# -- speculative plan and MTP source --------------------------------------------
+# -- MTP source: the reference's binary_stage_options tests, ported -------------
 
 
-PLAN: dict[str, Any] = {
-    "requested_strategy": "mtp-cache",
-    "effective_strategy": "native-mtp+ngram-cache",
-    "native_mtp": {"enabled": True, "max_draft_tokens": 1},
-    "ngram": {"kind": "cache", "min_ngram": 2, "max_ngram": 4, "max_proposal_tokens": 6},
-    "extension": {"max_tokens": 6},
-    "verify_window": {"min_tokens": 1, "max_tokens": 6, "pipeline_depth": 2},
-}
+def seed_stage_config() -> dict[str, Any]:
+    """The reference's ``stage_config()`` fixture, every field as it serialises them."""
+    return {
+        "run_id": "run", "topology_id": "topology", "model_id": "model", "package_ref": None,
+        "manifest_sha256": None, "source_model_path": None, "source_model_sha256": None,
+        "source_model_bytes": None, "materialized_path": None, "materialized_pinned": False,
+        "model_path": "/tmp/model.gguf", "projector_path": None, "stage_id": "stage-0",
+        "stage_index": 0, "layer_start": 0, "layer_end": 4, "ctx_size": 512, "lane_count": 1,
+        "n_batch": None, "n_ubatch": None, "n_gpu_layers": -1, "mmap": None, "mlock": False,
+        "repack": False, "op_offload": None, "no_host_buffer": False, "check_tensors": False,
+        "direct_io": False, "main_gpu": None, "split_mode": "auto", "cache_type_k": "f16",
+        "cache_type_v": "f16", "flash_attn_type": "auto", "kv_offload": None, "kv_unified": None,
+        "swa_full": None, "cache_idle_slots": None, "filter_tensors_on_load": True,
+        "resident_tensor_names": [], "selected_device": None, "kv_cache": None,
+        "native_mtp_enabled": True, "load_mode": "runtime-slice", "bind_addr": "127.0.0.1:0",
+        "upstream": None, "downstream": None,
+    }  # fmt: skip
 
 
-def test_plan_reaches_options_unchanged(serve: Serve, write_json) -> None:
-    path = write_json("plan.json", PLAN)
-    options = serve(*OPENAI, "--openai-speculative-config", str(path))
-    assert options.openai is not None
-    assert options.openai.speculative == SpeculativeDecodeConfig.load(path)
-    assert options.openai.speculative == SpeculativeDecodeConfig.from_dict(PLAN)
-    assert options.openai.speculative.to_json() == SpeculativeDecodeConfig.from_dict(PLAN).to_json()
+def cache_composite_plan() -> dict[str, Any]:
+    """The reference's ``cache_composite_plan()`` fixture."""
+    return {
+        "requested_strategy": "mtp-cache",
+        "effective_strategy": "native-mtp+ngram-cache",
+        "native_mtp": {
+            "enabled": True, "max_draft_tokens": 1, "min_draft_tokens": 0,
+            "reject_cooldown_tokens": 0, "suppress_cooldown_drafts": False,
+            "suppress_cooldown_draft_limit": 0,
+        },
+        "ngram": {"kind": "cache", "min_ngram": 2, "max_ngram": 4, "max_proposal_tokens": 6},
+        "extension": {"max_tokens": 6},
+        "verify_window": {
+            "min_tokens": 1, "max_tokens": 6, "pipeline_depth": 2, "runahead_max_tokens": 0,
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture
+def seed(write_json) -> Callable[..., ServingOptions]:
+    """``seed(*flags, **config_overrides)``: resolve flags against the seed's stage config."""
+
+    def run(*flags: str, **overrides: Any) -> ServingOptions:
+        stage_path = write_json("stage.json", {**seed_stage_config(), **overrides})
+        return parse_serving_args(["--config", str(stage_path), *flags])
+
+    return run
+
+
+def test_typed_speculative_plan_reaches_embedded_stage_without_policy_merging(seed, write_json) -> None:
+    expected = SpeculativeDecodeConfig.from_dict(cache_composite_plan())
+    plan_path = write_json("speculative.json", expected.to_dict())
+    options = seed("--openai-bind-addr", "127.0.0.1:9337", "--openai-speculative-config", str(plan_path))
     assert resolve_mtp_source(options) is MtpSource.INTEGRATED
+    openai = options.openai
+    assert openai is not None
+    assert options.native_mtp_enabled
+    assert openai.admission.generation_concurrency == 1
+    assert openai.admission.queue_capacity == 16
+    assert openai.admission.admission_timeout_secs == 0
+    assert options.speculative.plan == expected  # the reference's openai.speculative
 
 
-def test_invalid_plan_is_rejected_with_its_path(serve: Serve, write_json) -> None:
-    path = write_json("plan.json", {**PLAN, "ngram": {**PLAN["ngram"], "max_ngram": 8}})
-    message = _error(serve, *OPENAI, "--openai-speculative-config", str(path))
-    assert message == f"{path}: field 'ngram.max_ngram' must be <= 4 for kind 'cache', got 8"
+def test_embedded_openai_admission_overrides_are_independent(seed) -> None:
+    options = seed(
+        "--openai-bind-addr", "127.0.0.1:9337",
+        "--openai-generation-concurrency", "2",
+        "--openai-generation-queue-capacity", "33",
+        "--openai-generation-admission-timeout-secs", "90",
+        lane_count=4,
+    )  # fmt: skip
+    assert options.openai is not None
+    admission = options.openai.admission
+    assert admission.generation_concurrency == 2
+    assert admission.queue_capacity == 33
+    assert admission.admission_timeout_secs == 90
 
 
-def test_sidecar_resolves_external(serve: Serve, write_json) -> None:
-    options = serve(*OPENAI, "--openai-native-mtp-draft-model-path", "/models/mtp.gguf")
-    assert options.openai.native_mtp_draft_model_path == "/models/mtp.gguf"  # type: ignore[union-attr]
+def test_native_mtp_sidecar_path_reaches_the_embedded_stage(seed, tmp_path: Path, write_json) -> None:
+    sidecar_path = tmp_path / "sidecar-mtp.gguf"
+    sidecar_path.write_bytes(b"gguf-stub")
+    plan_path = write_json("speculative.json", cache_composite_plan())
+    options = seed(
+        "--openai-bind-addr", "127.0.0.1:9337",
+        "--openai-speculative-config", str(plan_path),
+        "--openai-native-mtp-draft-model-path", str(sidecar_path),
+    )  # fmt: skip
     assert resolve_mtp_source(options) is MtpSource.EXTERNAL
-    path = write_json("plan.json", PLAN)
-    with_plan = serve(*OPENAI, "--openai-speculative-config", str(path),
-                      "--openai-native-mtp-draft-model-path", "/models/mtp.gguf")  # fmt: skip
-    assert resolve_mtp_source(with_plan) is MtpSource.EXTERNAL
+    assert options.openai is not None
+    # The sidecar attaches MTP heads to the served model; it must not be opened as a standalone
+    # draft model.
+    assert options.speculative.native_mtp_draft_model_path == str(sidecar_path)
+    assert options.speculative.draft_model_path is None
 
 
-def test_no_openai_front_is_integrated(serve: Serve) -> None:
-    assert resolve_mtp_source(serve()) is MtpSource.INTEGRATED
-
-
-def test_openai_without_plan_or_sidecar_is_integrated(serve: Serve) -> None:
-    assert resolve_mtp_source(serve(*OPENAI)) is MtpSource.INTEGRATED
-
-
-def test_stage_config_disabling_mtp_keeps_terminal_stage_out_of_integrated(serve: Serve) -> None:
-    options = serve(stage={"native_mtp_enabled": False})
-    assert options.config.is_final and options.openai is None
-    assert options.native_mtp_enabled is False
-    assert resolve_mtp_source(options) is MtpSource.DISABLED
-    # Even if the runtime-level switch is on, the stage config's switch wins.
-    forced = dataclasses.replace(options, native_mtp_enabled=True)
-    assert resolve_mtp_source(forced) is MtpSource.DISABLED
-
-
-def test_runtime_switch_disables_mtp(serve: Serve) -> None:
-    options = dataclasses.replace(serve(), native_mtp_enabled=False)
-    assert options.config.native_mtp_enabled is True
+def test_disabled_native_mtp_keeps_a_terminal_stage_out_of_integrated_mode(seed) -> None:
+    options = seed(native_mtp_enabled=False)
     assert resolve_mtp_source(options) is MtpSource.DISABLED
 
 
-def test_plan_with_mtp_off_disables(serve: Serve, write_json) -> None:
+def test_cache_composite_plan_is_json_stable_for_stage_handoff() -> None:
+    plan = SpeculativeDecodeConfig.from_dict(cache_composite_plan())
+    data = json.loads(plan.to_json())
+    assert data["ngram"]["min_ngram"] == 2
+    assert data["verify_window"]["pipeline_depth"] == 2
+
+
+# -- MTP source: the rest of the rule ---------------------------------------------
+
+
+def test_no_openai_front_is_integrated(seed) -> None:
+    assert resolve_mtp_source(seed()) is MtpSource.INTEGRATED
+
+
+def test_front_without_plan_is_disabled(seed) -> None:
+    """No plan = the default plan, whose native_mtp.enabled is false."""
+    assert resolve_mtp_source(seed(*OPENAI)) is MtpSource.DISABLED
+
+
+def test_sidecar_without_plan_is_disabled_and_resolves(seed) -> None:
+    options = seed(*OPENAI, "--openai-native-mtp-draft-model-path", "/models/mtp.gguf")
+    assert options.speculative.native_mtp_draft_model_path == "/models/mtp.gguf"
+    assert resolve_mtp_source(options) is MtpSource.DISABLED
+
+
+def test_plan_with_mtp_off_disables(seed, write_json) -> None:
     path = write_json("plan.json", {"effective_strategy": "ngram-cache"})
-    options = serve(*OPENAI, "--openai-speculative-config", str(path))
-    assert resolve_mtp_source(options) is MtpSource.DISABLED
-
-
-def test_sidecar_with_mtp_disabled_is_a_startup_error(serve: Serve, write_json) -> None:
     sidecar = ["--openai-native-mtp-draft-model-path", "/models/mtp.gguf"]
-    message = _error(serve, *OPENAI, *sidecar, stage={"native_mtp_enabled": False})
-    assert message.startswith("--openai-native-mtp-draft-model-path requires native MTP")
-    assert "stage.json sets native_mtp_enabled = false" in message
-    path = write_json("plan.json", {"effective_strategy": "ngram-cache"})
-    message = _error(serve, *OPENAI, *sidecar, "--openai-speculative-config", str(path))
-    assert message.endswith(f"{path} sets native_mtp.enabled = false")
+    assert resolve_mtp_source(seed(*OPENAI, "--openai-speculative-config", str(path))) is MtpSource.DISABLED
+    options = seed(*OPENAI, *sidecar, "--openai-speculative-config", str(path))
+    assert resolve_mtp_source(options) is MtpSource.DISABLED
+
+
+def test_stage_config_switch_wins_over_the_runtime_switch(seed, write_json) -> None:
+    path = write_json("plan.json", cache_composite_plan())
+    options = seed(*OPENAI, "--openai-speculative-config", str(path), native_mtp_enabled=False)
+    assert resolve_mtp_source(dataclasses.replace(options, native_mtp_enabled=True)) is MtpSource.DISABLED
+    enabled = seed(*OPENAI, "--openai-speculative-config", str(path))
+    assert resolve_mtp_source(dataclasses.replace(enabled, native_mtp_enabled=False)) is MtpSource.DISABLED
 
 
 def test_options_dump_to_json_ready_dict(serve: Serve) -> None:
     data = serve(*OPENAI).to_dict()
-    assert data["openai"]["prefill"]["policy"] == "adaptive-ramp"
+    assert data["prefill"]["policy"] == "adaptive-ramp"
+    assert data["speculative"]["plan"]["effective_strategy"] == "disabled"
     assert data["telemetry_level"] == "summary"
     assert StageConfig.from_dict(data["config"]).lane_count == 4

@@ -43,7 +43,10 @@ def test_defaults() -> None:
         suppress_cooldown_draft_limit=0,
     )
     assert plan.ngram is None and plan.extension is None
-    assert plan.verify_window == VerifyWindowConfig(min_tokens=1, max_tokens=4, pipeline_depth=1)
+    assert plan.verify_window == VerifyWindowConfig(
+        min_tokens=1, max_tokens=4, pipeline_depth=1, runahead_max_tokens=0
+    )
+    assert plan.drafting == ()
     assert NgramConfig(min_ngram=1, max_ngram=2, max_proposal_tokens=3).kind is NgramKind.CACHE
     plan.validate()
     assert SpeculativeDecodeConfig.from_dict({}) == plan
@@ -187,13 +190,21 @@ def test_load_validates(write_json) -> None:
         ({"native_mtp": {"enabled": True, "depth": 2}}, "native_mtp.depth"),
         ({"ngram": {"min_ngram": 1, "max_ngram": 2, "max_proposal_tokens": 3, "x": 1}}, "ngram.x"),
         ({"extension": {"max_tokens": 2, "min_tokens": 1}}, "extension.min_tokens"),
-        ({"verify_window": {"runahead_max_tokens": 0}}, "verify_window.runahead_max_tokens"),
+        ({"verify_window": {"runahead_tokens": 0}}, "verify_window.runahead_tokens"),
     ],
 )
 def test_unknown_keys_rejected_at_every_level(write_json, data: dict, field: str) -> None:
     path = write_json("plan.json", data)
     with pytest.raises(ConfigError, match=f"plan.json: field '{field}' is not a known"):
         SpeculativeDecodeConfig.load(path)
+
+
+def test_runahead_budget_is_a_verify_window_field() -> None:
+    """The reference's newest plans carry verify_window.runahead_max_tokens (a token count >= 0)."""
+    plan = SpeculativeDecodeConfig.from_dict({"verify_window": {"runahead_max_tokens": 8}})
+    assert plan.verify_window.runahead_max_tokens == 8
+    with pytest.raises(ConfigError, match="runahead_max_tokens' must be a non-negative integer"):
+        SpeculativeDecodeConfig.from_dict({"verify_window": {"runahead_max_tokens": -1}})
 
 
 def test_ngram_fields_required_and_kind_checked() -> None:

@@ -68,22 +68,22 @@ def test_schedule_of_one_entry_repeats_it() -> None:
     assert sizes_after(planner, [HIDDEN, EXPOSED, MIDDLE]) == [96, 96, 96, 96]
 
 
-def test_schedule_and_ramp_flags_resolve_to_the_planner_options(tmp_path: Path) -> None:
-    """The flags as a user writes them (`128,256,384`) reach the planner as the documented policy."""
+@pytest.mark.parametrize("front", [[], ["--openai-bind-addr", "127.0.0.1:0"]], ids=["no-front", "front"])
+def test_schedule_and_ramp_flags_resolve_to_the_planner_options(tmp_path: Path, front: list[str]) -> None:
+    """The flags as a user writes them (`128,256,384`) reach the planner as the documented policy,
+    with or without the in-process OpenAI front (`skippy up` gives them to stage 0 without it)."""
     topology, configs = write_local_topology(tmp_path, "/unused/model.gguf", 6, [3], lane_count=2)
-    base = ["--config", str(configs[0]), "--topology", str(topology), "--openai-bind-addr", "127.0.0.1:0"]
+    base = ["--config", str(configs[0]), "--topology", str(topology), *front]
 
     options = parse_serving_args([*base, "--openai-prefill-chunk-policy", "schedule",
                                   "--openai-prefill-chunk-schedule", "128,256,384"])
-    assert options.openai is not None
-    assert options.openai.prefill.policy == PrefillChunkPolicy.SCHEDULE
-    assert sizes_after(ChunkPlanner(options.openai.prefill), [HIDDEN] * 4) == [128, 256, 384, 384, 384]
+    assert options.prefill.policy == PrefillChunkPolicy.SCHEDULE
+    assert sizes_after(ChunkPlanner(options.prefill), [HIDDEN] * 4) == [128, 256, 384, 384, 384]
 
     options = parse_serving_args([*base, "--openai-prefill-chunk-policy", "adaptive-ramp",
                                   "--openai-prefill-adaptive-start", "64", "--openai-prefill-adaptive-step", "32",
                                   "--openai-prefill-adaptive-max", "128", "--openai-prefill-adaptive-target-ms", "50"])
-    assert options.openai is not None
-    prefill = options.openai.prefill
+    prefill = options.prefill
     assert (prefill.policy, prefill.adaptive_start, prefill.adaptive_step, prefill.adaptive_max,
             prefill.adaptive_target_ms) == (PrefillChunkPolicy.ADAPTIVE_RAMP, 64, 32, 128, 50.0)
     assert sizes_after(ChunkPlanner(prefill), [HIDDEN] * 4) == [64, 96, 128, 128, 128]

@@ -40,9 +40,10 @@ def start_up(tmp_path_factory: pytest.TempPathFactory, skippy_cache_dir: Path) -
 
 @pytest.fixture(scope="module")
 def server(start_up: Callable[..., Any], tiny_llama: Path) -> Iterator[SkippyServer]:
-    """One shared tiny-llama server per module: 2 stages, 2 lanes, concurrency 2, queue capacity 2."""
+    """One shared tiny-llama server per module: 2 stages, 2 lanes, concurrency 2, queue capacity 2, and a
+    default max_tokens (11) unlike the built-in default (16), so a test can tell the flag from the default."""
     with start_up("up-shared", tiny_llama, "--openai-generation-concurrency", "2",
-                  "--openai-generation-queue-capacity", "2", "--openai-default-max-tokens", "16") as s:
+                  "--openai-generation-queue-capacity", "2", "--openai-default-max-tokens", "11") as s:
         yield s
 
 

@@ -1,6 +1,7 @@
 """Error handling of the OpenAI adapter under `skippy up`: OpenAI error envelopes with the right
 status, type, param and code; routing errors; size limits; malformed HTTP over raw sockets (the
-server must answer 4xx or close, and keep serving)."""
+server answers with the status naming the problem, then closes, and keeps serving others); the
+/readyz and /metrics figures."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from up_helpers import RawResponse, SkippyServer
+from up_helpers import RawResponse, SkippyServer, wait_idle
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -41,28 +42,21 @@ def health_ok(server: SkippyServer) -> None:
     assert resp.status == 200 and resp.json() == {"status": "ok"}
 
 
-def raw_exchange(server: SkippyServer, data: bytes, *, shutdown_write: bool = True, timeout: float = 15.0) -> bytes:
-    """Send raw bytes on a fresh connection and read until the server closes it (b"" if it says nothing)."""
-    received = b""
+def raw_exchange(server: SkippyServer, data: bytes, *, shutdown_write: bool = True,
+                 timeout: float = 15.0) -> RawResponse:
+    """Send raw bytes on a fresh connection (then end our side unless `shutdown_write` is False), read the
+    one response, and check that the server then closes the connection. A reset or a close without a
+    response fails the test."""
     with socket.create_connection((server.host, server.port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-            if shutdown_write:
-                sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server may answer and close before it has read everything
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-    return received
-
-
-def assert_4xx_or_closed(received: bytes) -> None:
-    if received:
-        status_line = received.split(b"\r\n", 1)[0]
-        assert status_line.startswith(b"HTTP/1.1 4"), status_line
+        sock.sendall(data)
+        if shutdown_write:
+            sock.shutdown(socket.SHUT_WR)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()  # http.client.RemoteDisconnected here: the server closed without answering
+        raw = RawResponse(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+        assert raw.headers.get("connection") == "close", raw.headers
+        assert sock.recv(1) == b"", "the server must close the connection after the error"
+    return raw
 
 
 # -- OpenAI-level errors ----------------------------------------------------------------------------
@@ -79,8 +73,14 @@ def test_unknown_model_is_404_model_not_found(server: SkippyServer, client: open
 
 
 def test_unknown_model_in_stream_mode_fails_before_streaming(server: SkippyServer, client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=4, stream=True)
+    assert (info.value.code, info.value.param) == ("model_not_found", "model")
+    # a plain JSON error, not an event stream that opened with 200 and then failed
+    resp = server.request("POST", "/v1/chat/completions", body={"model": "no-such-model", "messages": CHAT,
+                                                                 "max_tokens": 4, "stream": True})
+    err = assert_envelope(resp, 404, param="model", code="model_not_found")
+    assert "no-such-model" in err["message"] and b"data:" not in resp.body
 
 
 def test_bad_json_is_400_envelope(server: SkippyServer) -> None:
@@ -140,8 +140,9 @@ def test_n_greater_than_one_is_400(server: SkippyServer, client: openai.OpenAI) 
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=server.model_id, messages=CHAT, max_tokens=4, n=2)
     assert info.value.status_code == 400 and info.value.param == "n"
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=server.model_id, prompt=["a", "b"], max_tokens=4)
+    assert info.value.status_code == 400 and info.value.param == "prompt" and "several prompts" in info.value.message
 
 
 # -- routing and HTTP-level errors ------------------------------------------------------------------
@@ -159,55 +160,62 @@ def test_get_on_post_route_is_405(server: SkippyServer) -> None:
 
 def test_body_over_4_mib_is_413(server: SkippyServer) -> None:
     big = b'{"model": "x", "prompt": "' + b"a" * (4 << 20) + b'"}'
-    assert_envelope(server.request("POST", "/v1/completions", body=big), 413)
+    err = assert_envelope(server.request("POST", "/v1/completions", body=big), 413, code="request_too_large")
+    assert err["message"] == f"request body over {4 << 20} bytes"
     health_ok(server)
 
 
 def test_chunked_body_over_4_mib_is_413(server: SkippyServer) -> None:
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-    try:
-        chunks = (b"a" * (1 << 20) for _ in range(5))
-        conn.request("POST", "/v1/completions", body=chunks, headers={"content-type": "application/json"},
-                     encode_chunked=True)
-        resp = conn.getresponse()
-        assert resp.status == 413
-        resp.read()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the server may close before the rest of the body is sent: also a refusal
-    finally:
-        conn.close()
+    """4 MiB + 1 KiB of chunked body, never ended: the 413 comes as soon as the limit is passed."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    mib = b"100000\r\n" + b"a" * (1 << 20) + b"\r\n"
+    resp = raw_exchange(server, head + mib * 4 + b"400\r\n" + b"a" * 1024 + b"\r\n", shutdown_write=False)
+    err = assert_envelope(resp, 413, code="request_too_large")
+    assert err["message"] == f"request body over {4 << 20} bytes"
     health_ok(server)
 
 
-def test_malformed_request_line(server: SkippyServer) -> None:
-    assert_4xx_or_closed(raw_exchange(server, b"THIS IS NOT HTTP\r\n\r\n"))
-    assert_4xx_or_closed(raw_exchange(server, b"GET / HTTP/9.9\r\nHost: x\r\n\r\n"))
-    assert_4xx_or_closed(raw_exchange(server, b"\x00\x01\x02\x03garbage\r\n\r\n"))
+@pytest.mark.parametrize("line", [b"THIS IS NOT HTTP", b"\x00\x01\x02\x03garbage"])
+def test_malformed_request_line_is_400(server: SkippyServer, line: bytes) -> None:
+    err = assert_envelope(raw_exchange(server, line + b"\r\n\r\n"), 400, code="bad_request")
+    assert err["message"] == f"malformed request: illegal request line: {bytearray(line)!r}"
     health_ok(server)
 
 
-def test_huge_headers(server: SkippyServer) -> None:
+def test_unsupported_http_version_is_505(server: SkippyServer) -> None:
+    err = assert_envelope(raw_exchange(server, b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n"), 505,
+                          code="http_version_not_supported")
+    assert err["message"] == "HTTP version 9.9 not supported (HTTP/1.0 and HTTP/1.1 are)"
+    health_ok(server)
+
+
+def test_huge_headers_are_431(server: SkippyServer) -> None:
     data = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
-    received = raw_exchange(server, data)
-    assert_4xx_or_closed(received)
-    if received:
-        assert received.startswith(b"HTTP/1.1 431")
+    err = assert_envelope(raw_exchange(server, data), 431, code="request_headers_too_large")
+    assert err["message"] == "request headers too large"
     health_ok(server)
 
 
-def test_truncated_body(server: SkippyServer) -> None:
+def test_truncated_body_is_400_naming_what_arrived(server: SkippyServer) -> None:
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-    assert_4xx_or_closed(raw_exchange(server, head + b'{"model": "'))
+    err = assert_envelope(raw_exchange(server, head + b'{"model": "'), 400, code="bad_request")
+    assert err["message"] == ("malformed request: peer closed connection without sending complete message body "
+                              "(received 11 bytes, expected 100)")
     health_ok(server)
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server: SkippyServer) -> None:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     try:
+        sockets = []
         for _ in range(3):
             conn.request("GET", "/health")
             resp = conn.getresponse()
-            assert resp.status == 200 and resp.read()
+            assert resp.status == 200
+            assert resp.read() == b'{"status": "ok"}' and not resp.will_close
+            sockets.append(conn.sock)
+        assert sockets[0] is not None and sockets == [sockets[0]] * 3  # one connection, never reopened
     finally:
         conn.close()
 
@@ -229,8 +237,39 @@ def test_x_request_id_is_echoed(server: SkippyServer, client: openai.OpenAI) -> 
     assert len(generated) == 32 and generated != server.request("GET", "/health").headers["x-request-id"]
 
 
-def test_readyz_and_metrics(server: SkippyServer) -> None:
+def metrics(server: SkippyServer) -> dict[str, float]:
+    """/metrics as {sample name with labels: value} (Prometheus text format)."""
+    resp = server.request("GET", "/metrics")
+    assert resp.status == 200 and resp.headers["content-type"] == "text/plain; version=0.0.4"
+    samples = [line.rpartition(" ") for line in resp.body.decode().splitlines() if not line.startswith("#")]
+    return {name: float(value) for name, _, value in samples}
+
+
+def test_readyz_and_metrics(server: SkippyServer, client: openai.OpenAI) -> None:
+    wait_idle(server)  # what earlier tests cancelled has left the pipeline (and stopped counting tokens)
     ready = server.request("GET", "/readyz")
-    assert ready.status == 200 and ready.json()["status"] == "ready"
-    metrics = server.request("GET", "/metrics")
-    assert metrics.status == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert ready.status == 200 and ready.json() == {"status": "ready", "running": 0, "waiting": 0}
+    before = metrics(server)
+    assert {k: before[k] for k in ("skippy_pipeline_ready", "skippy_generation_concurrency",
+                                   "skippy_requests_running", "skippy_requests_waiting")} == {
+        "skippy_pipeline_ready": 1.0, "skippy_generation_concurrency": 2.0,  # --openai-generation-concurrency 2
+        "skippy_requests_running": 0.0, "skippy_requests_waiting": 0.0}
+
+    done = client.completions.create(model=server.model_id, prompt="hi there", max_tokens=3,
+                                     extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 3
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=3)
+    after = metrics(server)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    route = 'skippy_http_requests_total{route="%s",status="%d"}'
+    assert grew(route % ("/v1/completions", 200)) == 1 and grew(route % ("/v1/completions", 404)) == 1
+    assert grew(route % ("/metrics", 200)) == 1  # the first scrape, counted once it was answered
+    assert grew("skippy_prompt_tokens_total") == done.usage.prompt_tokens
+    assert grew("skippy_completion_tokens_total") == 3
+    assert grew("skippy_time_to_first_token_seconds_count") == 1
+    assert grew('skippy_time_to_first_token_seconds_bucket{le="+Inf"}') == 1
+    assert grew("skippy_time_to_first_token_seconds_sum") > 0

@@ -35,8 +35,9 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
         reply = client.completions.create(model="tiny-front", prompt="Hello world", max_tokens=5, temperature=0)
         assert reply.usage is not None and reply.usage.completion_tokens == 5
         assert reply.choices[0].finish_reason == "length"
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.NotFoundError) as unknown:
             client.completions.create(model="other", prompt="x", max_tokens=1)
+        assert (unknown.value.code, unknown.value.param) == ("model_not_found", "model")
         client.close()
     finally:
         codes = stages.stop()

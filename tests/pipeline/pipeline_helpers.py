@@ -21,12 +21,14 @@ import numpy as np
 from skippy.config import ServingOptions, parse_serving_args
 from skippy.driver.driver import Driver
 from skippy.driver.events import TokenEvent
+from skippy.driver.liveness import DEAD_AFTER_S
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.testing.replay import OpLog
 
 N_THREADS = 1
 TEST_TIMEOUT_S = 120.0  # whole-test bound: a hang fails instead of stalling the run
@@ -51,7 +53,8 @@ class Pipeline:
     """One model split at `splits`; stage processes 1..n, the driver's config at `configs[0]`."""
 
     def __init__(self, directory: Path, model: str | Path, splits: Sequence[int], *, lane_count: int = 4,
-                 ctx_size: int = 256, stage_flags: Sequence[str] = ()) -> None:
+                 ctx_size: int = 256, stage_flags: Sequence[str] = (), env: dict[str, str] | None = None,
+                 include_stage0: bool = False) -> None:
         self.directory = directory
         self.model = model
         self.splits = list(splits)
@@ -63,7 +66,8 @@ class Pipeline:
             extra={"n_threads": N_THREADS},
         )
         self.run_dir = directory / "run"
-        self.stages = StageProcesses(self.topology, self.configs, self.run_dir, flags=list(stage_flags))
+        self.stages = StageProcesses(self.topology, self.configs, self.run_dir, flags=list(stage_flags),
+                                     include_stage0=include_stage0, env=env)
         self.codes: dict[str, int | None] | None = None
 
     @property
@@ -111,12 +115,15 @@ class Pipeline:
 
 
 @contextlib.asynccontextmanager
-async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None = None) -> AsyncIterator[Driver]:
-    """A started Driver for `pipe` (stage 0 in this process), closed with its runtime on exit."""
+async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None = None,
+                         dead_after_s: float = DEAD_AFTER_S) -> AsyncIterator[Driver]:
+    """A started Driver for `pipe` (stage 0 in this process) recording its ops (`driver.recorder`, an
+    OpLog), closed with its runtime on exit."""
     configure_logging("summary", stream=sys.stderr, stage_id="stage0", role="test-driver")
     options = pipe.driver_options(*flags)
     runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
-    driver = Driver(options, runtime, max_iterations_in_flight=max_iterations)
+    driver = Driver(options, runtime, max_iterations_in_flight=max_iterations, dead_after_s=dead_after_s)
+    driver.recorder = OpLog()
     try:
         await driver.start()
         yield driver
@@ -147,7 +154,9 @@ async def generate_each(driver: Driver, prompts: Sequence[Sequence[int]], max_to
 
 def session_of(driver: Driver, request_id: str) -> int:
     """The session id the driver gave a request (read right after submit, while it is registered)."""
-    return driver.by_request[request_id][0].session_id
+    seq = driver.table.get(request_id)
+    assert seq is not None, f"request {request_id} is not live"
+    return seq.session_id
 
 
 async def generate_concurrently(driver: Driver, prompts: Sequence[Sequence[int]],

@@ -30,7 +30,7 @@ def _check_concurrent(pipe: Pipeline, prompts: Sequence[list[int]], max_tokens: 
         async with running_driver(pipe) as driver:
             results = await generate_concurrently(driver, prompts, max_tokens)
             stats = {k: getattr(driver.stats, k) for k in ("iterations", "max_rows", "max_sessions")}
-            return results, list(driver.op_log), stats
+            return results, list(driver.recorder), stats
 
     results, op_log, stats = run(body())
     codes = pipe.stop()

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import skippy.driver.driver as driver_module
-from pipeline_helpers import REQUEST_TIMEOUT_S, Pipeline, generate_concurrently, random_prompt, run, running_driver
+from pipeline_helpers import (
+    REQUEST_TIMEOUT_S, Pipeline, generate_concurrently, random_prompt, run, running_driver, session_of,
+)
 from skippy.testing.replay import replay_op_log
 
 LIMIT = 2
@@ -45,7 +46,7 @@ def test_credit_counters_never_exceed_max_inflight(tiny_model: Callable[..., Pat
         async with running_driver(pipe, *FLAGS, max_iterations=6) as driver:
             assert driver.options.max_inflight == LIMIT
             results = await generate_concurrently(driver, prompts, max_tokens)
-            return results, list(driver.op_log), vars(driver.credits.stats).copy(), vars(driver.stats).copy()
+            return results, list(driver.recorder), vars(driver.downstream.credits.stats).copy(), vars(driver.stats).copy()
 
     results, op_log, credits, stats = run(body())
     assert all(code == 0 for code in pipe.stop().values())
@@ -54,10 +55,11 @@ def test_credit_counters_never_exceed_max_inflight(tiny_model: Callable[..., Pat
     assert 1 <= credits["max_outstanding"] <= LIMIT, credits
     assert credits["outstanding"] == 0, credits  # every batch sent was credited back
     # (iterations in flight may exceed the credit limit: stage1 credits a batch once it has forwarded it)
-    for stage_id in pipe.stage_ids[1:]:
+    for stage_id in pipe.stage_ids[1:-1]:  # stages with a downstream to credit
         line = pipe.stopped_line(stage_id)
         assert line["credits"]["limit"] == LIMIT, line
         assert line["credits"]["max_outstanding"] <= LIMIT, line
+    assert pipe.stopped_line(pipe.stage_ids[-1])["credits"] is None  # the final stage sends to no one
     assert pipe.stopped_line("stage1")["credits"]["max_outstanding"] >= 1  # stage1 did forward under credits
     assert {r.session_id: r.tokens for r in results} == _replayed_tokens(pipe, op_log)
 
@@ -71,18 +73,16 @@ async def _poll(predicate: Callable[[], bool], timeout_s: float, what: Callable[
         await asyncio.sleep(0.01)
 
 
-def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
     # a frozen stage sends no heartbeats either; keep the driver from declaring it dead meanwhile
-    monkeypatch.setattr(driver_module, "DEAD_AFTER_S", 120.0)
     pipe = make_pipeline(tiny_model("llama"), [3], lane_count=8, ctx_size=256, stage_flags=FLAGS)
     final = pipe.stages.procs["stage1"]
     prompts = [random_prompt(20 + 7 * i, 300 + i, 400) for i in range(6)]
     max_tokens = [40] * len(prompts)
 
     async def body() -> tuple[list, list, dict]:
-        async with running_driver(pipe, *FLAGS, max_iterations=6) as driver:
-            credits = driver.credits.stats
+        async with running_driver(pipe, *FLAGS, max_iterations=6, dead_after_s=120.0) as driver:
+            credits = driver.downstream.credits.stats
             os.kill(final.pid, signal.SIGSTOP)
             try:
                 # one request per micro-batch: submit the next once the previous one is on the wire,
@@ -96,25 +96,25 @@ def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_
                     elif i == LIMIT:
                         await _poll(lambda: credits.waits >= 1, 20.0,
                                     lambda: f"the driver to wait for a credit ({credits})")
-                sessions = [driver.by_request[h.request_id][0].session_id for h in handles]
+                sessions = [session_of(driver, h.request_id) for h in handles]
                 sent_bytes = driver.downstream.bytes_sent
                 for _ in range(50):  # and it stays blocked: nothing more in flight, nothing more sent
                     assert credits.outstanding == LIMIT, credits
-                    assert len(driver.inflight) <= LIMIT, driver.inflight
+                    assert len(driver.launcher.inflight) <= LIMIT, driver.launcher.inflight
                     assert driver.downstream._jobs.qsize() == 0  # no growing send queue either
                     await asyncio.sleep(0.02)
                 assert driver.downstream.bytes_sent == sent_bytes
                 assert credits.max_outstanding == LIMIT and driver.stats.max_in_flight == LIMIT
                 # the scheduler is parked on the credit: LIMIT batches out, one computed and waiting, the rest queued
                 assert credits.waits == 1
-                assert (len(driver.running), len(driver.waiting)) == (LIMIT + 1, len(prompts) - LIMIT - 1)
+                assert (len(driver.table.running), len(driver.table.waiting)) == (LIMIT + 1, len(prompts) - LIMIT - 1)
                 assert all(h._events.empty() for h in handles)  # nothing came back from a frozen stage
             finally:
                 os.kill(final.pid, signal.SIGCONT)
             done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), REQUEST_TIMEOUT_S)
             assert credits.max_outstanding <= LIMIT
             results = [(s, tokens, final_event) for s, (tokens, final_event) in zip(sessions, done)]
-            return results, list(driver.op_log), vars(credits).copy()
+            return results, list(driver.recorder), vars(credits).copy()
 
     results, op_log, credits = run(body())
     assert all(code == 0 for code in pipe.stop().values())
@@ -126,17 +126,15 @@ def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_
 
 
 def test_stalled_final_stage_blocks_middle_stage(tiny_model: Callable[..., Path],
-                                                 make_pipeline: Callable[..., Pipeline],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 make_pipeline: Callable[..., Pipeline]) -> None:
     """3 stages, the final one frozen: stage1 fills its credit window toward it and waits there,
     and the driver stays at its cap of iterations in flight (one per stage here) with no more sent."""
-    monkeypatch.setattr(driver_module, "DEAD_AFTER_S", 120.0)
     pipe = make_pipeline(tiny_model("llama"), [2, 4], lane_count=8, ctx_size=256, stage_flags=FLAGS)
     final = pipe.stages.procs["stage2"]
     prompts = [random_prompt(16 + 5 * i, 400 + i, 400) for i in range(5)]
 
     async def body() -> tuple[list, list]:
-        async with running_driver(pipe, *FLAGS, max_iterations=3) as driver:
+        async with running_driver(pipe, *FLAGS, max_iterations=3, dead_after_s=120.0) as driver:
             cap = driver.max_iterations
             assert cap == 3
             os.kill(final.pid, signal.SIGSTOP)
@@ -144,19 +142,19 @@ def test_stalled_final_stage_blocks_middle_stage(tiny_model: Callable[..., Path]
                 handles, sessions = [], []
                 for i, prompt in enumerate(prompts):
                     handles.append(driver.submit(prompt, max_tokens=24))
-                    sessions.append(driver.by_request[handles[-1].request_id][0].session_id)
-                    await _poll(lambda: len(driver.inflight) == min(i + 1, cap), 20.0,
-                                lambda: f"iteration {i + 1} to be launched ({len(driver.inflight)} in flight)")
+                    sessions.append(session_of(driver, handles[-1].request_id))
+                    await _poll(lambda: len(driver.launcher.inflight) == min(i + 1, cap), 20.0,
+                                lambda: f"iteration {i + 1} to be launched ({len(driver.launcher.inflight)} in flight)")
                 for _ in range(25):  # nothing comes back, nothing more goes out
-                    assert len(driver.inflight) == cap
-                    assert driver.credits.stats.outstanding <= LIMIT
+                    assert len(driver.launcher.inflight) == cap
+                    assert driver.downstream.credits.stats.outstanding <= LIMIT
                     await asyncio.sleep(0.02)
                 assert all(h._events.empty() for h in handles)
             finally:
                 os.kill(final.pid, signal.SIGCONT)
             done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), REQUEST_TIMEOUT_S)
-            assert driver.credits.stats.max_outstanding <= LIMIT
-            return [(s, t, f) for s, (t, f) in zip(sessions, done)], list(driver.op_log)
+            assert driver.downstream.credits.stats.max_outstanding <= LIMIT
+            return [(s, t, f) for s, (t, f) in zip(sessions, done)], list(driver.recorder)
 
     results, op_log = run(body())
     assert all(code == 0 for code in pipe.stop().values())

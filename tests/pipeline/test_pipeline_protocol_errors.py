@@ -149,7 +149,7 @@ def test_bad_frames_get_errors_and_stage_keeps_serving(
     pos, tokens = 0, np.asarray(prompt, np.int32)
     for batch_id in range(1, 5):
         hidden = head.decode([SessionWindow(7, pos, len(tokens), (len(tokens) - 1,), tokens)]).hidden
-        timing = StageTiming("stage0", time.time(), 0.0, 0.0, 0.0, time.time())
+        timing = StageTiming("stage0", time.time(), 0.0, 0.0, time.time())
         up.send(Batch(batch_id, (Window(7, pos, len(tokens), (len(tokens) - 1,)),), hidden, (timing,)))
         replies = [up.recv(), up.recv()]  # a credit upstream and the predictions (both come to this PULL)
         credit = next(m for m in replies if isinstance(m, Credit))

@@ -1,0 +1,114 @@
+"""Launching micro-batches: stage 0's own layers in its runtime thread, then the wire to stage 1.
+
+`BatchLauncher` owns what a batch needs between planning and its predictions coming back: the
+batch ids, the record of every batch in flight, stage 0's compute, and the downstream link (its
+credits and wire condition). An `OpRecorder`, when a test installs one, sees every batch and
+release in stage order so the run can be replayed on the unsplit model; nothing is kept otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from skippy.driver.scheduler import PlannedWindow
+from skippy.protocol import Predictions, StageTiming, Window
+from skippy.runtime.stage_runtime import SessionWindow
+from skippy.stage.links import DownstreamLink
+from skippy.stage.worker import RuntimeWorker
+
+WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...]]  # session, pos_start, tokens, outputs
+
+
+class OpRecorder(Protocol):
+    def batch(self, windows: list[WindowRecord]) -> None: ...
+    def release(self, session_ids: tuple[int, ...]) -> None: ...
+
+
+@dataclass
+class InFlight:
+    plan: list[PlannedWindow]
+    compute_ms: float
+    credit_wait_ms: float = 0.0
+    sent: asyncio.Future[float] | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(len(pw.tokens) for pw in self.plan)
+
+    def write_ms(self) -> float:
+        """Time the batch took to go onto the socket (0 until known)."""
+        sent = self.sent
+        return sent.result() if sent is not None and sent.done() and sent.exception() is None else 0.0
+
+
+@dataclass
+class DriverStats:
+    iterations: int = 0
+    max_rows: int = 0
+    max_sessions: int = 0
+    max_in_flight: int = 0
+    hop_ms: deque[list[float]] = field(default_factory=lambda: deque(maxlen=4096))
+    compute_ms: dict[str, float] = field(default_factory=dict)  # per stage, summed over batches
+
+    def count(self, entry: InFlight, in_flight: int) -> None:
+        self.iterations += 1
+        self.max_rows = max(self.max_rows, entry.rows)
+        self.max_sessions = max(self.max_sessions, len(entry.plan))
+        self.max_in_flight = max(self.max_in_flight, in_flight)
+
+    def observe(self, msg: Predictions) -> None:
+        self.hop_ms.append([(b.recv_at - a.sent_at) * 1e3 for a, b in zip(msg.timings, msg.timings[1:])])
+        for t in msg.timings:
+            self.compute_ms[t.stage_id] = self.compute_ms.get(t.stage_id, 0.0) + t.compute_ms
+
+
+class BatchLauncher:
+    def __init__(self, worker: RuntimeWorker, downstream: DownstreamLink | None, stage_id: str) -> None:
+        self.worker = worker
+        self.downstream = downstream
+        self.stage_id = stage_id
+        self.inflight: dict[int, InFlight] = {}
+        self.stats = DriverStats()
+        self.recorder: OpRecorder | None = None
+        self._ids = itertools.count(1)
+
+    async def launch(self, plan: list[PlannedWindow]) -> Predictions | None:
+        """Run stage 0's layers on `plan` and send the result on. A single-stage pipeline has its
+        predictions at once and returns them; otherwise they arrive later on stage 0's PULL.
+        Raises what the runtime raises (the caller fails the plan's requests)."""
+        batch_id = next(self._ids)
+        for pw in plan:
+            pw.seq.in_flight = True
+            if pw.is_prefill:
+                pw.seq.prefilled = pw.pos_start + len(pw.tokens)
+        windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
+        if self.recorder is not None:
+            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs)
+                                 for w, pw in zip(windows, plan)])
+        computed = await self.worker.compute(windows)
+        if self.downstream is None:
+            self._register(batch_id, InFlight(plan, computed.compute_ms))
+            timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
+            return Predictions(batch_id, computed.predictions, (timing,))
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs) for w in windows)
+        sent, wait_ms = await self.downstream.forward(
+            batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms)
+        # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)
+        self._register(batch_id, InFlight(plan, computed.compute_ms, wait_ms, sent))
+        return None
+
+    def _register(self, batch_id: int, entry: InFlight) -> None:
+        self.inflight[batch_id] = entry
+        self.stats.count(entry, len(self.inflight))
+
+    def complete(self, batch_id: int) -> InFlight | None:
+        return self.inflight.pop(batch_id, None)
+
+    def record_release(self, session_ids: tuple[int, ...]) -> None:
+        if self.recorder is not None:
+            self.recorder.release(session_ids)

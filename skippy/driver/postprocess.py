@@ -1,0 +1,72 @@
+"""Post-processing: a batch's predictions become committed tokens, client events and finishes.
+
+The other half of `plan_iteration`: for every window of a batch that came back, commit what the
+final stage sampled (stop tokens, max_tokens and the context limit end a request), feed the
+prefill chunk planner, and say what the driver must deliver. Pure bookkeeping, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from skippy.driver.batches import InFlight
+from skippy.driver.events import TokenEvent
+from skippy.driver.prefill import ChunkObservation
+from skippy.driver.sequence import Sequence
+from skippy.protocol import FinishReason, Predictions, TokenLogprob
+
+
+@dataclass
+class Outcome:
+    """What one window's return means for its request."""
+
+    seq: Sequence
+    events: list[TokenEvent] = field(default_factory=list)  # tokens to deliver, in order
+    finish: FinishReason | None = None
+    error: str | None = None
+
+
+def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | None], ctx_size: int) -> Outcome:
+    """Commit sampled tokens in order until one ends the request (a stop token is not delivered)."""
+    out = Outcome(seq)
+    if tokens and seq.first_token_at is None:
+        seq.first_token_at = time.perf_counter()
+    for token, logprob in zip(tokens, logprobs):
+        seq.generated.append(token)
+        if token in seq.stop_tokens:
+            out.finish = FinishReason.STOP
+            break
+        out.events.append(TokenEvent(token=token, logprob=logprob))
+        if len(seq.generated) >= seq.max_tokens or len(seq.prompt) + len(seq.generated) >= ctx_size:
+            out.finish = FinishReason.LENGTH
+            break
+    return out
+
+
+def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcome]:
+    """Outcomes for every window of a batch whose predictions (or end of pipeline) came back."""
+    tokens = {r.session_id: r.tokens for r in msg.results}
+    logprobs = {r.session_id: r.logprobs for r in msg.results}
+    # the slowest stage's compute per row bounds how large the next prefill chunk may grow
+    slowest = max((t.compute_ms / max(1, entry.rows) for t in msg.timings), default=None)
+    observation = ChunkObservation(entry.compute_ms, entry.write_ms(), entry.credit_wait_ms, slowest)
+    outcomes = []
+    for pw in entry.plan:
+        seq = pw.seq
+        seq.in_flight = False
+        seq.add_timings(msg.timings)
+        if pw.is_prefill:
+            seq.planner.observe(observation)
+        if seq.cancelled:
+            outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
+        elif pw.outputs:
+            got = tokens.get(seq.session_id)
+            if not got:
+                error = f"final stage returned no prediction for session {seq.session_id}"
+                outcomes.append(Outcome(seq, finish=FinishReason.ERROR, error=error))
+            else:
+                lps = logprobs.get(seq.session_id) or ()
+                outcomes.append(commit_tokens(seq, got[:1], [lps[0] if lps else None], ctx_size))
+    return outcomes

@@ -1,0 +1,132 @@
+"""Requests at stage 0: a `Sequence` per request and the `SequenceTable` that owns them all.
+
+A sequence is WAITING (submitted, no lane yet), RUNNING (admitted: holds a session on every stage)
+or FINISHED (gone from the table). Only the table changes that state, so the queues, the
+request-id index and the releases owed to the stages cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from skippy.driver.events import RequestHandle, TokenEvent
+from skippy.driver.prefill import ChunkPlanner
+from skippy.protocol import ErrorCode, FinishReason, StageTiming
+from skippy.runtime.sampling import SamplingParams
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request: its session on every stage, progress, and timings."""
+
+    request_id: str
+    session_id: int
+    prompt: np.ndarray  # int32 token ids
+    sampling: SamplingParams
+    max_tokens: int
+    stop_tokens: frozenset[int]
+    planner: ChunkPlanner
+    handle: RequestHandle
+    state: SeqState = SeqState.WAITING
+    prefilled: int = 0  # prompt positions sent through stage 0
+    generated: list[int] = field(default_factory=list)
+    in_flight: bool = False
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/credit_wait
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    @property
+    def length(self) -> int:
+        """Positions this session occupies in KV once its last step is done."""
+        return self.prefilled + max(0, len(self.generated) - 1)
+
+    def add_timings(self, timings: tuple[StageTiming, ...]) -> None:
+        for t in timings:
+            acc = self.stage_ms.setdefault(t.stage_id, {"compute_ms": 0.0, "credit_wait_ms": 0.0})
+            acc["compute_ms"] += t.compute_ms
+            acc["credit_wait_ms"] += t.credit_wait_ms
+
+    def summary(self, reason: FinishReason, error: str | None) -> dict[str, Any]:
+        """The `request_done` log line's fields."""
+        now = time.perf_counter()
+        first = self.first_token_at or now
+        return dict(
+            request_id=self.request_id, session_id=self.session_id, finish_reason=reason, error=error,
+            prompt_tokens=len(self.prompt), generated_tokens=len(self.generated),
+            ttft_ms=round((first - self.submitted_at) * 1e3, 3),
+            prefill_ms=round((first - (self.admitted_at or self.submitted_at)) * 1e3, 3),
+            decode_ms=round((now - first) * 1e3, 3),
+            stages={k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stage_ms.items()},
+        )
+
+
+class SequenceTable:
+    def __init__(self) -> None:
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._by_request: dict[str, Sequence] = {}
+        self._releases: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._by_request)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_request.get(request_id)
+
+    def live(self) -> list[Sequence]:
+        return list(self._by_request.values())
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._by_request:
+            raise ValueError(f"request id {seq.request_id!r} is already in flight")
+        self._by_request[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def admit(self, lanes: int) -> list[Sequence]:
+        """Move waiting sequences (FIFO) to running while lanes are free; returns the admitted."""
+        admitted = []
+        while self.waiting and len(self.running) < lanes:
+            seq = self.waiting.popleft()
+            seq.state, seq.admitted_at = SeqState.RUNNING, time.perf_counter()
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
+               code: ErrorCode | None = None) -> bool:
+        """End a live sequence: final event to its client, its session owed a release if it had one.
+        False when it had already finished."""
+        if seq.state is SeqState.FINISHED:
+            return False
+        if seq.state is SeqState.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+            self._releases.append(seq.session_id)
+        seq.state = SeqState.FINISHED
+        del self._by_request[seq.request_id]
+        seq.handle.put(TokenEvent(finish_reason=reason, error=error, code=code))
+        return True
+
+    def take_releases(self) -> tuple[int, ...]:
+        """Sessions finished since the last call: they must be released on every stage."""
+        ids, self._releases = tuple(self._releases), []
+        return ids

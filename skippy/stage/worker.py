@@ -1,0 +1,68 @@
+"""The one thread that calls a stage's llama.cpp runtime, and the compute every stage does on a batch.
+
+llama.cpp calls block, so each stage process (stage 0's driver included) runs them in one worker
+thread, in submission order, while its event loop keeps moving frames. `compute` is a stage's
+work on a batch: run its layers; at the final stage, sample every output row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+import numpy as np
+
+from skippy.protocol import SessionPrediction
+from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.stage.predict import predict
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A stage's result for one batch: activations for the next stage, or the final stage's samples."""
+
+    hidden: np.ndarray | None
+    predictions: tuple[SessionPrediction, ...]
+    started_at: float  # wall clock (time.time()) when compute began
+    compute_ms: float
+
+
+class RuntimeWorker:
+    def __init__(self, runtime: StageRuntime, thread_name: str) -> None:
+        self.runtime = runtime
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+
+    async def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run `fn(*args, **kwargs)` in the runtime thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    async def compute(self, windows: list[SessionWindow], hidden: np.ndarray | None = None) -> Computed:
+        started_at, start = time.time(), time.perf_counter()
+        out, predictions = await self.call(self._compute, windows, hidden)
+        return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3)
+
+    def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> tuple[
+            np.ndarray | None, tuple[SessionPrediction, ...]]:
+        result = self.runtime.decode(windows, hidden)
+        if not self.runtime.is_final:
+            return result.hidden, ()
+        return None, predict(self.runtime, windows, result)
+
+    def release(self, session_ids: Sequence[int]) -> int:
+        """Forget these sessions (runtime thread only); returns how many were held."""
+        held = set(self.runtime.active_sessions)
+        for session in session_ids:
+            self.runtime.release_session(session)
+        return len(held.intersection(session_ids))
+
+    def close(self) -> None:
+        """Wait for the runtime thread to finish its last call (the runtime's owner closes the runtime)."""
+        self.executor.shutdown(wait=True)
