@@ -2,13 +2,13 @@
 
 `Broker` binds a ROUTER that speaks stage 0's request protocol, admits requests through one
 FIFO `AdmissionQueue` sized by the ready pipelines, routes them to the least-loaded replica and
-relays their token events back.  It holds no model.  `skippy broker` (skippy/cli/broker.py) runs it.
+relays their token events back.  It holds no model.  Its settings are one
+`skippy.config.AdmissionOptions`; `skippy broker` (skippy/cli/broker.py) runs it.
 """
 
 from brokers.adaptive import AdaptiveConcurrency
 from brokers.admission import AdmissionError, AdmissionQueue, AdmissionTimeout, Permit, QueueFull
 from brokers.broker import Broker
-from brokers.options import BrokerAdmission
 
-__all__ = ["AdaptiveConcurrency", "AdmissionError", "AdmissionQueue", "AdmissionTimeout", "Broker",
-           "BrokerAdmission", "Permit", "QueueFull"]
+__all__ = ["AdaptiveConcurrency", "AdmissionError", "AdmissionQueue", "AdmissionTimeout", "Broker", "Permit",
+           "QueueFull"]

@@ -27,11 +27,10 @@ import zmq.asyncio
 from brokers.adaptive import AdaptiveConcurrency
 from brokers.admission import AdmissionError, AdmissionQueue, Permit
 from brokers.link import PipelineLink
-from brokers.options import BrokerAdmission
 from brokers.pool import PipelinePool
-from skippy.config import AdmissionOptions
+from skippy.config import AdmissionOptions, prompt_length_error
 from skippy.log import announce_ready, get_logger
-from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.transport import RouterQueue
 
 __all__ = ["Broker"]
@@ -50,18 +49,18 @@ class _Request:
     done: bool = False
 
 
-def _error(request_id: str, code: str, message: str) -> TokenEvents:
-    return TokenEvents(request_id, (), "error", message, code)
+def _error(request_id: str, code: ErrorCode | str, message: str) -> TokenEvents:
+    return TokenEvents(request_id, (), FinishReason.ERROR, message, ErrorCode(code))
 
 
 class Broker:
     def __init__(self, bind_endpoint: str, pipelines: Sequence[str],
-                 admission: BrokerAdmission | AdmissionOptions | None = None, *,
+                 admission: AdmissionOptions | None = None, *,
                  stage0_ids: Sequence[str | None] | None = None, ctx: zmq.asyncio.Context | None = None,
                  poll_interval_s: float = 0.5, status_timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.bind_endpoint = bind_endpoint
-        self.admission = BrokerAdmission.of(admission)
+        self.admission = admission or AdmissionOptions()
         self.clock = clock
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context()
@@ -69,7 +68,7 @@ class Broker:
                                  on_events=self._on_pipeline_events, on_change=self._on_pool_change,
                                  on_silent=self._on_silent, poll_interval_s=poll_interval_s,
                                  status_timeout_s=status_timeout_s, clock=clock)
-        self.queue = AdmissionQueue(0, self.admission.capacity_for(0), self.admission.timeout_s)
+        self.queue = AdmissionQueue(0, self.admission.capacity_for(0), self.admission.admission_timeout_secs)
         self.adaptive: AdaptiveConcurrency | None = None
         self.total_concurrency = 0
         self.requests: dict[str, _Request] = {}
@@ -89,13 +88,13 @@ class Broker:
 
     async def start(self) -> Broker:
         if self.admission.adaptive:
-            self.adaptive = AdaptiveConcurrency(self.queue, self.admission.adaptive_min, 0)
+            self.adaptive = AdaptiveConcurrency(self.queue, self.admission.start_concurrency, 0)
         self.router = RouterQueue(self.ctx, self.bind_endpoint)
         self.pool.start()
         self._server = asyncio.get_running_loop().create_task(self._serve(self.router))
         announce_ready(self.log, endpoint=self.router.endpoint, pipelines=self.pool.endpoints,
-                      concurrency=self.admission.concurrency, queue_capacity=self.admission.queue_capacity,
-                      admission_timeout_s=self.admission.timeout_s, adaptive=self.admission.adaptive)
+                      concurrency=self.admission.generation_concurrency, queue_capacity=self.admission.queue_capacity,
+                      admission_timeout_s=self.admission.admission_timeout_secs, adaptive=self.admission.adaptive)
         return self
 
     async def close(self, reason: str = "broker stopping") -> None:
@@ -199,11 +198,8 @@ class Broker:
             return "bad_request", f"request id {msg.request_id} is already in flight"
         if not self.pool.ready:
             return "unavailable", self.pool.unavailable_reason()
-        ctx_size = self.pool.ctx_size
-        if not 0 < len(msg.prompt) < ctx_size:
-            code = "bad_request" if not msg.prompt else "context_length_exceeded"
-            return code, f"prompt of {len(msg.prompt)} tokens must have 1..{ctx_size - 1} tokens (ctx_size {ctx_size})"
-        return None
+        unfit = prompt_length_error(len(msg.prompt), self.pool.ctx_size)
+        return None if unfit is None else (unfit.code, unfit.message)
 
     async def _on_submit(self, client: bytes, msg: Submit) -> None:
         assert self.router is not None
@@ -235,7 +231,7 @@ class Broker:
             await self._finish(req, _error(rid, exc.code, str(exc)))
             return
         except asyncio.CancelledError:
-            await self._finish(req, TokenEvents(rid, (), "cancelled"))
+            await self._finish(req, TokenEvents(rid, (), FinishReason.CANCELLED))
             return
         req.permit, req.admitted_at = permit, self.clock()
         if req.done:  # finished (broker closing) in the instant it was admitted
@@ -263,7 +259,7 @@ class Broker:
             await self.router.send(req.client, msg)
             return
         if msg.finish_reason == "error" and msg.code is None:
-            msg = replace(msg, code="pipeline_failed")
+            msg = replace(msg, code=ErrorCode.PIPELINE_FAILED)
         await self._finish(req, msg)
 
     async def _finish(self, req: _Request, final: TokenEvents) -> None:

@@ -2,7 +2,7 @@
 
 Every `poll_interval_s` the pool asks each pipeline's stage 0 for its Status.  A pipeline is ready
 when its Status says ready and stage 0 answered within `status_timeout_s`.  The pool's capacity is
-the sum over ready pipelines of their per-pipeline concurrency (`BrokerAdmission.per_pipeline` of
+the sum over ready pipelines of their per-pipeline concurrency (`AdmissionOptions.per_pipeline` of
 each Status's lane_count).  After every refresh it calls `on_change`; when a stage 0 that was
 answering goes silent it calls `on_silent(link, reason)` (its requests are stranded) and
 reconnects that link.  Readiness transitions are logged (`pipeline_ready`, `pipeline_unavailable`).
@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 import zmq.asyncio
 
 from brokers.link import OnEvents, PipelineLink
-from brokers.options import BrokerAdmission
+from skippy.config import AdmissionOptions
 from skippy.log import get_logger
 
 __all__ = ["PipelinePool"]
 
 
 class PipelinePool:
-    def __init__(self, ctx: zmq.asyncio.Context, endpoints: Sequence[str], admission: BrokerAdmission, *,
+    def __init__(self, ctx: zmq.asyncio.Context, endpoints: Sequence[str], admission: AdmissionOptions, *,
                  stage0_ids: Sequence[str | None] | None = None, on_events: OnEvents,
                  on_change: Callable[[], None], on_silent: Callable[[PipelineLink, str], None],
                  poll_interval_s: float = 0.5, status_timeout_s: float = 2.0,

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -21,12 +22,12 @@ ALWAYS = frozenset({"ready", "stopped"})
 _threshold = logging.INFO
 
 
-def _timestamp(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _timestamp(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     event["ts"] = round(time.time(), 6)
     return event
 
 
-def _filter(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _filter(_logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     level = logging.getLevelName(method.upper())
     if isinstance(level, int) and level < _threshold and event.get("event") not in ALWAYS:
         raise structlog.DropEvent

@@ -76,10 +76,9 @@ def slice_worker(model: str, start: int, end: int, prompt_len: int, decode_token
     gguf = GGUFFile(path)
     tensor_bytes = sum(t.nbytes for t in gguf.tensors)
     arch = gguf.get("general.architecture")
-    n_layer = int(gguf.get(f"{arch}.block_count"))  # type: ignore[arg-type]
-    head_kv = int(gguf.get(f"{arch}.attention.head_count_kv"))  # type: ignore[arg-type]
-    k_len = int(gguf.get(f"{arch}.attention.key_length", stage.n_embd))  # type: ignore[arg-type]
-    v_len = int(gguf.get(f"{arch}.attention.value_length", stage.n_embd))  # type: ignore[arg-type]
+    n_layer, head_kv = _meta_int(gguf, f"{arch}.block_count"), _meta_int(gguf, f"{arch}.attention.head_count_kv")
+    k_len = _meta_int(gguf, f"{arch}.attention.key_length", stage.n_embd)
+    v_len = _meta_int(gguf, f"{arch}.attention.value_length", stage.n_embd)
     gguf.close()
     kv_bytes = n_layer * stage.params.n_ctx * head_kv * (k_len + v_len) * 2  # f16 K and V
     stage.close()
@@ -87,6 +86,13 @@ def slice_worker(model: str, start: int, end: int, prompt_len: int, decode_token
     rss = peak_rss_bytes() / mib
     return {"rss_mib": rss, "tensor_mib": tensor_bytes / mib, "kv_mib": kv_bytes / mib,
             "budget_mib": tensor_bytes / mib + kv_bytes / mib + 200}
+
+
+def _meta_int(gguf: GGUFFile, key: str, default: int | None = None) -> int:
+    value = gguf.get(key, default)
+    if not isinstance(value, int):
+        raise ValueError(f"{gguf.path}: {key} is {value!r}, not an integer")
+    return value
 
 
 def peak_rss_bytes() -> int:
@@ -151,3 +157,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     from skippy.cli import bench_soak
 
     bench_soak.add_to(kinds)
+    from skippy.cli import bench_speculative
+
+    bench_speculative.add_to(kinds)

@@ -6,6 +6,8 @@ HTTP on asyncio streams; the two servers alternate level by level of the concurr
 noise hits both alike. llama-cpp-python gets all cores and `--interrupt_requests False` (else a new
 request cuts the running stream short). Its server extras, and matplotlib for the plot, are
 pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never rebuilt.
+This module starts and stops the two servers and runs the benchmark; the requests and the sweep are
+in skippy.cli.bench_http_load, the table, plot and JSON in skippy.cli.bench_http_report.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
-import itertools
-import json
 import os
 import queue
 import re
@@ -25,113 +25,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO
 
-import numpy as np
-
+from skippy.cli.bench_http_load import PROMPT, Server, sweep
+from skippy.cli.bench_http_report import table, write_report
 from skippy.runtime.models import resolve_model_path
 
-PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lantern, "
-          "a thermos of tea and a worn notebook. From the gallery he watched the fishing boats return, "
-          "counted the gulls on the breakwater and wrote down the colour of the sky. One autumn night "
-          "he noticed a light far out at sea")
-TARGETS = {1: 0.85, 8: 2.5}  # skippy tok/s / llama-cpp-python tok/s
 LLAMA_SERVER_REQ = "llama-cpp-python[server]==0.3.36"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-_SEQ = itertools.count()
 READY = re.compile(r"skippy ready: (http://\S+)/v1 \(model (\S+)\)")
-
-
-@dataclass
-class Sample:
-    status: int
-    ttft: float = 0.0  # seconds from connect to the first content chunk
-    tpot: float = 0.0  # seconds per token after the first
-    tokens: int = 0  # content chunks (one per token; checked against max_tokens)
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen[bytes]
-    host: str
-    port: int
-    model: str | None  # the `model` field to send (None: omit)
-
-
-async def stream_once(host: str, port: int, body: bytes) -> Sample:
-    """One streamed POST /v1/completions; content chunks are timed as they arrive."""
-    start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                     b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                     % (host.encode(), port, len(body), body))
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        if status != 200:
-            return Sample(status)
-        chunked = b"transfer-encoding: chunked" in head.lower()
-        times: list[float] = []
-        buf = b""
-        while True:
-            if chunked:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                data = (await reader.readexactly(size + 2))[:-2] if size else b""
-            else:
-                data = await reader.read(65536)
-            if not data:
-                break
-            now = time.perf_counter()
-            *lines, buf = (buf + data).split(b"\n")
-            for line in lines:
-                line = line.strip()
-                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                    choice = (json.loads(line[5:]).get("choices") or [{}])[0]
-                    if choice.get("text"):
-                        times.append(now)
-        if not times:
-            return Sample(status)
-        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-        return Sample(status, times[0] - start, tpot, len(times))
-    finally:
-        writer.close()
-
-
-async def run_level(server: Server, body: Callable[[], bytes], concurrency: int, n: int) -> dict[str, Any]:
-    """n requests with `concurrency` in flight; the level's percentiles (ms) and aggregate tok/s."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one() -> Sample:
-        async with gate:
-            return await stream_once(server.host, server.port, body())
-
-    start = time.perf_counter()
-    samples = await asyncio.gather(*(one() for _ in range(n)))
-    wall = time.perf_counter() - start
-    ok = [s for s in samples if s.status == 200 and s.tokens]
-    pct = lambda xs, q: float(np.percentile(xs, q) * 1e3) if xs else float("nan")  # noqa: E731
-    ttft, tpot = [s.ttft for s in ok], [s.tpot for s in ok]
-    return {"concurrency": concurrency, "requests": n, "ok": len(ok), "status_429": sum(s.status == 429 for s in samples),
-            "errors": sum(s.status not in (200, 429) or (s.status == 200 and not s.tokens) for s in samples),
-            "tokens": sum(s.tokens for s in ok), "token_counts": sorted({s.tokens for s in ok}), "wall_s": wall,
-            "tok_s": sum(s.tokens for s in ok) / wall, "ttft_p50_ms": pct(ttft, 50), "ttft_p95_ms": pct(ttft, 95),
-            "tpot_p50_ms": pct(tpot, 50), "tpot_p95_ms": pct(tpot, 95)}
-
-
-def bodies(model: str | None, max_tokens: int, banned: list[int], unique: bool) -> Callable[[], bytes]:
-    """Request bodies; `unique` prefixes each prompt with a fresh number (no prefix-cache hits anywhere)."""
-    def body() -> bytes:
-        prompt = f"Note {next(_SEQ)}. {PROMPT}" if unique else PROMPT
-        return json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                           "ignore_eos": True, "logit_bias": {str(t): -100 for t in banned},
-                           **({"model": model} if model else {})}).encode()
-    return body
 
 
 def _pip(*args: str) -> None:
@@ -148,6 +52,14 @@ def ensure_llama_server() -> None:
     _pip(LLAMA_SERVER_REQ)
 
 
+def ensure_matplotlib() -> None:
+    """matplotlib for the plot, pip-installed on first use."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        _pip("matplotlib")
+
+
 def vocab_facts(model: Path) -> tuple[list[int], int]:
     """(end-of-generation token ids, prompt length in tokens with BOS), from llama.cpp's own vocab."""
     import llama_cpp  # noqa: PLC0415
@@ -160,6 +72,12 @@ def vocab_facts(model: Path) -> tuple[list[int], int]:
     return ids, prompt_tokens
 
 
+def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
+    assert stream is not None
+    for line in iter(stream.readline, b""):
+        lines.put(line)
+
+
 def start_skippy(model: str, split: str, run_dir: Path) -> Server:
     cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
            "--lane-count", "16", "--openai-generation-concurrency", "16", "--bind", "127.0.0.1:0",
@@ -167,8 +85,7 @@ def start_skippy(model: str, split: str, run_dir: Path) -> Server:
     with open(run_dir.parent / "skippy-up.stderr", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out
-    threading.Thread(target=lambda: [lines.put(x) for x in iter(proc.stdout.readline, b"")],  # type: ignore[union-attr]
-                     daemon=True).start()
+    threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + 300
     server = Server("skippy", proc, "", 0, None)
     while time.monotonic() < deadline and proc.poll() is None:
@@ -219,62 +136,6 @@ def stop(server: Server, timeout_s: float = 30.0) -> int | None:
     return server.proc.returncode
 
 
-async def sweep(servers: list[Server], levels: list[int], max_tokens: int, banned: list[int], unique: bool
-                ) -> dict[str, list[dict[str, Any]]]:
-    results: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
-    for s in servers:  # warm-up, not recorded
-        await run_level(s, bodies(s.model, 8, banned, unique), 1, 2)
-    for c in levels:
-        for s in servers:
-            results[s.name].append(level := await run_level(s, bodies(s.model, max_tokens, banned, unique), c,
-                                                             max(2 * c, 4)))
-            print(f"  {s.name:<17} c={c:<3} {level['tok_s']:8.1f} tok/s", file=sys.stderr, flush=True)
-    return results
-
-
-def table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """skippy | llama-cpp-python side by side; p50/p95 pairs; ratio = skippy tok/s / llama-cpp-python tok/s."""
-    head = ("conc", "tok/s sk", "tok/s ll", "ratio", "target", "TTFT ms sk", "TTFT ms ll", "TPOT ms sk",
-            "TPOT ms ll", "429 sk/ll")
-    widths = (4, 9, 9, 6, 10, 12, 12, 11, 11, 10)
-    rows = [head]
-    for a, b in zip(results["skippy"], results["llama-cpp-python"]):
-        ratio, target = a["tok_s"] / b["tok_s"], TARGETS.get(a["concurrency"])
-        mark = "" if target is None else f">={target:g} " + ("ok" if ratio >= target else "NO")
-        pair = lambda r, k, f: f"{r[k + '_p50_ms']:{f}}/{r[k + '_p95_ms']:{f}}"  # noqa: E731
-        rows.append((str(a["concurrency"]), f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}", mark,
-                     pair(a, "ttft", ".0f"), pair(b, "ttft", ".0f"), pair(a, "tpot", ".1f"), pair(b, "tpot", ".1f"),
-                     f"{a['status_429']}/{b['status_429']}"))
-    return "\n".join("".join(f"{cell:>{w + 2}}" for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        _pip("matplotlib")
-        import matplotlib  # noqa: PLC0415
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, rows in results.items():
-        cs = [r["concurrency"] for r in rows]
-        left.plot(cs, [r["tok_s"] for r in rows], marker="o", label=name)
-        right.plot(cs, [r["ttft_p50_ms"] for r in rows], marker="o", label=name)
-    for ax, label in ((left, "aggregate output tok/s"), (right, "TTFT p50 (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(cs, [str(c) for c in cs])
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("skippy up (2 stages) vs llama-cpp-python server, same GGUF")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def run_http_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
@@ -297,20 +158,11 @@ def run_http_bench(args: argparse.Namespace) -> int:
               f"temperature 0, EOG ids {banned} banned by logit_bias; N = max(2c, 4) streamed requests per level")
     text = f"{header}\n\n{table(results)}"
     print(text)
-    counts = {c for rows in results.values() for r in rows for c in r["token_counts"]}
-    if counts != {args.max_tokens}:
-        print(f"warning: content chunks per request {sorted(counts)} != max_tokens {args.max_tokens}", file=sys.stderr)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ratios = {r["concurrency"]: r["tok_s"] / b["tok_s"] for r, b in zip(results["skippy"], results["llama-cpp-python"])}
-    (out / "bench-http.json").write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(["scripts/bench-http", *sys.argv[3:]]),
-        "model": model.name, "prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "banned_ids": banned,
-        "cpus": len(os.sched_getaffinity(0)), "results": results, "tok_s_ratio": ratios,
-        "targets": {str(c): {"min_ratio": t, "met": ratios.get(c, 0) >= t} for c, t in TARGETS.items()},
-        "table": text}, indent=2) + "\n")
-    plot(results, out / "bench-http.png")
-    print(f"\nwrote {out / 'bench-http.json'} and {out / 'bench-http.png'}", file=sys.stderr)
+    ensure_matplotlib()
+    write_report(Path(args.out_dir), results, {
+        "command": " ".join(["scripts/bench-http", *sys.argv[3:]]), "model": model.name,
+        "prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "banned_ids": banned,
+        "cpus": len(os.sched_getaffinity(0))}, text, args.max_tokens)
     return 0
 
 

@@ -119,7 +119,7 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
     rows: list[tuple[str, float, float, str]] = []
     with tempfile.TemporaryDirectory(prefix="skippy-bench-") as tmp:
         d = Path(tmp)
-        extra = {"n_threads": threads} if threads else None
+        extra: dict[str, object] | None = {"n_threads": threads} if threads else None
         topology, configs = write_local_topology(d, model, n_layer, [split], lane_count=16, ctx_size=512, extra=extra)
         unsplit = LocalChain(RuntimeSpec(model_path=model, layer_start=0, layer_end=0, lane_count=16))
         with StageProcesses(topology, configs, d / "run"):

@@ -5,6 +5,9 @@ endpoint (`request_endpoint(topology.first().endpoint)`).  The process logs `rea
 socket is bound (pipeline readiness is separate: see `pipeline_ready` lines and Status), and on
 SIGTERM/SIGINT fails queued and running requests with code "unavailable" ("broker stopping"),
 closes its sockets, logs `stopped` and exits 0.  Also runnable as `python -m skippy.cli.broker`.
+The admission flags are stage 0's `--openai-generation-*` flags, declared and resolved by
+skippy.config (`resolve_admission`, without a lane_count: unset values follow each pipeline's);
+`skippy up` and stage 0's front write them with `AdmissionOptions.to_flags`.
 """
 
 from __future__ import annotations
@@ -17,32 +20,33 @@ from dataclasses import dataclass
 
 import zmq
 
-from brokers import Broker, BrokerAdmission
-from brokers.options import FLAGS
-from skippy.config import ConfigError, StageTopology, TelemetryLevel
+from brokers import Broker
+from skippy.config import (
+    AdmissionOptions,
+    ConfigError,
+    FlagReader,
+    Owner,
+    StageTopology,
+    TelemetryLevel,
+    add_serving_arguments,
+    resolve_admission,
+)
 from skippy.config.endpoint import normalize_zmq_endpoint
-from skippy.config.serving_args import FlagReader
-from skippy.transport import request_endpoint
 from skippy.log import configure_logging
 from skippy.stage.links import ignore_signals, stop_on_signals
+from skippy.transport import request_endpoint
 
 __all__ = ["BrokerSettings", "main", "register", "resolve_broker_settings", "run_broker"]
-
-_HELP = {
-    "concurrency": ("N", "generation permits per ready pipeline (default: its lane_count)"),
-    "queue_capacity": ("N", "waiting requests, 0 = none (default clamp(8 x total concurrency, 16, 256))"),
-    "timeout_s": ("SECS", "queue wait limit; 0 = until the client cancels (default)"),
-    "adaptive": (None, "adapt permits to measured throughput, starting at the min"),
-    "adaptive_min": ("N", "initial adaptive permits (default 1)"),
-}
 
 
 @dataclass(frozen=True)
 class BrokerSettings:
+    """Everything `skippy broker` needs, resolved and validated."""
+
     bind: str
     pipelines: tuple[str, ...]  # stage 0 request endpoints
     stage0_ids: tuple[str, ...]
-    admission: BrokerAdmission
+    admission: AdmissionOptions
     telemetry_level: TelemetryLevel
 
 
@@ -51,12 +55,7 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeroMQ endpoint adapters connect to (tcp://HOST:PORT or ipc://PATH)")
     parser.add_argument("--pipeline", metavar="TOPOLOGY.json", action="append", default=None,
                         help="a pipeline replica's topology (repeatable); the broker talks to its stage 0")
-    for name, flag in FLAGS.items():
-        metavar, help_text = _HELP[name]
-        if metavar is None:
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, metavar=metavar, default=None, help=help_text)
+    add_serving_arguments(parser, [Owner.BROKER])
     parser.add_argument("--telemetry-level", metavar="LEVEL", default=None,
                         help="off | summary | debug (default summary)")
 
@@ -80,16 +79,7 @@ def resolve_broker_settings(args: argparse.Namespace) -> BrokerSettings:
     paths = flags.raw("--pipeline") or []
     if not paths:
         raise ConfigError("--pipeline is required (a topology file; repeat it for each replica)")
-    adaptive = flags.switch(FLAGS["adaptive"])
-    if flags.given(FLAGS["adaptive_min"]) and not adaptive:
-        raise ConfigError(f"{FLAGS['adaptive_min']} requires {FLAGS['adaptive']}")
-    admission = BrokerAdmission(
-        concurrency=flags.optional_integer(FLAGS["concurrency"]),
-        queue_capacity=flags.optional_integer(FLAGS["queue_capacity"], minimum=0),
-        timeout_s=flags.number(FLAGS["timeout_s"], 0.0),
-        adaptive=adaptive,
-        adaptive_min=flags.optional_integer(FLAGS["adaptive_min"]) or 1,
-    )
+    admission = resolve_admission(flags)
     telemetry_level = flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY)
     topologies = [StageTopology.load(path) for path in paths]  # last: flag mistakes are reported first
     return BrokerSettings(

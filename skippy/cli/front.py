@@ -4,8 +4,9 @@ Two surfaces start it. `skippy up` starts it next to the stages it launches; the
 stage-0 surface, `skippy stage ... --openai-bind-addr`, makes stage 0 start it as its own children
 (logs in a run directory named in stage 0's `openai_ready` line; a dead child is logged by name,
 `child_died`). Either way it is configured from the resolved `--openai-*` options: admission goes
-to the broker, the model id and default max tokens to the adapter; prefill and speculative options
-stay with stage 0's driver.
+to the broker (written back as flags by `AdmissionOptions.to_flags`, which the broker reads with the
+same resolver), the model id and default max tokens to the adapter; prefill and speculative options
+stay with stage 0's driver. This is the one launch recipe of the front.
 """
 
 from __future__ import annotations
@@ -21,16 +22,10 @@ def start_front(children: Children, options: ServingOptions, topology: Path) -> 
     """Start broker + adapter as `children` for the pipeline in `topology`; returns the adapter's URL."""
     openai, cfg = options.openai, options.config
     assert openai is not None
-    admission = openai.admission
-    broker_flags = ["--openai-generation-concurrency", str(admission.generation_concurrency),
-                    "--openai-generation-queue-capacity", str(admission.queue_capacity),
-                    "--openai-generation-admission-timeout-secs", str(admission.admission_timeout_secs)]
-    if admission.adaptive:
-        broker_flags += ["--openai-adaptive-generation-concurrency",
-                         "--openai-adaptive-generation-min-concurrency", str(admission.adaptive_min_concurrency or 1)]
     level = ["--telemetry-level", str(options.telemetry_level)]
     broker = f"ipc://{children.run_dir}/broker.sock"
-    children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology), *broker_flags, *level])
+    children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology),
+                                     *openai.admission.to_flags(), *level])
     ready = children.start_process("adapter", ["adapter", "--broker", broker, "--model", str(cfg.model_path or "default"),
                                        "--model-id", openai.model_id, "--bind", openai.bind_addr,
                                        "--default-max-tokens", str(openai.default_max_tokens), *level])

@@ -46,7 +46,8 @@ def _wanted(event: dict[str, Any], args: argparse.Namespace) -> bool:
 
 
 def format_event(event: dict[str, Any], color: bool) -> str:
-    ts = time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0)))) + f".{int(float(event.get('ts', 0)) * 1000) % 1000:03d}"
+    at = float(event.get("ts", 0))
+    ts = time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
     level = str(event.get("level", "info"))
     ids = " ".join(f"{k}={event[k]}" for k in ("request_id", "session_id") if event.get(k) is not None)
     rest = " ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in event.items() if k not in HEAD)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from skippy.config import StageConfig, StageTopology
 from skippy.driver.client import DriverClient
-from skippy.transport import request_endpoint
 from skippy.driver.events import DriverUnavailable
 from skippy.launcher import StageProcesses
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
+from skippy.transport import request_endpoint
 
 
 def stage_config_paths(topology_path: Path, topology: StageTopology) -> list[Path]:

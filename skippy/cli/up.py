@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     topology, configs = _topology(args, run_dir)
     options = stage0_options(args, topology, configs[0])
-    assert options.openai is not None
+    openai = options.openai
+    assert openai is not None
     flags = FlagReader(args)
     children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
                               include_stage0=True, first_flags=flags.argv([Owner.STAGE0]))
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
         url = start_front(children, options, topology)
-        return (f"skippy ready: {url}/v1 (model {options.openai.model_id}); logs: scripts/tail-logs {run_dir}; "
+        return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
                 "Ctrl-C stops everything")
 
     return children.supervise("skippy up", start)

@@ -5,6 +5,8 @@ type loads from JSON or CLI flags with errors that name the file and field
 (or the flag), and serialises back to the same JSON.
 """
 
+from skippy.config.admission import resolve_admission
+from skippy.config.context import PromptLengthError, prompt_length_error
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.serving import (
     AdmissionOptions,
@@ -69,6 +71,7 @@ __all__ = [
     "PeerConfig",
     "PrefillChunkOptions",
     "PrefillChunkPolicy",
+    "PromptLengthError",
     "SelectedDevice",
     "ServingOptions",
     "SpeculativeDecodeConfig",
@@ -83,7 +86,9 @@ __all__ = [
     "add_serving_arguments",
     "default_queue_capacity",
     "parse_serving_args",
+    "prompt_length_error",
     "refuse_unsupported",
+    "resolve_admission",
     "resolve_mtp_source",
     "resolve_serving_options",
     "unsupported_options",

@@ -5,8 +5,8 @@ Both belong to stage 0's driver, so they are resolved from the
 serves the OpenAI API in-process (``--openai-bind-addr``): ``skippy up``
 hands them to stage 0 while its broker and adapter are separate processes.
 They are validated on every stage (as in the reference) and act on stage 0.
-Speculative decoding is not implemented yet (issue 9); its flags resolve here
-and are refused at startup by ``serving.refuse_unsupported``.
+``speculative_problems`` names the combinations that cannot work (refused at
+startup by ``serving.refuse_unsupported``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from skippy.config.speculative import SpeculativeDecodeConfig
 __all__ = [
     "PrefillChunkOptions",
     "PrefillChunkPolicy",
+    "AdaptiveWindowMode",
     "SpeculativeOptions",
     "resolve_prefill",
     "resolve_speculative",
+    "speculative_problems",
 ]
 
 class PrefillChunkPolicy(enum.StrEnum):
@@ -46,6 +48,11 @@ class PrefillChunkOptions(ConfigModel):
     adaptive_target_ms: float = 100.0
 
 
+class AdaptiveWindowMode(enum.StrEnum):
+    COST = "cost"  # k maximising expected tokens per ms (C(rows) calibrated at startup)
+    SIMPLE = "simple"  # the reference's grow-on-accept / shrink-on-reject rule
+
+
 @dataclass(frozen=True, kw_only=True)
 class SpeculativeOptions(ConfigModel):
     """Stage 0's speculative-decoding flags; None / False / the default plan = not given."""
@@ -55,6 +62,8 @@ class SpeculativeOptions(ConfigModel):
     draft_model_path: str | None = None
     speculative_window: int | None = None  # None: not given (the reference's default is 4)
     adaptive_speculative_window: bool = False
+    adaptive_mode: AdaptiveWindowMode = AdaptiveWindowMode.COST
+    adaptive_mode_given: bool = False
     draft_n_gpu_layers: SignedInt | None = None  # None: the config's n_gpu_layers
     native_mtp_draft_model_path: str | None = None
 
@@ -104,12 +113,56 @@ def resolve_speculative(flags: FlagReader) -> SpeculativeOptions:
             "--openai-speculative-window must be > 0 when --openai-draft-model-path is set, got 0"
         )
     plan_path = flags.text("--openai-speculative-config")
+    draft_layers = flags.optional_integer("--openai-draft-n-gpu-layers", minimum=None)
     return SpeculativeOptions(
         plan=SpeculativeDecodeConfig.load(plan_path) if plan_path else SpeculativeDecodeConfig(),
         plan_path=plan_path,
         draft_model_path=draft_model_path,
         speculative_window=window,
         adaptive_speculative_window=flags.switch("--openai-adaptive-speculative-window"),
-        draft_n_gpu_layers=flags.optional_integer("--openai-draft-n-gpu-layers", minimum=None),
+        adaptive_mode=flags.choice("--openai-adaptive-speculative-window-mode", AdaptiveWindowMode,
+                                   AdaptiveWindowMode.COST),
+        adaptive_mode_given=flags.given("--openai-adaptive-speculative-window-mode"),
+        draft_n_gpu_layers=None if draft_layers is None else SignedInt(draft_layers),
         native_mtp_draft_model_path=flags.text("--openai-native-mtp-draft-model-path"),
     )
+
+
+_NATIVE_MTP = "native MTP drafting is not supported: skippy's stage slices carry no MTP (nextn) layers"
+
+
+def speculative_problems(spec: SpeculativeOptions) -> list[str]:
+    """One line per speculative option that cannot work as given (empty when all can)."""
+    plan, source = spec.plan, spec.plan_path or "the speculative plan"
+    lines = []
+    mtp = [name for name in plan.drafting if name.startswith(("native_mtp", "extension"))]
+    if mtp:
+        lines.append(f"--openai-speculative-config: {source} sets {', '.join(mtp)}; {_NATIVE_MTP}")
+    if spec.native_mtp_draft_model_path is not None:
+        lines.append(f"--openai-native-mtp-draft-model-path: {_NATIVE_MTP}")
+    if plan.verify_window.pipeline_depth > 1:
+        lines.append(f"--openai-speculative-config: {source} sets verify_window.pipeline_depth"
+                     f" {plan.verify_window.pipeline_depth}; pipelined verify windows are not supported yet (issue 9)")
+    if spec.draft_model_path is not None and plan.ngram is not None:
+        lines.append(f"--openai-draft-model-path and the ngram proposer of {source} cannot both draft; pick one")
+    if spec.draft_model_path is None and plan.ngram is None:
+        needs = {
+            "--openai-speculative-window": spec.speculative_window is not None,
+            "--openai-adaptive-speculative-window": spec.adaptive_speculative_window,
+            "--openai-adaptive-speculative-window-mode": spec.adaptive_mode_given,
+            "--openai-draft-n-gpu-layers": spec.draft_n_gpu_layers is not None,
+        }
+        lines += [f"{flag} needs a proposer: --openai-draft-model-path, or an ngram section in"
+                  " --openai-speculative-config" for flag, given in needs.items() if given]
+        if plan.effective_strategy != "disabled" and not mtp:
+            lines.append(f"--openai-speculative-config: {source} sets effective_strategy"
+                         f" '{plan.effective_strategy}' but no proposer (an ngram section)")
+    else:
+        if spec.adaptive_mode_given and not spec.adaptive_speculative_window:
+            lines.append("--openai-adaptive-speculative-window-mode needs --openai-adaptive-speculative-window")
+        if spec.draft_n_gpu_layers is not None and spec.draft_model_path is None:
+            lines.append(f"--openai-draft-n-gpu-layers needs --openai-draft-model-path: the ngram proposer of"
+                         f" {source} runs no model")
+        if spec.speculative_window == 0 and plan.ngram is not None:
+            lines.append(f"--openai-speculative-window must be > 0 with the ngram proposer of {source}, got 0")
+    return lines

@@ -3,12 +3,11 @@
 ``resolve_serving_options`` turns parsed flags (see ``serving_args``) into a
 typed, validated :class:`ServingOptions`, applying the reference
 ``serve-binary`` defaults (notes §3.4) that depend on the stage config:
-generation concurrency = ``lane_count``, queue capacity =
-``clamp(8 * concurrency, 16, 256)``, ``max_inflight`` clamped to
-``lane_count``, reply credit = ``max_inflight - 1``.  Stage 0's generation
-options (prefill chunking, speculative decoding) are resolved by
-``generation`` with or without the OpenAI front.  ``resolve_mtp_source``
-decides where native-MTP drafts come from.
+``max_inflight`` clamped to ``lane_count``, reply credit =
+``max_inflight - 1``.  The front's admission options (the broker's) are
+resolved by ``admission``; stage 0's generation options (prefill chunking,
+speculative decoding) by ``generation``, with or without the OpenAI front.
+``resolve_mtp_source`` decides where native-MTP drafts come from.
 
 Flags whose feature is not built yet still resolve (so their values are
 checked and visible), but ``refuse_unsupported`` fails a process that would
@@ -21,6 +20,7 @@ import argparse
 import enum
 from dataclasses import dataclass, field
 
+from skippy.config.admission import AdmissionOptions, default_queue_capacity, resolve_admission
 from skippy.config.endpoint import normalize_http_addr, normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.generation import (
@@ -29,6 +29,7 @@ from skippy.config.generation import (
     SpeculativeOptions,
     resolve_prefill,
     resolve_speculative,
+    speculative_problems,
 )
 from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
@@ -67,17 +68,6 @@ class MtpSource(enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdmissionOptions(ConfigModel):
-    """Generation admission: execution permits, wait queue and its timeout."""
-
-    generation_concurrency: int
-    adaptive: bool = False
-    adaptive_min_concurrency: int | None = None  # set only when adaptive
-    queue_capacity: int
-    admission_timeout_secs: float = 0.0  # 0 = wait until the client cancels
-
-
-@dataclass(frozen=True, kw_only=True)
 class OpenAIOptions(ConfigModel):
     """The OpenAI front of stage 0 (``--openai-bind-addr``): its broker and adapter."""
 
@@ -108,11 +98,6 @@ class ServingOptions(ConfigModel):
     native_mtp_enabled: bool = True
 
 
-def default_queue_capacity(concurrency: int) -> int:
-    """The reference default: ``clamp(8 * concurrency, 16, 256)``."""
-    return min(max(8 * concurrency, 16), 256)
-
-
 def _endpoint_flag(flags: FlagReader, flag: str, *, http: bool) -> str | None:
     value = flags.text(flag)
     if value is None:
@@ -121,29 +106,6 @@ def _endpoint_flag(flags: FlagReader, flag: str, *, http: bool) -> str | None:
         return normalize_http_addr(value) if http else normalize_zmq_endpoint(value, bind=True)
     except ValueError as error:
         raise ConfigError(f"{flag} {error}") from None
-
-
-def _resolve_admission(flags: FlagReader, lane_count: int) -> AdmissionOptions:
-    flag = "--openai-generation-concurrency"
-    concurrency = flags.integer(flag, lane_count)
-    if concurrency > lane_count:
-        raise ConfigError(f"{flag} must be <= lane_count ({lane_count}), got {concurrency}")
-    adaptive = flags.switch("--openai-adaptive-generation-concurrency")
-    min_flag = "--openai-adaptive-generation-min-concurrency"
-    if not adaptive and flags.given(min_flag):
-        raise ConfigError(f"{min_flag} requires --openai-adaptive-generation-concurrency")
-    min_concurrency = flags.integer(min_flag, 1) if adaptive else None
-    if min_concurrency is not None and min_concurrency > concurrency:
-        raise ConfigError(f"{min_flag} must be <= {flag} ({concurrency}), got {min_concurrency}")
-    return AdmissionOptions(
-        generation_concurrency=concurrency,
-        adaptive=adaptive,
-        adaptive_min_concurrency=min_concurrency,
-        queue_capacity=flags.integer(
-            "--openai-generation-queue-capacity", default_queue_capacity(concurrency)
-        ),
-        admission_timeout_secs=flags.number("--openai-generation-admission-timeout-secs", 0.0),
-    )
 
 
 def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> OpenAIOptions | None:
@@ -165,7 +127,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         bind_addr=bind_addr,
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
-        admission=_resolve_admission(flags, config.lane_count),
+        admission=resolve_admission(flags, config.lane_count),
     )
 
 
@@ -231,32 +193,15 @@ def resolve_mtp_source(options: ServingOptions) -> MtpSource:
     return MtpSource.INTEGRATED
 
 
-_OTLP, _SPECULATIVE = "OTLP export: issue 12", "speculative decoding: issue 9"
-
-
 def unsupported_options(options: ServingOptions) -> list[str]:
-    """One line per given flag whose feature is not built yet (empty when all is supported)."""
-    spec = options.speculative
+    """One line per given flag whose feature is not built yet or cannot work as combined (empty: all fine)."""
+    otlp = "OTLP export: issue 12"
     given = {
-        "--metrics-otlp-grpc": (options.metrics_otlp_grpc is not None, _OTLP),
-        "--telemetry-queue-capacity": (
-            options.telemetry_queue_capacity is not None,
-            "telemetry event queue: issue 12",
-        ),
-        "--openai-speculative-config": (
-            bool(spec.plan.drafting),
-            f"{_SPECULATIVE}; {spec.plan_path} sets {', '.join(spec.plan.drafting)}",
-        ),
-        "--openai-draft-model-path": (spec.draft_model_path is not None, _SPECULATIVE),
-        "--openai-speculative-window": (spec.speculative_window is not None, _SPECULATIVE),
-        "--openai-adaptive-speculative-window": (spec.adaptive_speculative_window, _SPECULATIVE),
-        "--openai-draft-n-gpu-layers": (spec.draft_n_gpu_layers is not None, _SPECULATIVE),
-        "--openai-native-mtp-draft-model-path": (
-            spec.native_mtp_draft_model_path is not None,
-            _SPECULATIVE,
-        ),
+        "--metrics-otlp-grpc": (options.metrics_otlp_grpc is not None, otlp),
+        "--telemetry-queue-capacity": (options.telemetry_queue_capacity is not None, "telemetry event queue: issue 12"),
     }
-    return [f"{flag} is not supported yet ({why})" for flag, (on, why) in given.items() if on]
+    lines = [f"{flag} is not supported yet ({why})" for flag, (on, why) in given.items() if on]
+    return lines + speculative_problems(options.speculative)
 
 
 def refuse_unsupported(options: ServingOptions) -> None:

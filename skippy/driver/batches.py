@@ -21,7 +21,7 @@ from skippy.runtime.stage_runtime import SessionWindow
 from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 
-WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...]]  # session, pos_start, tokens, outputs
+WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # session, pos, tokens, outputs, draft
 
 
 class OpRecorder(Protocol):
@@ -88,14 +88,14 @@ class BatchLauncher:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
         windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
         if self.recorder is not None:
-            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs)
+            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft)
                                  for w, pw in zip(windows, plan)])
-        computed = await self.worker.compute(windows)
+        computed = await self.worker.compute(windows, None, [pw.draft for pw in plan])
         if self.downstream is None:
             self._register(batch_id, InFlight(plan, computed.compute_ms))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
             return Predictions(batch_id, computed.predictions, (timing,))
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs) for w in windows)
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft) for w, pw in zip(windows, plan))
         sent, wait_ms = await self.downstream.forward(
             batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms)
         # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)

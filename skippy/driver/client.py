@@ -1,8 +1,10 @@
-"""Talking to a running stage 0 from another process: submit, stream token events, cancel, status.
+"""Talking to stage 0 (or to a broker, which speaks the same messages) from another process.
 
-Stage 0 serves requests on a ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for
-`ipc://PATH` it is `ipc://PATH.req`, for `tcp://HOST:PORT` it is `tcp://HOST:PORT+1`.
-`DriverClient` mirrors the in-process Driver API so the broker and `skippy generate` use either.
+Submit, stream token events, cancel, ask for status over a DEALER. Stage 0 serves requests on a
+ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for `ipc://PATH` it is
+`ipc://PATH.req`, for `tcp://HOST:PORT` it is `tcp://HOST:PORT+1`; a broker serves them at its
+`--bind`. The adapter uses it toward the broker, `skippy generate --topology` toward stage 0.
+Unlike `Driver.submit`, `submit` here is a coroutine: it sends.
 """
 
 from __future__ import annotations

@@ -19,25 +19,34 @@ import uuid
 import numpy as np
 import zmq.asyncio
 
-from skippy.config import ServingOptions
+from skippy.config import ServingOptions, prompt_length_error
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
-from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
+from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_rows
+from skippy.driver.events import DriverUnavailable, RequestHandle
+from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner
-from skippy.driver.scheduler import decode_rows_per_iteration, plan_iteration
+from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.driver.speculative.engine import Speculation
 from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
-    ConfigureSession, ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message, Predictions, ProtocolError,
-    Ready, ReleaseSessions, StageIdentity, decode,
+    ConfigureSession,
+    ErrorCode,
+    FinishReason,
+    Message,
+    Predictions,
+    ReleaseSessions,
+    StageIdentity,
+    decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
-from skippy.stage.handshake import connectable, open_downstream
-from skippy.stage.links import DownstreamLink, handle_link_control
+from skippy.stage.handshake import open_downstream
+from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
 from skippy.transport import PullQueue
@@ -54,7 +63,8 @@ def micro_batches(options: ServingOptions) -> int:
 
 class Driver:
     def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None,
-                 supervisor: Supervisor | None = None, dead_after_s: float = DEAD_AFTER_S) -> None:
+                 supervisor: Supervisor | None = None, dead_after_s: float = DEAD_AFTER_S,
+                 speculation: Speculation | None = None) -> None:
         cfg = options.config
         self.options = options
         self.runtime = runtime
@@ -70,11 +80,14 @@ class Driver:
         self.table = SequenceTable()
         self.launcher = BatchLauncher(self.worker, None, cfg.stage_id)
         self.liveness = Liveness(())
+        self.speculation = speculation
+        self.calibration_waiter: asyncio.Future[Predictions] | None = None
         self.failed: str | None = None  # set when this process failed: no new requests
         self._ids = itertools.count(1)
         self._wakeup = asyncio.Event()
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
+        self.inbound_handler = Inbound(self)
 
     @property
     def stats(self) -> DriverStats:
@@ -99,17 +112,33 @@ class Driver:
             topology = self.options.topology
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
-        self.supervisor.spawn("receive loop", self._recv_loop(early))
+        self.supervisor.spawn("receive loop", self.inbound_handler.run(early))
+        if self.speculation is not None and self.speculation.calibrate:
+            await self._calibrate(self.speculation)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
-        self.supervisor.spawn("liveness monitor", self._monitor())
+        self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
+
+    async def _calibrate(self, speculation: Speculation) -> None:
+        cost = await calibrate_rows(self, speculation.max_k + 1)
+        n_stages = len(self.options.topology.stages) if self.options.topology else 1 + (self.downstream is not None)
+        hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
+        speculation.use_cost_model(cost, hops, self.options.wire.delay_ms)
+        self.log.info("window_cost_calibrated", cost_ms=[round(c, 2) for c in cost[1:]], hops=hops,
+                      hop_ms=self.options.wire.delay_ms)
+
+    async def release_now(self, session_ids: tuple[int, ...]) -> None:
+        """Forget sessions on every stage now (the calibration session)."""
+        await self.worker.call(self._release, session_ids)
+        if self.downstream is not None:
+            self.downstream.enqueue(ReleaseSessions(session_ids))
 
     async def close(self) -> None:
         """Cancel what is live, release sessions downstream, and close sockets, thread and context,
         whichever of these steps fails."""
         try:
             for seq in self.table.live():
-                self._finish(seq, FinishReason.CANCELLED, "driver shutting down")
+                self.finish(seq, FinishReason.CANCELLED, "driver shutting down")
             await self._flush_releases()
             if self.downstream is not None:
                 await self.downstream.drain()
@@ -119,6 +148,8 @@ class Driver:
                 if link is not None:
                     link.close()
             self.worker.close()
+            if self.speculation is not None:
+                self.speculation.close()
             self.ctx.term()
 
     # -- API ---------------------------------------------------------------------------------
@@ -129,9 +160,9 @@ class Driver:
         if self.liveness.dead is not None:
             raise DriverUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
         tokens = np.asarray(prompt, np.int32)
-        ctx_size = self.runtime.spec.ctx_size
-        if len(tokens) == 0 or len(tokens) >= ctx_size:
-            raise RuntimeUsageError(f"prompt of {len(tokens)} tokens must have 1..{ctx_size - 1} tokens (ctx_size {ctx_size})")
+        unfit = prompt_length_error(len(tokens), self.runtime.spec.ctx_size)
+        if unfit is not None:
+            raise RuntimeUsageError(unfit.message)
         if max_tokens < 1:
             raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
@@ -149,7 +180,7 @@ class Driver:
             return
         seq.cancelled = True
         if not seq.in_flight:  # else it finishes when its batch comes back
-            self._finish(seq, FinishReason.CANCELLED)
+            self.finish(seq, FinishReason.CANCELLED)
         self._wakeup.set()
 
     # -- the step: schedule -> launch; predictions -> postprocess -> deliver -------------------
@@ -161,8 +192,9 @@ class Driver:
                 await self._configure(seq)
             if self.liveness.dead is None and len(self.launcher.inflight) < self.max_iterations:
                 decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
-                plan = plan_iteration(self.table.running, self.runtime.params.n_batch,
-                                      decode_rows_per_iteration(decoding, self.max_iterations))
+                max_decode = decode_rows_per_iteration(decoding, self.max_iterations)
+                plan = plan_iteration(self.table.running, self.runtime.params.n_batch, max_decode,
+                                      await self._drafter(max_decode, decoding))
                 if plan:
                     fault_point("driver.launch")
                     try:
@@ -170,14 +202,28 @@ class Driver:
                     except (RuntimeUsageError, RuntimeError) as exc:
                         for pw in plan:
                             pw.seq.in_flight = False
-                            self._finish(pw.seq, FinishReason.ERROR, f"stage {self.identity.stage_id}: {exc}")
+                            self.finish(pw.seq, FinishReason.ERROR, f"stage {self.identity.stage_id}: {exc}")
                         continue
                     if done is not None:
-                        self._on_predictions(done)
+                        self.on_predictions(done)
                     continue
             await self._wakeup.wait()
 
+    async def _drafter(self, max_decode: int, decoding: int) -> Drafter | None:
+        """Drafts for the sessions the next plan can decode, made in the runtime thread (a draft model
+        runs llama.cpp); the plan trims each to the rows its budget has left."""
+        if self.speculation is None:
+            return None
+        ready = [s.session_id for s in self.table.running
+                 if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
+        budget = self.runtime.params.n_batch
+        drafts = await self.worker.call(lambda: {sid: self.speculation.draft(sid, budget, decoding)  # type: ignore[union-attr]
+                                                 for sid in ready})
+        return lambda seq, rows_left: drafts.get(seq.session_id, [])[: rows_left - 1]
+
     async def _configure(self, seq: Sequence) -> None:
+        if self.speculation is not None:
+            self.speculation.start(seq.session_id, seq.prompt.tolist())
         if self.runtime.is_final:
             await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling)
         else:
@@ -188,17 +234,28 @@ class Driver:
         ids = self.table.take_releases()
         if not ids:
             return
-        await self.worker.call(self.worker.release, ids)
+        await self.worker.call(self._release, ids)
         self.launcher.record_release(ids)
         if self.downstream is not None:
             self.downstream.enqueue(ReleaseSessions(ids))
 
-    def _on_predictions(self, msg: Predictions) -> None:
+    def _release(self, session_ids: tuple[int, ...]) -> None:
+        """Runtime thread: forget finished sessions in stage 0's runtime and their proposers."""
+        self.worker.release(session_ids)
+        if self.speculation is not None:
+            self.speculation.release(session_ids)
+
+    def on_predictions(self, msg: Predictions) -> None:
         entry = self.launcher.complete(msg.batch_id)
         if entry is None:
             self.log.warning("unknown_batch", batch_id=msg.batch_id)
             return
+        if self.calibration_waiter is not None and entry.plan[0].seq.session_id == CALIBRATION_SESSION:
+            self.calibration_waiter.set_result(msg)
+            return
         self.launcher.stats.observe(msg)
+        if self.speculation is not None:
+            self.speculation.observe_hops(self.launcher.stats.hop_ms[-1])
         for outcome in postprocess(entry, msg, self.runtime.spec.ctx_size):
             self._deliver(outcome)
         self.log.debug("iteration_done", batch_id=msg.batch_id, rows=entry.rows, sessions=len(entry.plan),
@@ -207,78 +264,26 @@ class Driver:
         self._wakeup.set()
 
     def _deliver(self, outcome: Outcome) -> None:
+        if self.speculation is not None and outcome.committed:
+            self.speculation.committed(outcome.seq.session_id, outcome.proposed, outcome.returned, outcome.committed)
         for event in outcome.events:
             outcome.seq.handle.put(event)
         if outcome.finish is not None:
-            self._finish(outcome.seq, outcome.finish, outcome.error)
+            self.finish(outcome.seq, outcome.finish, outcome.error)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
+    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
                 code: ErrorCode | None = None) -> None:
         if self.table.finish(seq, reason, error, code):
-            self.log.info("request_done", **seq.summary(reason, error))
+            speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
+            self.log.info("request_done", **seq.summary(reason, error), speculative=speculative)
             self._wakeup.set()
 
-    def _fail_live(self, error: str, code: ErrorCode | None = None) -> None:
+    def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
         for seq in self.table.live():
             seq.in_flight = False
-            self._finish(seq, FinishReason.ERROR, error, code)
+            self.finish(seq, FinishReason.ERROR, error, code)
         self.launcher.inflight.clear()
 
     def _on_process_failure(self, cause: str) -> None:
         self.failed = cause
-        self._fail_live(f"stage {self.identity.stage_id} failed: {cause}", ErrorCode.PIPELINE_FAILED)
-
-    # -- inbound -----------------------------------------------------------------------------
-    async def _recv_loop(self, early: list[Message]) -> None:
-        assert self.inbound is not None
-        for msg in early:
-            await self._dispatch(msg)
-        while True:
-            await self._dispatch(await self.inbound.recv())
-
-    async def _dispatch(self, msg: Message | ProtocolError) -> None:
-        if isinstance(msg, Predictions):
-            self._on_predictions(msg)
-        elif isinstance(msg, Heartbeat):
-            if self.liveness.heard(msg.stage_id):
-                await self._revive(msg.stage_id)
-        elif isinstance(msg, ErrorReport):
-            self._on_error(msg)
-        elif isinstance(msg, ProtocolError):
-            self.log.warning("bad_message", code=msg.code, error=msg.message)
-        elif isinstance(msg, Ready):
-            self.log.info("downstream_ready", downstream=msg.sender.stage_id)
-        elif not await handle_link_control(msg, self.downstream, self.log):
-            self.log.warning("unexpected_message", kind=type(msg).__name__)
-
-    def _on_error(self, msg: ErrorReport) -> None:
-        self.log.error("stage_error", from_stage=msg.stage_id, code=msg.code, error=msg.message, batch_id=msg.batch_id)
-        error = f"stage {msg.stage_id}: {msg.message}"
-        if msg.code is ErrorCode.STAGE_STOPPED:
-            self._mark_dead(msg.stage_id, error)
-            return
-        entry = self.launcher.complete(msg.batch_id) if msg.batch_id is not None else None
-        seqs = [pw.seq for pw in entry.plan] if entry else []
-        seqs += [s for s in self.table.live() if s.session_id in msg.session_ids]
-        for seq in seqs:
-            seq.in_flight = False
-            self._finish(seq, FinishReason.ERROR, error)
-
-    def _mark_dead(self, stage_id: str, error: str) -> None:
-        if self.liveness.mark_dead(stage_id):
-            self.log.error("stage_dead", dead_stage=stage_id, error=error)
-        self._fail_live(error, ErrorCode.PIPELINE_FAILED)
-
-    async def _revive(self, stage_id: str) -> None:
-        assert self.downstream is not None and self.inbound is not None
-        await self.downstream.credits.reset()
-        await self.downstream.send(Hello(self.identity, connectable(self.inbound.endpoint)))
-        self.log.info("stage_back", stage=stage_id)
-
-    async def _monitor(self) -> None:
-        while True:
-            await asyncio.sleep(self.liveness.dead_after_s / 6)
-            stage = self.liveness.silent()
-            if stage is not None:
-                self._mark_dead(stage, f"stage {stage} stopped responding (no heartbeat for {self.liveness.dead_after_s:g} s)")
-
+        self.fail_live(f"stage {self.identity.stage_id} failed: {cause}", ErrorCode.PIPELINE_FAILED)

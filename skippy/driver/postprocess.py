@@ -26,6 +26,9 @@ class Outcome:
     events: list[TokenEvent] = field(default_factory=list)  # tokens to deliver, in order
     finish: FinishReason | None = None
     error: str | None = None
+    committed: list[int] = field(default_factory=list)  # tokens added to the sequence
+    proposed: int = 0  # draft tokens the window carried
+    returned: int = 0  # tokens the final stage sampled (accepted + 1 for a verify window)
 
 
 def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | None], ctx_size: int) -> Outcome:
@@ -35,6 +38,7 @@ def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | 
         seq.first_token_at = time.perf_counter()
     for token, logprob in zip(tokens, logprobs):
         seq.generated.append(token)
+        out.committed.append(token)
         if token in seq.stop_tokens:
             out.finish = FinishReason.STOP
             break
@@ -67,6 +71,9 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
                 error = f"final stage returned no prediction for session {seq.session_id}"
                 outcomes.append(Outcome(seq, finish=FinishReason.ERROR, error=error))
             else:
+                got = got if pw.draft else got[:1]  # a verify window returns accepted + 1 tokens
                 lps = logprobs.get(seq.session_id) or ()
-                outcomes.append(commit_tokens(seq, got[:1], [lps[0] if lps else None], ctx_size))
+                out = commit_tokens(seq, got, [lps[i] if i < len(lps) else None for i in range(len(got))], ctx_size)
+                out.proposed, out.returned = len(pw.draft), len(got)
+                outcomes.append(out)
     return outcomes

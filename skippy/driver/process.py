@@ -17,8 +17,19 @@ from typing import Any, Protocol
 from skippy.config import ServingOptions
 from skippy.driver.driver import Driver
 from skippy.driver.events import DriverUnavailable, RequestHandle
+from skippy.driver.speculative.setup import build_speculation
 from skippy.log import announce_ready, get_logger
-from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import (
+    Cancel,
+    ErrorCode,
+    FinishReason,
+    Message,
+    ProtocolError,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+)
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
@@ -47,7 +58,8 @@ class DriverProcess:
         self.log = get_logger()
         self.stopped = asyncio.Event()
         self.supervisor = Supervisor(self.log, self.stopped)
-        self.driver = Driver(options, runtime, supervisor=self.supervisor)
+        self.driver = Driver(options, runtime, supervisor=self.supervisor,
+                             speculation=build_speculation(options, runtime))
         self.runtime = runtime
         self.forwarders: set[asyncio.Task[None]] = set()
         self.start_front = start_front
@@ -67,9 +79,10 @@ class DriverProcess:
                           max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict())
             self.supervisor.spawn("request endpoint", self._serve(router))
             if self.driver.options.openai is not None and self.start_front is not None:
-                front, url = await asyncio.to_thread(self.start_front, self.driver.options)
-                self.log.info("openai_ready", url=url, logs=str(front.run_dir))
-                self.supervisor.spawn("front watch", self._watch(front))
+                started, url = await asyncio.to_thread(self.start_front, self.driver.options)
+                front = started
+                self.log.info("openai_ready", url=url, logs=str(started.run_dir))
+                self.supervisor.spawn("front watch", self._watch(started))
             await self.stopped.wait()
         finally:
             ignore_signals()

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from skippy.config import prompt_length_error
 from skippy.driver.client import DriverClient
 from skippy.driver.events import DriverUnavailable, TokenEvent
 from skippy.http.chat_template import ChatTemplate
@@ -136,9 +137,9 @@ class OpenAIAdapter:
             raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
         if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
             raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
-        if len(ids) >= ctx:
-            raise HttpError(400, f"the prompt is {len(ids)} tokens; this model's context is {ctx} tokens",
-                            param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
+        unfit = prompt_length_error(len(ids), ctx)
+        if unfit is not None:
+            raise HttpError(400, unfit.message, param="messages" if kind == "chat" else "prompt", code=unfit.code)
         max_tokens = min(req.max_tokens or self.default_max_tokens, ctx - len(ids))
         stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
         rid = uuid.uuid4().hex

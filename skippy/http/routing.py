@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,12 +48,6 @@ Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
 
 def json_response(obj: Any, status: int = 200, headers: Sequence[tuple[str, str]] = ()) -> Response:
     return Response(status, json.dumps(obj).encode(), list(headers))
-
-
-def _request_id(raw: str | None) -> str:
-    """The client's x-request-id reduced to printable non-space ASCII (<= 128 chars), else a fresh uuid4 hex."""
-    clean = "".join(ch for ch in raw or "" if " " < ch <= "~")[:128]
-    return clean or uuid.uuid4().hex
 
 
 class Router:

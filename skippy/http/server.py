@@ -5,48 +5,40 @@ Routing by exact path, keep-alive, request bodies by Content-Length or chunked, 
 truncated request gets a 400 before the connection closes), chunked streaming responses, and client
 disconnect detection: while a handler runs or a stream is sent, a watcher reads the socket and, on
 EOF, cancels the handler task (so its `finally:` blocks and the stream generator's run promptly).
+This module is the connection loop; reading a request's head and framing a response are in
+skippy.http.framing, what handlers see and the router in skippy.http.routing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
 from contextlib import suppress
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 import h11
 
 from skippy.http.errors import HttpError
-from skippy.http.routing import Handler, Request, Response, Router, StreamResponse, _request_id, json_response
+from skippy.http.framing import (
+    body_too_large,
+    check_head,
+    close_stream,
+    error_response,
+    log_request,
+    protocol_error,
+    read_request,
+    request_id_for,
+    response_head,
+)
+from skippy.http.routing import Handler, Request, Response, Router, StreamResponse, json_response
+from skippy.log import get_logger
 
 __all__ = ["Handler", "HttpServer", "Request", "Response", "Router", "StreamResponse", "json_response"]
-from skippy.log import get_logger
 
 log = get_logger(component="http")
 
 _READ_SIZE = 64 << 10
 _LINGER_S = 2.0
-_RESERVED = frozenset({"content-length", "transfer-encoding", "x-request-id"})
-
-
-def _error_response(exc: HttpError) -> Response:
-    return Response(exc.status, exc.body(), list(exc.headers))
-
-
-def _protocol_error(exc: h11.RemoteProtocolError) -> HttpError:
-    if exc.error_status_hint == 431:
-        return _headers_too_large()
-    return HttpError(400, f"malformed request: {exc}", code="bad_request")
-
-
-def _headers_too_large() -> HttpError:
-    return HttpError(431, "request headers too large", code="request_headers_too_large")
-
-
-def _body_too_large(limit: int) -> HttpError:
-    return HttpError(413, f"request body over {limit} bytes", code="request_too_large")
 
 
 class _Closed(Exception):
@@ -85,14 +77,14 @@ class _Connection:
         if isinstance(head, h11.ConnectionClosed):
             return False
         assert isinstance(head, h11.Request)
-        req = _make_request(head)
+        req = read_request(head)
         started = time.monotonic()
         try:
-            self._check_head(head)
+            check_head(head, max_header_bytes=self.server.max_header_bytes, max_body_bytes=self.server.max_body_bytes)
             req.body = await self._read_body()
         except (HttpError, h11.RemoteProtocolError) as exc:
-            err = exc if isinstance(exc, HttpError) else _protocol_error(exc)
-            await self._send_response(req, _error_response(err), started, close=True, error=err.message)
+            err = exc if isinstance(exc, HttpError) else protocol_error(exc)
+            await self._send_response(req, error_response(err), started, close=True, error=err.message)
             self.linger = True
             return False
         return await self._guarded(req, started)
@@ -109,18 +101,6 @@ class _Connection:
             self.eof = not data
             self.conn.receive_data(data)
 
-    def _check_head(self, head: h11.Request) -> None:
-        if head.http_version not in (b"1.0", b"1.1"):
-            version = head.http_version.decode("ascii", "replace")
-            raise HttpError(505, f"HTTP version {version} not supported (HTTP/1.0 and HTTP/1.1 are)",
-                            type="server_error", code="http_version_not_supported")
-        size = len(head.target) + sum(len(name) + len(value) + 4 for name, value in head.headers)
-        if size > self.server.max_header_bytes:
-            raise _headers_too_large()
-        length = dict(head.headers).get(b"content-length")
-        if length is not None and int(length) > self.server.max_body_bytes:
-            raise _body_too_large(self.server.max_body_bytes)
-
     async def _read_body(self) -> bytes:
         if self.conn.they_are_waiting_for_100_continue:
             await self._send(h11.InformationalResponse(status_code=100, headers=[]))
@@ -130,7 +110,7 @@ class _Connection:
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > self.server.max_body_bytes:
-                    raise _body_too_large(self.server.max_body_bytes)
+                    raise body_too_large(self.server.max_body_bytes)
                 parts.append(bytes(event.data))
         return b"".join(parts)
 
@@ -143,7 +123,7 @@ class _Connection:
             if work.done():
                 return work.result()
             work.cancel()
-            _log_request(req, 499, started, outcome="client_disconnected")
+            log_request(req, 499, started, outcome="client_disconnected")
             return False
         finally:
             for task in (work, watcher):
@@ -171,11 +151,11 @@ class _Connection:
             if not isinstance(result, (Response, StreamResponse)):
                 raise TypeError(f"handler returned {type(result).__name__}, not Response | StreamResponse")
         except HttpError as exc:
-            return await self._send_response(req, _error_response(exc), started, error=exc.message)
+            return await self._send_response(req, error_response(exc), started, error=exc.message)
         except Exception:
             log.exception("http_handler_error", method=req.method, path=req.path, request_id=req.request_id)
-            exc = HttpError(500, "internal error", type="server_error", code="internal_error")
-            return await self._send_response(req, _error_response(exc), started, error=exc.message)
+            internal = HttpError(500, "internal error", type="server_error", code="internal_error")
+            return await self._send_response(req, error_response(internal), started, error=internal.message)
         if isinstance(result, StreamResponse):
             return await self._stream(req, result, started)
         return await self._send_response(req, result, started)
@@ -184,16 +164,16 @@ class _Connection:
                              error: str | None = None) -> bool:
         headers = [*resp.headers, ("connection", "close")] if close else resp.headers
         body = b"" if req.method == "HEAD" else resp.body
-        head = _head(resp.status, req.request_id, headers, resp.content_type, len(resp.body))
+        head = response_head(resp.status, req.request_id, headers, resp.content_type, len(resp.body))
         await self._send(head, h11.Data(data=body), h11.EndOfMessage())
-        _log_request(req, resp.status, started, **({"error": error} if error is not None else {}))
+        log_request(req, resp.status, started, **({"error": error} if error is not None else {}))
         return self.conn.our_state is h11.DONE
 
     async def _stream(self, req: Request, resp: StreamResponse, started: float) -> bool:
         chunks = aiter(resp.chunks)
         outcome = "complete"
         try:
-            await self._send(_head(resp.status, req.request_id, resp.headers, resp.content_type, None))
+            await self._send(response_head(resp.status, req.request_id, resp.headers, resp.content_type, None))
             while True:
                 try:
                     chunk = await anext(chunks)
@@ -209,16 +189,16 @@ class _Connection:
         except ConnectionError:
             outcome = "client_disconnected"
         finally:
-            await _aclose(chunks, req)
-        _log_request(req, resp.status, started, outcome=outcome, streamed=True)
+            await close_stream(chunks, req)
+        log_request(req, resp.status, started, outcome=outcome, streamed=True)
         return outcome == "complete" and self.conn.our_state is h11.DONE
 
     async def _reject_malformed(self, exc: h11.RemoteProtocolError) -> None:
-        err = _protocol_error(exc)
-        req = Request("", "", {}, {}, b"", _request_id(None))
+        err = protocol_error(exc)
+        req = Request("", "", {}, {}, b"", request_id_for(None))
         self.linger = True
         with suppress(h11.LocalProtocolError, ConnectionError):
-            await self._send_response(req, _error_response(err), time.monotonic(), close=True, error=err.message)
+            await self._send_response(req, error_response(err), time.monotonic(), close=True, error=err.message)
 
     async def _send(self, *events: Any) -> None:
         for event in events:
@@ -242,47 +222,6 @@ class _Connection:
     async def _discard_input(self) -> None:
         while await self.reader.read(_READ_SIZE):
             pass
-
-
-def _make_request(head: h11.Request) -> Request:
-    headers: dict[str, str] = {}
-    for name, value in head.headers:
-        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    path, _, query = head.target.decode("latin-1").partition("?")
-    query_args = dict(parse_qsl(query, keep_blank_values=True))
-    method = head.method.decode("ascii").upper()
-    return Request(method, unquote(path) or "/", query_args, headers, b"", _request_id(headers.get("x-request-id")))
-
-
-def _head(status: int, request_id: str, headers: Sequence[tuple[str, str]], content_type: str,
-          length: int | None) -> h11.Response:
-    out = [(name, value) for name, value in headers if name.lower() not in _RESERVED]
-    if content_type and all(name.lower() != "content-type" for name, _ in out):
-        out.append(("content-type", content_type))
-    if length is not None:
-        out.append(("content-length", str(length)))
-    out.append(("x-request-id", request_id))
-    return h11.Response(status_code=status, headers=out)
-
-
-async def _aclose(chunks: AsyncIterator[bytes], req: Request) -> None:
-    """Close the stream's generator so its `finally:` runs even when we stopped mid-stream."""
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        try:
-            await aclose()
-        except Exception:
-            log.exception("http_stream_close_error", request_id=req.request_id)
-
-
-def _log_request(req: Request, status: int, started: float, **extra: Any) -> None:
-    """The one `http_request` line per request (warning level for error statuses)."""
-    duration_ms = round((time.monotonic() - started) * 1000, 3)
-    (log.warning if status >= 400 else log.info)(
-        "http_request", method=req.method, path=req.path, status=status, request_id=req.request_id,
-        duration_ms=duration_ms, **extra,
-    )
 
 
 class HttpServer:

@@ -11,18 +11,46 @@ bumps ``PROTOCOL_VERSION``.
 """
 
 from skippy.protocol.codec import (
-    MAX_HEADER_BYTES, MAX_ROWS, MAX_SESSIONS_PER_MESSAGE, MAX_WINDOWS, PROTOCOL_VERSION, decode, encode,
+    MAX_HEADER_BYTES,
+    MAX_ROWS,
+    MAX_SESSIONS_PER_MESSAGE,
+    MAX_WINDOWS,
+    PROTOCOL_VERSION,
+    decode,
+    encode,
 )
 from skippy.protocol.messages import (
-    Batch, Cancel, ConfigureSession, Credit, ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message,
-    MessageKind, Predictions, ProtocolError, Ready,
-    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
-    TokenLogprob, Window,
+    Batch,
+    Cancel,
+    ConfigureSession,
+    Credit,
+    ErrorCode,
+    ErrorReport,
+    FinishReason,
+    Heartbeat,
+    Hello,
+    Message,
+    MessageKind,
+    Predictions,
+    ProtocolError,
+    Ready,
+    ReleaseSessions,
+    SessionPrediction,
+    SetWire,
+    StageIdentity,
+    StageTiming,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    TokenLogprob,
+    Window,
 )
 
 __all__ = [
     "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "Cancel",
-    "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "Message", "MessageKind", "Predictions", "ProtocolError",
+    "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "Message",
+    "MessageKind", "Predictions", "ProtocolError",
     "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
     "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "decode", "encode",
 ]

@@ -16,10 +16,31 @@ import msgpack
 import numpy as np
 
 from skippy.protocol.messages import (
-    Batch, Cancel, ConfigureSession, Credit, ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message,
-    MessageKind, Predictions, ProtocolError, Ready,
-    ReleaseSessions, SessionPrediction, SetWire, StageIdentity, StageTiming, Status, StatusQuery, Submit, TokenEvents,
-    TokenLogprob, Window,
+    Batch,
+    Cancel,
+    ConfigureSession,
+    Credit,
+    ErrorCode,
+    ErrorReport,
+    FinishReason,
+    Heartbeat,
+    Hello,
+    Message,
+    MessageKind,
+    Predictions,
+    ProtocolError,
+    Ready,
+    ReleaseSessions,
+    SessionPrediction,
+    SetWire,
+    StageIdentity,
+    StageTiming,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    TokenLogprob,
+    Window,
 )
 
 if TYPE_CHECKING:
@@ -123,6 +144,10 @@ def _check_window(w: Window, path: str) -> None:
     out = w.outputs
     if out and (out[-1] >= w.n_tokens or any(a >= b for a, b in zip(out, out[1:]))):
         raise _fail(f"{path}.outputs", f"strictly increasing offsets in [0, {w.n_tokens})", list(out))
+    if w.draft and (len(w.draft) != w.n_tokens - 1 or out != tuple(range(w.n_tokens))):
+        raise ProtocolError(ErrorCode.MALFORMED, f"{path}.draft: a verify window of {w.n_tokens} rows carries"
+                            f" n_tokens - 1 draft tokens and wants every row's output, got {len(w.draft)} draft"
+                            f" tokens and outputs {list(out)}")
 
 
 def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
@@ -154,7 +179,7 @@ _TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float,
                   sent_at=_float)
 _TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
 _WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
-                  outputs=_seq(_int(), MAX_ROWS))
+                  outputs=_seq(_int(), MAX_ROWS), draft=_TOKENS)
 _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
               and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
@@ -171,7 +196,8 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
     MessageKind.CREDIT: _Struct(Credit, batch_id=_int(), stage_id=_str),
     MessageKind.PREDICTIONS: _Struct(Predictions, _check_predictions, batch_id=_int(),
                            results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS),
-    MessageKind.ERROR: _Struct(ErrorReport, code=_enum(ErrorCode), message=_str, stage_id=_str, batch_id=_opt(_int()), session_ids=_SESSIONS),
+    MessageKind.ERROR: _Struct(ErrorReport, code=_enum(ErrorCode), message=_str, stage_id=_str, batch_id=_opt(_int()),
+                               session_ids=_SESSIONS),
     MessageKind.HEARTBEAT: _Struct(Heartbeat, stage_id=_str),
     MessageKind.WIRE: _Struct(SetWire, delay_ms=_float, mbps=_opt(_float)),
     MessageKind.SUBMIT: _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
@@ -219,7 +245,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         hidden = np.ascontiguousarray(msg.hidden, dtype=_F32)  # no copy when already '<f4' C order
         if hidden.ndim != 2 or hidden.shape[0] != msg.n_rows or hidden.shape[1] < 1:
             raise ValueError(f"batch {msg.batch_id}: hidden has shape {hidden.shape}, expected ({msg.n_rows}, n_embd)")
-        frames.append(memoryview(hidden).cast("B"))
+        frames.append(memoryview(hidden).cast("B"))  # type: ignore[arg-type]  # ndarray is a buffer
     return frames
 
 

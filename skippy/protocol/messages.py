@@ -104,11 +104,17 @@ class Ready:
 
 @dataclass(frozen=True)
 class Window:
-    """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted."""
+    """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted.
+
+    A verify window carries ``draft``: the tokens proposed after its first row (rows 1..n-1 are
+    ``draft``). The final stage samples its rows in order and stops at the first sample that differs
+    from the draft, returning accepted + 1 tokens.
+    """
     session_id: int
     pos_start: int
     n_tokens: int
     outputs: tuple[int, ...] = ()
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

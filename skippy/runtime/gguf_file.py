@@ -111,7 +111,7 @@ class GGUFFile:
             dims = self._read("Q" * n_dims)
             ggml_type, offset = self._read("IQ")
             self.tensors.append(TensorInfo(name, tuple(dims), ggml_type, offset))
-        self.alignment = int(self.get("general.alignment", DEFAULT_ALIGNMENT))
+        self.alignment = int(self.get("general.alignment", DEFAULT_ALIGNMENT))  # type: ignore[call-overload]
         self.data_start = _align(self._pos, self.alignment)
         end = max((self.data_start + t.offset + t.nbytes for t in self.tensors), default=self.data_start)
         if end > len(self._buf):

@@ -14,7 +14,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as L
 import numpy as np
@@ -195,7 +195,7 @@ class BatchBuffers:
         """Point a llama_batch at the first n_rows (token, pos, logits must already be filled); with `embd`
         (C-contiguous float32 [n_rows, n_embd], read-only is fine) the batch reads it in place."""
         self._seq_ptrs[:n_rows] = self._seq_base + 4 * seq.astype(np.uint64)
-        batch = L.llama_batch()
+        batch: Any = L.llama_batch()  # llama-cpp-python types its pointer fields as arrays
         batch.n_tokens = n_rows
         if embd is not None:
             batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))

@@ -25,7 +25,7 @@ def resolve_model_path(spec: str | Path | None) -> Path:
     """`default` (or nothing) means the packaged Gemma 3 270M; anything else is a GGUF path."""
     if spec in DEFAULT_MODEL_NAMES:
         return default_model_path()
-    path = Path(spec).expanduser()  # type: ignore[arg-type]
+    path = Path(spec).expanduser()
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     return path

@@ -75,7 +75,7 @@ class SamplingParams:
             raise RuntimeUsageError(f"unknown sampling fields: {', '.join(sorted(unknown))}")
         values = dict(d)
         if "logit_bias" in values:
-            values["logit_bias"] = {int(k): float(v) for k, v in dict(values["logit_bias"]).items()}  # type: ignore[arg-type]
+            values["logit_bias"] = {int(k): float(v) for k, v in dict(values["logit_bias"]).items()}  # type: ignore[call-overload]
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -121,10 +121,6 @@ class SamplerChain:
     def sample(self, ctx: ctypes.c_void_p, batch_index: int) -> int:
         """Sample from the logits of batch row `batch_index` and record the token in the chain's history."""
         return int(L.llama_sampler_sample(self.ptr, ctx, batch_index))
-
-    def accept(self, token: int) -> None:
-        """Feed a token the chain did not sample (e.g. prompt tokens) into its penalty history."""
-        L.llama_sampler_accept(self.ptr, token)
 
     def close(self) -> None:
         if self.ptr:

@@ -52,9 +52,9 @@ def decode_greedy(model_path: Path, n_tokens: int) -> str:
 
 
 def run_child(model: str, n_tokens: int) -> int:
-    from skippy.runtime.models import resolve_model_path
-
     import llama_cpp as L
+
+    from skippy.runtime.models import resolve_model_path
 
     path = resolve_model_path(model)
     text = decode_greedy(path, n_tokens)

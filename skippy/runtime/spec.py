@@ -97,7 +97,9 @@ def _artifact_slice(path: Path, layer_start: int, layer_end: int) -> Artifact:
     have = (meta["skippy.slice.layer_start"], meta["skippy.slice.layer_end"])
     if have != (layer_start, layer_end):
         raise ModelError(f"{path}: slice holds layers [{have[0]}, {have[1]}), config asks for [{layer_start}, {layer_end})")
-    return Artifact(path, str(meta["skippy.slice.source_digest"]), int(meta["skippy.slice.source_n_layer"]))
+    n_layer = meta["skippy.slice.source_n_layer"]
+    assert isinstance(n_layer, int), n_layer
+    return Artifact(path, str(meta["skippy.slice.source_digest"]), n_layer)
 
 
 def _runtime_slice(path: Path, layer_start: int, layer_end: int, progress: Progress | None) -> Artifact:

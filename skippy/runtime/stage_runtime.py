@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from pathlib import Path
 
 import llama_cpp as L
 import numpy as np
 
-from skippy.config import StageConfig
 from skippy.protocol import TokenLogprob
-from skippy.runtime.errors import ModelError, RuntimeUsageError
-from skippy.runtime.llama_api import BatchBuffers, ContextParams, LlamaContext, copy_tensor, default_threads, tensor_name
+from skippy.runtime.errors import RuntimeUsageError
+from skippy.runtime.llama_api import (
+    BatchBuffers,
+    ContextParams,
+    LlamaContext,
+    copy_tensor,
+    default_threads,
+    tensor_name,
+)
 from skippy.runtime.llama_model import LlamaModel
-from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplerChain, SamplingParams
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
@@ -46,6 +50,9 @@ class DecodeResult:
     output_rows: list[list[int]]  # per window, the batch rows whose logits were kept (final stage)
 
 
+MAX_DRAFT_TOKENS = 16  # longest speculative draft a verify window may carry (sizes the final stage's logits)
+
+
 class StageRuntime:
     def __init__(self, spec: RuntimeSpec, progress: Progress | None = None) -> None:
         artifact = resolve_artifact(spec, progress)
@@ -61,8 +68,9 @@ class StageRuntime:
         n_batch = spec.n_batch or min(2048, n_ctx)
         # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
         # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
-        # llama.cpp also reserves at least one output row per sequence.
-        wanted = spec.n_outputs_max or 8 * spec.lane_count if self.is_final else 1
+        # llama.cpp also reserves at least one output row per sequence. A verify window of
+        # MAX_DRAFT_TOKENS drafts wants logits on all its rows, for every lane at once.
+        wanted = spec.n_outputs_max or (MAX_DRAFT_TOKENS + 1) * spec.lane_count if self.is_final else 1
         n_outputs_max = max(min(wanted, n_batch), spec.lane_count)
         self.params = ContextParams(
             n_ctx=n_ctx,
@@ -202,6 +210,7 @@ class StageRuntime:
             lanes[row:end] = lane
             buf.pos[row:end] = np.arange(w.pos_start, w.pos_start + w.n_tokens, dtype=np.int32)
             if self.is_first:
+                assert w.tokens is not None  # checked by _check_windows
                 buf.token[row:end] = w.tokens
             rows = [row + o for o in w.outputs] if self.is_final else []
             buf.logits[rows] = 1

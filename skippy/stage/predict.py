@@ -1,18 +1,38 @@
-"""Final-stage sampling of a decoded batch: one token (and logprobs if asked) per output row."""
+"""Final-stage sampling of a decoded batch: tokens (and logprobs if asked) per window.
+
+A plain window yields one token per output row. A verify window (rows `[last committed, d1..dk]`,
+logits on every row) is sampled row by row with the session's sampler: row i's sample t_i is
+committed and, if it equals the next draft token d_{i+1}, row i+1 is sampled too; the first
+mismatch ends the window. So accepted + 1 tokens come back, each drawn from the target
+distribution given the committed prefix — sample-and-compare is exact for any sampler, and the
+sampler's state (penalties, RNG) advances once per returned token, as in plain decoding.
+"""
 
 from __future__ import annotations
 
-from skippy.protocol import SessionPrediction
+from collections.abc import Sequence
+
+from skippy.protocol import SessionPrediction, TokenLogprob
 from skippy.runtime.stage_runtime import DecodeResult, SessionWindow, StageRuntime
 
 
-def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeResult) -> tuple[SessionPrediction, ...]:
-    """Sample every output row of the last decode with its session's sampler, in window order."""
+def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeResult,
+            drafts: Sequence[tuple[int, ...]] = ()) -> tuple[SessionPrediction, ...]:
+    """Sample every window of the last decode with its session's sampler, in window order."""
     predictions = []
-    for w, rows in zip(windows, result.output_rows):
+    for i, (w, rows) in enumerate(zip(windows, result.output_rows)):
         if not rows:
             continue
-        tokens = [runtime.sample(w.session_id, r) for r in rows]
-        logprobs = [runtime.logprobs(w.session_id, r, t) for r, t in zip(rows, tokens)]
-        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(lp for lp in logprobs if lp is not None)))
+        draft = drafts[i] if i < len(drafts) else ()
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        for j, row in enumerate(rows):
+            token = runtime.sample(w.session_id, row)
+            tokens.append(token)
+            logprob = runtime.logprobs(w.session_id, row, token)
+            if logprob is not None:
+                logprobs.append(logprob)
+            if draft and (j >= len(draft) or token != draft[j]):
+                break  # first mismatch (or the bonus token after a full accept): the window ends here
+        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs)))
     return tuple(predictions)

@@ -27,8 +27,21 @@ from skippy.config import ServingOptions
 from skippy.faults import fault_point
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import (
-    Batch, ConfigureSession, Credit, ErrorCode, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError,
-    Ready, ReleaseSessions, StageIdentity, StageTiming, decode,
+    Batch,
+    ConfigureSession,
+    Credit,
+    ErrorCode,
+    ErrorReport,
+    Heartbeat,
+    Hello,
+    Message,
+    Predictions,
+    ProtocolError,
+    Ready,
+    ReleaseSessions,
+    StageIdentity,
+    StageTiming,
+    decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
@@ -204,7 +217,7 @@ class StageServer:
         fault_point("stage.batch")
         windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs) for w in batch.windows]
         try:
-            computed = await self.worker.compute(windows, batch.hidden)
+            computed = await self.worker.compute(windows, batch.hidden, [w.draft for w in batch.windows])
         except (RuntimeUsageError, RuntimeError) as exc:
             await self._report_failure(ErrorCode.BATCH_FAILED, str(exc), batch.batch_id, sessions)
             await self._credit_deferred(batch.batch_id)

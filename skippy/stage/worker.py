@@ -44,17 +44,19 @@ class RuntimeWorker:
         """Run `fn(*args, **kwargs)` in the runtime thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
-    async def compute(self, windows: list[SessionWindow], hidden: np.ndarray | None = None) -> Computed:
+    async def compute(self, windows: list[SessionWindow], hidden: np.ndarray | None = None,
+                      drafts: Sequence[tuple[int, ...]] = ()) -> Computed:
+        """Run the layers; at the final stage sample every window (verify windows against `drafts`)."""
         started_at, start = time.time(), time.perf_counter()
-        out, predictions = await self.call(self._compute, windows, hidden)
+        out, predictions = await self.call(self._compute, windows, hidden, drafts)
         return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3)
 
-    def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> tuple[
-            np.ndarray | None, tuple[SessionPrediction, ...]]:
+    def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None,
+                 drafts: Sequence[tuple[int, ...]]) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...]]:
         result = self.runtime.decode(windows, hidden)
         if not self.runtime.is_final:
             return result.hidden, ()
-        return None, predict(self.runtime, windows, result)
+        return None, predict(self.runtime, windows, result, drafts)
 
     def release(self, session_ids: Sequence[int]) -> int:
         """Forget these sessions (runtime thread only); returns how many were held."""

@@ -2,9 +2,10 @@
 
 llama.cpp is not batch-invariant, so a pipeline's tokens are only bitwise comparable with an unsplit
 model that decodes the *same batches*. `replay_op_log` re-runs a driver's `OpLog` (every batch and
-release exactly as the stages applied them, recorded when a test installs one) on a `LocalChain` and returns the tokens sampled per
-session. `greedy_with_margins` runs one prompt alone and also returns each step's top-2 logit margin,
-so a batched-vs-alone comparison can stop where the margin is too thin to be meaningful.
+release exactly as the stages applied them, recorded when a test installs one) on a `LocalChain`
+and returns the tokens sampled per session. `greedy_with_margins` runs one prompt alone and also
+returns each step's top-2 logit margin, so a batched-vs-alone comparison can stop where the margin
+is too thin to be meaningful.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from skippy.runtime.stage_runtime import SessionWindow
 class OpLog(list[tuple[str, Any]]):
     """A driver OpRecorder that keeps every op in stage order: `driver.recorder = OpLog()` (tests only)."""
 
-    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]) -> None:
+    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> None:
         self.append(("batch", windows))
 
     def release(self, session_ids: tuple[int, ...]) -> None:
@@ -34,8 +35,9 @@ def replay_op_log(
 ) -> dict[int, list[int]]:
     """Apply ("batch", windows) / ("release", ids) ops to `chain`; returns the tokens sampled per session.
 
-    A batch window is `(session_id, pos_start, tokens, outputs)`; every output row is sampled with the
-    session's sampler (greedy unless `sampling` names one), in batch order, like the final stage does.
+    A batch window is `(session_id, pos_start, tokens, outputs, draft)`; output rows are sampled with the
+    session's sampler (greedy unless `sampling` names one), in batch order, like the final stage does:
+    a verify window (non-empty draft) stops at the first sample that differs from its draft.
     Sessions still open at the end are released, so the chain can be reused.
     """
     produced: dict[int, list[int]] = {}
@@ -45,17 +47,21 @@ def replay_op_log(
         if kind == "batch":
             windows = [
                 SessionWindow(int(sid), int(pos), len(tokens), tuple(outputs), np.asarray(tokens, np.int32))
-                for sid, pos, tokens, outputs in payload
+                for sid, pos, tokens, outputs, _ in payload
             ]
+            drafts = [tuple(draft) for *_, draft in payload]
             for w in windows:
                 if sampling and w.session_id in sampling and w.session_id not in configured:
                     chain.final.configure_session(w.session_id, sampling[w.session_id])
                     configured.add(w.session_id)
                 open_sessions.add(w.session_id)
             rows = chain.decode(windows)
-            for w, session_rows in zip(windows, rows):
-                for row in session_rows:
-                    produced.setdefault(w.session_id, []).append(chain.final.sample(w.session_id, row))
+            for w, draft, session_rows in zip(windows, drafts, rows):
+                for j, row in enumerate(session_rows):
+                    token = chain.final.sample(w.session_id, row)
+                    produced.setdefault(w.session_id, []).append(token)
+                    if draft and (j >= len(draft) or token != draft[j]):
+                        break
         elif kind == "release":
             for sid in payload:
                 chain.release(int(sid))

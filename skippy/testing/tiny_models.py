@@ -9,6 +9,9 @@ separate output head, Gemma 3 sliding-window/global layer mix, q/k norms,
 sandwich norms, q/k/v biases), which is what splitting a model by layers needs
 to exercise.  All families share one small SentencePiece-style vocabulary
 (``tokenizer.ggml.model = "llama"``) with byte fallback, so any text tokenizes.
+Two models therefore make a draft/target pair whenever their vocabulary options
+(``vocab_seed``, ``n_extra_tokens``) agree; changing either gives a pair whose
+vocabularies differ (same size but other token texts, or another size).
 
 Usage: ``tiny_model_path("gemma3", cache_dir, n_layer=6)`` in tests (written
 once, cached), ``write_tiny_model(...)`` for an explicit path, or from a shell
@@ -82,11 +85,13 @@ _SUFFIXES = ("ing", "ed", "er", "es", "ly", "s")
 _CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?;:'\"-()"
 
 
-def _vocab() -> tuple[list[str], list[float], list[int]]:
+def _vocab(vocab_seed: int = 0, n_extra_tokens: int = 0) -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of the shared tiny SPM vocabulary.
 
     Every multi-character piece comes with all its prefixes, so SPM's greedy
-    bigram merging can build it from single characters.
+    bigram merging can build it from single characters.  ``vocab_seed`` > 0
+    shuffles the multi-character pieces (same tokens, other ids);
+    ``n_extra_tokens`` appends never-produced ``<extra_N>`` pieces.
     """
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
@@ -94,6 +99,11 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
     for word in [_SPACE + w for w in _WORDS] + list(_SUFFIXES):
         pieces += [word[:i] for i in range(2, len(word) + 1)]
     pieces = list(dict.fromkeys(pieces))  # dedupe, keep order
+    if vocab_seed:
+        n_single = 1 + len(_CHARS)
+        multi = pieces[n_single:]
+        pieces = pieces[:n_single] + [multi[i] for i in np.random.default_rng(vocab_seed).permutation(len(multi))]
+    pieces += [f"<extra_{i}>" for i in range(n_extra_tokens)]
     tokens += pieces
     types += [TokenType.NORMAL] * len(pieces)
     scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
@@ -159,10 +169,12 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, 
 
 def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048, seed: int = 0,
-                     tensor_type: str = "f32") -> Path:
+                     tensor_type: str = "f32", vocab_seed: int = 0, n_extra_tokens: int = 0) -> Path:
     """Write a tiny random-weight ``family`` model to ``path`` and return ``path``.
 
-    The same arguments always produce a byte-identical file.
+    The same arguments always produce a byte-identical file.  ``vocab_seed`` and
+    ``n_extra_tokens`` change the vocabulary (see ``_vocab``); at 0 every model
+    shares one vocabulary, whatever its family, size or weight seed.
     """
     if family not in _SPECS:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
@@ -170,11 +182,13 @@ def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int =
         raise ValueError(f"unknown tensor_type {tensor_type!r}; expected one of {tuple(_TENSOR_TYPES)}")
     if n_layer < 1 or n_embd % n_head or n_head % n_head_kv:
         raise ValueError("need n_layer >= 1, n_embd divisible by n_head, n_head divisible by n_head_kv")
+    if vocab_seed < 0 or n_extra_tokens < 0:
+        raise ValueError("need vocab_seed >= 0 and n_extra_tokens >= 0")
     spec = _SPECS[family]
     qtype, file_type = _TENSOR_TYPES[tensor_type]
     arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == family)
     head_dim = n_embd // n_head
-    tokens, scores, types = _vocab()
+    tokens, scores, types = _vocab(vocab_seed, n_extra_tokens)
     path = Path(path)
 
     w = GGUFWriter(path, family)

@@ -23,8 +23,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from brokers import Broker, BrokerAdmission
-from skippy.config import StageTopology
+from brokers import Broker
+from skippy.config import AdmissionOptions, StageTopology
 from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
 from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
@@ -180,7 +180,7 @@ class FakeStage0:
 
 
 @contextlib.asynccontextmanager
-async def running_broker(pipelines: Sequence[str], admission: BrokerAdmission | None = None,
+async def running_broker(pipelines: Sequence[str], admission: AdmissionOptions | None = None,
                          **kwargs: Any) -> AsyncIterator[tuple[Broker, BrokerClient]]:
     """A started Broker on a tcp port, ready, with a client connected (on its own context, so the
     test may close the broker first and still read what it sent); both closed on exit."""

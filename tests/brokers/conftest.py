@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from broker_helpers import PipelineProcs
+
 from skippy.launcher import StageProcesses, write_local_topology
 
 WIRE_FLAGS = ("--downstream-wire-delay-ms", "5")

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from broker_helpers import Clock
+
 from brokers.adaptive import AdaptiveConcurrency, Decision
 from brokers.admission import AdmissionQueue
 from skippy.log import configure_logging

@@ -68,7 +68,7 @@ def test_waiters_are_admitted_in_arrival_order() -> None:
         await settle(lambda: queue.waiting == 4)
         held.release()
         for i, waiter in enumerate(waiters):
-            await settle(lambda: waiter.permit is not None)
+            await settle(lambda waiter=waiter: waiter.permit is not None)
             assert order == list("abcd"[: i + 1]) and (queue.running, queue.waiting) == (1, 3 - i)
             assert waiter.permit is not None
             waiter.permit.release()

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import zmq.asyncio
-
 from broker_helpers import BrokerClient, PipelineProcs, run
+
 from skippy.cli.broker import main, register, resolve_broker_settings, run_broker
-from skippy.config import ConfigError
+from skippy.config import AdmissionOptions, ConfigError
 from skippy.launcher import read_events
 
 
@@ -41,12 +41,11 @@ def test_flags_resolve_to_settings(shared_pipeline: PipelineProcs) -> None:
     assert settings.bind == "tcp://127.0.0.1:0"
     assert settings.pipelines == (shared_pipeline.request_endpoint,) * 2 and settings.stage0_ids == ("stage0",) * 2
     admission = settings.admission
-    assert (admission.concurrency, admission.queue_capacity, admission.timeout_s) == (2, 0, 1.5)
-    assert (admission.adaptive, admission.adaptive_min, str(settings.telemetry_level)) == (True, 2, "debug")
+    assert (admission.generation_concurrency, admission.queue_capacity, admission.admission_timeout_secs) == (2, 0, 1.5)
+    assert (admission.adaptive, admission.adaptive_min_concurrency, str(settings.telemetry_level)) == (True, 2, "debug")
     defaults = resolve_broker_settings(parse("--bind", "ipc:///tmp/b.sock",
                                              "--pipeline", str(shared_pipeline.topology)))
-    assert (defaults.admission.concurrency, defaults.admission.queue_capacity, defaults.admission.timeout_s) == (
-        None, None, 0.0)
+    assert defaults.admission == AdmissionOptions()
 
 
 @pytest.mark.parametrize(("flags", "message"), [

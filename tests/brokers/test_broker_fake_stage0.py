@@ -12,9 +12,9 @@ import asyncio
 from pathlib import Path
 
 import zmq.asyncio
-
 from broker_helpers import WAIT_S, BrokerClient, Clock, FakeStage0, run, running_broker
-from brokers import BrokerAdmission
+
+from skippy.config import AdmissionOptions
 from skippy.protocol import TokenEvents, TokenLogprob
 
 
@@ -129,7 +129,7 @@ def test_refusals_duplicates_shutdown_and_losing_the_last_pipeline(tmp_path: Pat
         ctx = zmq.asyncio.Context()
         (stage0,) = fakes(ctx, tmp_path, 1, lane_count=1)
         try:
-            async with running_broker([stage0.endpoint], BrokerAdmission(queue_capacity=4)) as (broker, client):
+            async with running_broker([stage0.endpoint], AdmissionOptions(queue_capacity=4)) as (broker, client):
                 running = await client.submit(request_id="running")
                 await stage0.next_submit()
                 other = BrokerClient(broker.endpoint, ctx)  # a second adapter picking the same request id
@@ -166,7 +166,7 @@ def test_adaptive_admission_starts_at_its_minimum(tmp_path: Path) -> None:
         ctx = zmq.asyncio.Context()
         (stage0,) = fakes(ctx, tmp_path, 1, lane_count=4)
         try:
-            admission = BrokerAdmission(adaptive=True, adaptive_min=1)
+            admission = AdmissionOptions(adaptive=True, adaptive_min_concurrency=1)
             async with running_broker([stage0.endpoint], admission) as (broker, client):
                 assert broker.adaptive is not None and broker.adaptive.max_concurrency == 4
                 first, second = await client.submit(request_id="first"), await client.submit(request_id="second")

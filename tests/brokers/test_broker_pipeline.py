@@ -15,11 +15,12 @@ import asyncio
 from collections.abc import Callable
 
 from broker_helpers import WAIT_S, BrokerClient, PipelineProcs, Stream, run, running_broker
-from brokers import BrokerAdmission
+
+from skippy.config import AdmissionOptions
 from skippy.driver.client import DriverClient
 
 LONG = 480  # tokens: >= 2.4 s at the 5 ms wire delay, so these outlast every wait below; cancelled at the end
-ADMISSION = BrokerAdmission(concurrency=2, queue_capacity=2)
+ADMISSION = AdmissionOptions(generation_concurrency=2, queue_capacity=2)
 
 
 async def cancel_all(client: BrokerClient, streams: list[Stream]) -> None:
@@ -60,7 +61,7 @@ def test_overload_runs_two_queues_two_refuses_two(shared_pipeline: PipelineProcs
 
 
 def test_queued_requests_time_out(shared_pipeline: PipelineProcs) -> None:
-    admission = BrokerAdmission(concurrency=2, queue_capacity=2, timeout_s=0.2)
+    admission = AdmissionOptions(generation_concurrency=2, queue_capacity=2, admission_timeout_secs=0.2)
 
     async def body() -> None:
         async with running_broker([shared_pipeline.request_endpoint], admission) as (_broker, client):

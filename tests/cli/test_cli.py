@@ -113,37 +113,60 @@ def test_slice_command_writes_an_artifact_slice_that_loads(tiny_llama: Path, tmp
     assert np.array_equal(logits[0], logits[1])
 
 
-UNSUPPORTED = [
-    (["--metrics-otlp-grpc", "http://127.0.0.1:4317"], "--metrics-otlp-grpc is not supported yet (OTLP export: issue 12)"),
-    (["--telemetry-queue-capacity", "64"], "--telemetry-queue-capacity is not supported yet (telemetry event queue"),
-    (["--openai-speculative-config", "{plan}"], "--openai-speculative-config is not supported yet (speculative decoding"),
-    (["--openai-native-mtp-draft-model-path", "mtp.gguf"], "--openai-native-mtp-draft-model-path is not supported yet"),
-    (["--openai-draft-model-path", "draft.gguf"], "--openai-draft-model-path is not supported yet"),
-    (["--openai-speculative-window", "4"], "--openai-speculative-window is not supported yet"),
-    (["--openai-adaptive-speculative-window"], "--openai-adaptive-speculative-window is not supported yet"),
-    (["--openai-draft-n-gpu-layers", "-1"], "--openai-draft-n-gpu-layers is not supported yet"),
-]
+NATIVE_MTP = "native MTP drafting is not supported"
+UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the one-line refusal
+    "otlp": (["--metrics-otlp-grpc", "http://127.0.0.1:4317"],
+             "--metrics-otlp-grpc is not supported yet (OTLP export: issue 12)"),
+    "telemetry-queue": (["--telemetry-queue-capacity", "64"],
+                        "--telemetry-queue-capacity is not supported yet (telemetry event queue"),
+    "plan-native-mtp": (["--openai-speculative-config", "{mtp}"],
+                        f"--openai-speculative-config: {{mtp}} sets native_mtp.enabled; {NATIVE_MTP}"),
+    "native-mtp-draft": (["--openai-native-mtp-draft-model-path", "mtp.gguf"],
+                         f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}"),
+    "pipeline-depth": (["--openai-speculative-config", "{deep}"],
+                       "--openai-speculative-config: {deep} sets verify_window.pipeline_depth 2; pipelined verify windows"),
+    "draft-and-ngram": (["--openai-draft-model-path", "draft.gguf", "--openai-speculative-config", "{ngram}"],
+                        "--openai-draft-model-path and the ngram proposer of {ngram} cannot both draft; pick one"),
+    "window-alone": (["--openai-speculative-window", "4"],
+                     "--openai-speculative-window needs a proposer: --openai-draft-model-path"),
+    "mode-without-adaptive": (["--openai-draft-model-path", "draft.gguf", "--openai-adaptive-speculative-window-mode", "simple"],
+                              "--openai-adaptive-speculative-window-mode needs --openai-adaptive-speculative-window"),
+}
+PLANS = {
+    "mtp": {"native_mtp": {"enabled": True, "max_draft_tokens": 2}},
+    "ngram": {"ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 16}},
+    "deep": {"ngram": {"kind": "cache", "min_ngram": 1, "max_ngram": 4, "max_proposal_tokens": 6},
+             "verify_window": {"pipeline_depth": 2}},
+}
 
 
 @pytest.fixture
-def local_topology(tiny_llama: Path, tmp_path: Path) -> tuple[Path, list[Path], Path]:
-    """(topology, stage configs, a plan that asks for native MTP drafting)."""
+def local_topology(tiny_llama: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
+    """(topology, stage configs) of a 2-stage split of the tiny model."""
     from skippy.launcher import write_local_topology
 
-    topology, configs = write_local_topology(tmp_path / "t", tiny_llama, 6, [3])
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"native_mtp": {"enabled": True, "max_draft_tokens": 2}}))
-    return topology, configs, plan
+    return write_local_topology(tmp_path / "t", tiny_llama, 6, [3])
+
+
+@pytest.fixture
+def plans(tmp_path: Path) -> dict[str, str]:
+    """The paths of PLANS, written as JSON files, by name."""
+    paths = {}
+    for name, plan in PLANS.items():
+        path = tmp_path / f"{name}-plan.json"
+        path.write_text(json.dumps(plan))
+        paths[name] = str(path)
+    return paths
 
 
 @pytest.mark.parametrize("command", ["stage", "check-config", "up"])
-@pytest.mark.parametrize(("flags", "message"), UNSUPPORTED, ids=[flags[0] for flags, _ in UNSUPPORTED])
+@pytest.mark.parametrize(("flags", "message"), UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
 def test_unsupported_flag_fails_at_startup_naming_it(command: str, flags: list[str], message: str,
-                                                     local_topology: tuple[Path, list[Path], Path],
+                                                     local_topology: tuple[Path, list[Path]], plans: dict[str, str],
                                                      tiny_llama: Path, tmp_path: Path) -> None:
     """Every entry point that would start something refuses the flag in one line, before starting it."""
-    topology, configs, plan = local_topology
-    flags = [f.replace("{plan}", str(plan)) for f in flags]
+    topology, configs = local_topology
+    flags = [f.format(**plans) for f in flags]
     if command == "up":
         run_dir = tmp_path / "run"
         args = ["up", "--model", str(tiny_llama), "--split", "3", "--bind", "127.0.0.1:0", "--run-dir", str(run_dir)]
@@ -151,10 +174,34 @@ def test_unsupported_flag_fails_at_startup_naming_it(command: str, flags: list[s
         args = [command, "--config", str(configs[0]), "--topology", str(topology)]
     out = skippy(*args, *flags, env_dir=tmp_path)
     assert out.returncode == 2, out.stderr
-    assert f"skippy {command}: error: {message}" in out.stderr
+    assert f"skippy {command}: error: {message.format(**plans)}" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     if command == "up":
         assert not list(run_dir.glob("*.log")), "nothing may start"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--openai-speculative-config", "{ngram}", "--openai-speculative-window", "8", "--openai-adaptive-speculative-window"],
+         {"plan_path": "{ngram}", "speculative_window": 8, "adaptive_speculative_window": True, "adaptive_mode": "cost"}),
+        (["--openai-draft-model-path", "/no/such/draft.gguf", "--openai-draft-n-gpu-layers", "0",
+          "--openai-adaptive-speculative-window", "--openai-adaptive-speculative-window-mode", "simple"],
+         {"draft_model_path": "/no/such/draft.gguf", "draft_n_gpu_layers": 0, "adaptive_mode": "simple"}),
+    ],
+    ids=["ngram-adaptive", "draft-model"],
+)
+def test_check_config_accepts_valid_speculative_flags(flags: list[str], expected: dict[str, object],
+                                                      local_topology: tuple[Path, list[Path]], plans: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    """Valid combinations resolve (the draft model is only opened when the stage starts)."""
+    topology, configs = local_topology
+    out = skippy("check-config", "--config", str(configs[0]), "--topology", str(topology),
+                 *[f.format(**plans) for f in flags], env_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    speculative = json.loads(out.stdout)["speculative"]
+    shown = {key: speculative[key] for key in expected}
+    assert shown == {key: value.format(**plans) if isinstance(value, str) else value for key, value in expected.items()}
 
 
 @pytest.mark.parametrize(
@@ -183,18 +230,18 @@ def test_up_checks_every_flag_before_starting_anything(flags: list[str], message
     assert not list(run_dir.glob("*.log")), "nothing may start"
 
 
-def test_stage_rejects_front_flags_without_the_front(local_topology: tuple[Path, list[Path], Path],
+def test_stage_rejects_front_flags_without_the_front(local_topology: tuple[Path, list[Path]],
                                                      tmp_path: Path) -> None:
-    topology, configs, _plan = local_topology
+    topology, configs = local_topology
     out = skippy("stage", "--config", str(configs[0]), "--topology", str(topology),
                  "--openai-generation-concurrency", "1", env_dir=tmp_path)
     assert out.returncode == 2
     assert "--openai-generation-concurrency needs --openai-bind-addr" in out.stderr
 
 
-def test_check_config_shows_stage0_options_without_the_front(local_topology: tuple[Path, list[Path], Path],
+def test_check_config_shows_stage0_options_without_the_front(local_topology: tuple[Path, list[Path]],
                                                              tmp_path: Path) -> None:
-    topology, configs, _plan = local_topology
+    topology, configs = local_topology
     out = skippy("check-config", "--config", str(configs[0]), "--topology", str(topology),
                  "--openai-prefill-chunk-policy", "fixed", "--openai-prefill-chunk-size", "48", env_dir=tmp_path)
     assert out.returncode == 0, out.stderr

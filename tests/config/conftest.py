@@ -1,4 +1,5 @@
-"""Fixtures for the config tests: small JSON files written into tmp_path."""
+"""Fixtures for the config tests: small JSON files written into tmp_path, and serving flags
+resolved against a fresh stage config (``serve``, ``serve_error``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_helpers import Serve, ServeError
+
+from skippy.config import ConfigError, ServingOptions, parse_serving_args
 
 WriteJson = Callable[[str, Any], Path]
 
@@ -73,3 +77,28 @@ def topology_dict() -> dict[str, Any]:
 @pytest.fixture
 def make_topology() -> Callable[..., dict[str, Any]]:
     return make_topology_dict
+
+
+@pytest.fixture
+def serve(write_json: WriteJson, stage_dict: dict[str, Any]) -> Serve:
+    """Resolve flags against a fresh copy of ``stage_dict`` (see ``Serve``)."""
+
+    def run(*flags: str, stage: dict[str, Any] | None = None) -> ServingOptions:
+        path = write_json("stage.json", {**stage_dict, **(stage or {})})
+        return parse_serving_args(["--config", str(path), *flags])
+
+    return run
+
+
+@pytest.fixture
+def serve_error(serve: Serve) -> ServeError:
+    """The one-line ConfigError that resolving flags raises (see ``ServeError``)."""
+
+    def run(*flags: str, stage: dict[str, Any] | None = None) -> str:
+        with pytest.raises(ConfigError) as info:
+            serve(*flags, stage=stage)
+        message = str(info.value)
+        assert "\n" not in message
+        return message
+
+    return run

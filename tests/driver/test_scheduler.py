@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from skippy.config import PrefillChunkOptions, PrefillChunkPolicy
-from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.events import RequestHandle
+from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence
 from skippy.runtime.sampling import SamplingParams
@@ -32,7 +32,8 @@ def seq(session_id: int, prompt_len: int, *, chunk: int = 64, prefilled: int = 0
         request_id=f"req-{session_id}", session_id=session_id, prompt=prompt, sampling=SamplingParams(),
         max_tokens=64, stop_tokens=frozenset(),
         planner=ChunkPlanner(PrefillChunkOptions(policy=PrefillChunkPolicy.FIXED, chunk_size=chunk)),
-        handle=RequestHandle(f"req-{session_id}"), prefilled=prefilled, generated=list(generated), in_flight=in_flight, cancelled=cancelled,
+        handle=RequestHandle(f"req-{session_id}"), prefilled=prefilled, generated=list(generated), in_flight=in_flight,
+        cancelled=cancelled,
     )
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import openai
 import pytest
-
 from up_helpers import SkippyServer, wait_idle
 
 PROMPT = "Once upon a time"

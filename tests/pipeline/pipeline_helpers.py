@@ -22,6 +22,7 @@ from skippy.config import ServingOptions, parse_serving_args
 from skippy.driver.driver import Driver
 from skippy.driver.events import TokenEvent
 from skippy.driver.liveness import DEAD_AFTER_S
+from skippy.driver.speculative.engine import Speculation
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging
 from skippy.runtime.chain import LocalChain
@@ -116,13 +117,15 @@ class Pipeline:
 
 @contextlib.asynccontextmanager
 async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None = None,
-                         dead_after_s: float = DEAD_AFTER_S) -> AsyncIterator[Driver]:
+                         dead_after_s: float = DEAD_AFTER_S, speculation: Speculation | None = None
+                         ) -> AsyncIterator[Driver]:
     """A started Driver for `pipe` (stage 0 in this process) recording its ops (`driver.recorder`, an
     OpLog), closed with its runtime on exit."""
     configure_logging("summary", stream=sys.stderr, stage_id="stage0", role="test-driver")
     options = pipe.driver_options(*flags)
     runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
-    driver = Driver(options, runtime, max_iterations_in_flight=max_iterations, dead_after_s=dead_after_s)
+    driver = Driver(options, runtime, max_iterations_in_flight=max_iterations, dead_after_s=dead_after_s,
+                    speculation=speculation)
     driver.recorder = OpLog()
     try:
         await driver.start()

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-
 from pipeline_helpers import Pipeline, Result, generate_concurrently, random_prompt, run, running_driver
+
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.testing.replay import check_against_alone, clear_prefix, greedy_with_margins, replay_op_log
 

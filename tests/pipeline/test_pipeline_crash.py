@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
+
 from skippy.driver.client import DriverClient
 from skippy.protocol import ErrorCode
 from skippy.transport import request_endpoint

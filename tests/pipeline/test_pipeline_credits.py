@@ -16,11 +16,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from pipeline_helpers import (
-    REQUEST_TIMEOUT_S, Pipeline, generate_concurrently, random_prompt, run, running_driver, session_of,
+    REQUEST_TIMEOUT_S,
+    Pipeline,
+    generate_concurrently,
+    random_prompt,
+    run,
+    running_driver,
+    session_of,
 )
+
 from skippy.testing.replay import replay_op_log
 
 LIMIT = 2
@@ -91,8 +96,8 @@ def test_stalled_downstream_blocks_sender(tiny_model: Callable[..., Path], make_
                 for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
                     handles.append(driver.submit(prompt, max_tokens=m))
                     if i < LIMIT:
-                        await _poll(lambda: credits.outstanding == i + 1, 20.0,
-                                    lambda: f"batch {i + 1} to be sent ({credits})")
+                        await _poll(lambda i=i: credits.outstanding == i + 1, 20.0,
+                                    lambda i=i: f"batch {i + 1} to be sent ({credits})")
                     elif i == LIMIT:
                         await _poll(lambda: credits.waits >= 1, 20.0,
                                     lambda: f"the driver to wait for a credit ({credits})")
@@ -143,8 +148,8 @@ def test_stalled_final_stage_blocks_middle_stage(tiny_model: Callable[..., Path]
                 for i, prompt in enumerate(prompts):
                     handles.append(driver.submit(prompt, max_tokens=24))
                     sessions.append(session_of(driver, handles[-1].request_id))
-                    await _poll(lambda: len(driver.launcher.inflight) == min(i + 1, cap), 20.0,
-                                lambda: f"iteration {i + 1} to be launched ({len(driver.launcher.inflight)} in flight)")
+                    await _poll(lambda i=i: len(driver.launcher.inflight) == min(i + 1, cap), 20.0,
+                                lambda i=i: f"iteration {i + 1} to be launched ({len(driver.launcher.inflight)} in flight)")
                 for _ in range(25):  # nothing comes back, nothing more goes out
                     assert len(driver.launcher.inflight) == cap
                     assert driver.downstream.credits.stats.outstanding <= LIMIT

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from pipeline_helpers import Pipeline, generate_each, random_prompt, reference_generate, run, running_driver
+
 from skippy.runtime.tokenizer import Tokenizer
 
 TINY_PROMPT_LENGTHS = (5, 33, 70)  # 70 > the tiny gemma3's sliding window (32)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
+
 from skippy.driver.driver import Driver
 from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
 

@@ -19,11 +19,23 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-
 from pipeline_helpers import N_THREADS, Pipeline, random_prompt, reference_generate
+
 from skippy.protocol import (
-    PROTOCOL_VERSION, Batch, Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, Ready,
-    StageIdentity, StageTiming, Window, decode, encode,
+    PROTOCOL_VERSION,
+    Batch,
+    Credit,
+    ErrorReport,
+    Heartbeat,
+    Hello,
+    Message,
+    Predictions,
+    Ready,
+    StageIdentity,
+    StageTiming,
+    Window,
+    decode,
+    encode,
 )
 from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
 

@@ -13,10 +13,31 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from skippy.protocol import (
+    MAX_HEADER_BYTES,
+    MAX_ROWS,
+    MAX_SESSIONS_PER_MESSAGE,
+    MAX_WINDOWS,
+    PROTOCOL_VERSION,
+    Batch,
+    ConfigureSession,
+    Credit,
     ErrorCode,
-    MAX_HEADER_BYTES, MAX_ROWS, MAX_SESSIONS_PER_MESSAGE, MAX_WINDOWS, PROTOCOL_VERSION, Batch, ConfigureSession,
-    Credit, ErrorReport, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready, ReleaseSessions,
-    SessionPrediction, StageIdentity, StageTiming, Window, decode, encode,
+    ErrorReport,
+    FinishReason,
+    Heartbeat,
+    Hello,
+    Message,
+    Predictions,
+    ProtocolError,
+    Ready,
+    ReleaseSessions,
+    SessionPrediction,
+    StageIdentity,
+    StageTiming,
+    TokenEvents,
+    Window,
+    decode,
+    encode,
 )
 
 IDENTITY = StageIdentity("s1", 1, 9, 18, "sha256:abc", 640)
@@ -150,6 +171,7 @@ def test_field_errors_name_the_path() -> None:
         ("session_id", 2**63, "session_id"),
         ("session_id", True, "got bool"),
         ("n_tokens", 2.0, "got 2.0"),
+        ("draft", [5, 2**31], "draft[1]"),
     ],
 )
 def test_window_validation(field: str, value: Any, fragment: str) -> None:
@@ -178,9 +200,10 @@ def test_missing_and_mistyped_fields() -> None:
 @pytest.mark.parametrize(
     ("name", "field", "value"),
     [
-        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": []}
+        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": [], "draft": []}
                                      for i in range(MAX_WINDOWS + 1)]),
-        ("batch_tokens", "windows", [{"session_id": 1, "pos_start": 0, "n_tokens": MAX_ROWS + 1, "outputs": []}]),
+        ("batch_tokens", "windows", [{"session_id": 1, "pos_start": 0, "n_tokens": MAX_ROWS + 1, "outputs": [],
+                                      "draft": []}]),
         ("release", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
         ("error", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
     ],
@@ -207,7 +230,10 @@ SESSION_IDS = st.lists(IDS, max_size=5).map(tuple)
 
 def windows_of(n: int) -> st.SearchStrategy[Window]:
     outputs = st.sets(st.integers(0, n - 1)).map(lambda s: tuple(sorted(s)))
-    return st.builds(Window, IDS, I31, st.just(n), outputs)
+    plain = st.builds(Window, IDS, I31, st.just(n), outputs)
+    verify = st.builds(Window, IDS, I31, st.just(n), st.just(tuple(range(n))),
+                       st.lists(I31, min_size=n - 1, max_size=n - 1).map(tuple)) if n > 1 else plain
+    return plain | verify
 
 
 @st.composite
@@ -294,3 +320,22 @@ def test_mutated_messages_only_raise_protocol_error(msg: Message, data: st.DataO
             header["v" if how == "version" else "k"] = data.draw(WEIRD | st.sampled_from(["batch", "credit", "hello"]))
         frames[0] = pack(header)
     decodes_or_rejects(frames, data.draw(st.none() | st.integers(1, 8)))
+
+
+def test_verify_window_rules() -> None:
+    header = header_of(EXAMPLES["batch_tokens"])
+    header["windows"][0].update(n_tokens=3, outputs=[0, 1, 2], draft=[11, 12])
+    assert isinstance(decode([pack(header)]), Batch)  # a well-formed verify window
+    header["windows"][0]["draft"] = [11]
+    assert "a verify window of 3 rows carries n_tokens - 1 draft tokens" in rejects([pack(header)], "malformed")
+    header["windows"][0].update(draft=[11, 12], outputs=[2])
+    assert "and wants every row's output" in rejects([pack(header)], "malformed")
+
+
+def test_codes_and_reasons_decode_as_enums() -> None:
+    msg = decode(encode(TokenEvents("r", (), "error", "boom", "pipeline_failed")))
+    assert isinstance(msg, TokenEvents)
+    assert msg.finish_reason is FinishReason.ERROR and msg.code is ErrorCode.PIPELINE_FAILED
+    header = header_of(TokenEvents("r", (), "error", "boom", "pipeline_failed"))
+    assert "one of" in rejects([pack({**header, "code": "teapot"})], "malformed")
+    assert "one of stop, length" in rejects([pack({**header, "finish_reason": "done"})], "malformed")

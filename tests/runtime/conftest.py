@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-
 from runtime_helpers import N_LAYER, tiny_spec
+
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import batched_greedy, decode_logits, prompt_tokens, tiny_spec, top2_margin, window
+
 from skippy.runtime.chain import LocalChain
 from skippy.testing.tiny_models import FAMILIES
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import batched_greedy, decode_logits, window
+
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.stage_runtime import RuntimeSpec
 from skippy.runtime.tokenizer import Tokenizer

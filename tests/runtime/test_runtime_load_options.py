@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import N_LAYER, greedy_run, prompt_tokens, tiny_spec
+
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import ModelError
 from skippy.runtime.llama_model import LlamaModel, ModelLoadParams, amx_compiled, backend_devices, system_info

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import SWA, decode_logits, prompt_tokens, tiny_spec, window
+
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import RuntimeUsageError
 

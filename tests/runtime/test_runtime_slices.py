@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime_helpers import decode_logits, prompt_tokens, tiny_spec, window
 
 import skippy.runtime.slices as slices
-from runtime_helpers import decode_logits, prompt_tokens, tiny_spec, window
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.slices import ensure_slice, file_digest, slice_cache_dir, write_slice

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import SWA, greedy_run, prompt_tokens, tiny_spec, top2_margin
+
 from skippy.runtime.chain import LocalChain, layer_ranges
 from skippy.testing.tiny_models import FAMILIES
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runtime_helpers import SWA, decode_logits, prompt_tokens, tiny_spec, window
+
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.gguf_file import UINT32, GGUFFile, pack_entry, write_gguf
 from skippy.runtime.slices import ensure_slice
@@ -55,7 +55,7 @@ def test_unpinned_swa_pattern_breaks_exactness(
     unsplit_chain: Callable[[str], LocalChain], open_stage: Callable[..., StageRuntime],
 ) -> None:
     path = tiny_model("gemma3")
-    base = tiny_spec(path)
+    tiny_spec(path)
     tokens = prompt_tokens(2 * SWA, seed=3)
     full = unsplit_chain("gemma3")
     expected = decode_logits(full, [window(0, 0, tokens)])[0]

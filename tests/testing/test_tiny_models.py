@@ -15,11 +15,11 @@ from skippy.testing.tiny_models import FAMILIES, main, tiny_model_path, write_ti
 TEXT = b"Hello world, the cat"
 
 
-def _load(path: Path) -> "llama_cpp.Llama":
+def _load(path: Path) -> llama_cpp.Llama:
     return llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=2, verbose=False, logits_all=False)
 
 
-def _greedy(llm: "llama_cpp.Llama", prompt: list[int], n: int) -> list[int]:
+def _greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> list[int]:
     """Greedily generate n tokens, checking each step's logits are finite and argmax == token."""
     out: list[int] = []
     for token in llm.generate(prompt, temp=0.0):

@@ -1,0 +1,73 @@
+"""`skippy bench http`, the report: skippy and llama-cpp-python side by side per concurrency level
+(tok/s and their ratio against the targets, TTFT and TPOT p50/p95, 429s), a plot of tok/s and TTFT
+by concurrency, and bench-http.json with the run's facts, every level and the table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from skippy.cli.bench_http_load import Results
+
+__all__ = ["TARGETS", "plot", "table", "write_report"]
+
+TARGETS = {1: 0.85, 8: 2.5}  # skippy tok/s / llama-cpp-python tok/s
+
+
+def table(results: Results) -> str:
+    """skippy | llama-cpp-python side by side; p50/p95 pairs; ratio = skippy tok/s / llama-cpp-python tok/s."""
+    head = ("conc", "tok/s sk", "tok/s ll", "ratio", "target", "TTFT ms sk", "TTFT ms ll", "TPOT ms sk",
+            "TPOT ms ll", "429 sk/ll")
+    widths = (4, 9, 9, 6, 10, 12, 12, 11, 11, 10)
+    rows = [head]
+    for a, b in zip(results["skippy"], results["llama-cpp-python"]):
+        ratio, target = a["tok_s"] / b["tok_s"], TARGETS.get(a["concurrency"])
+        mark = "" if target is None else f">={target:g} " + ("ok" if ratio >= target else "NO")
+        pair = lambda r, k, f: f"{r[k + '_p50_ms']:{f}}/{r[k + '_p95_ms']:{f}}"  # noqa: E731
+        rows.append((str(a["concurrency"]), f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}", mark,
+                     pair(a, "ttft", ".0f"), pair(b, "ttft", ".0f"), pair(a, "tpot", ".1f"), pair(b, "tpot", ".1f"),
+                     f"{a['status_429']}/{b['status_429']}"))
+    return "\n".join("".join(f"{cell:>{w + 2}}" for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def plot(results: Results, path: Path) -> None:
+    import matplotlib  # noqa: PLC0415  (installed by bench_http.ensure_matplotlib)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rows in results.items():
+        cs = [r["concurrency"] for r in rows]
+        left.plot(cs, [r["tok_s"] for r in rows], marker="o", label=name)
+        right.plot(cs, [r["ttft_p50_ms"] for r in rows], marker="o", label=name)
+    for ax, label in ((left, "aggregate output tok/s"), (right, "TTFT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("skippy up (2 stages) vs llama-cpp-python server, same GGUF")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_report(out: Path, results: Results, facts: dict[str, Any], text: str, max_tokens: int) -> None:
+    """bench-http.json (``facts``, every level, the ratios against TARGETS, ``text``) and bench-http.png."""
+    counts = {c for rows in results.values() for r in rows for c in r["token_counts"]}
+    if counts != {max_tokens}:
+        print(f"warning: content chunks per request {sorted(counts)} != max_tokens {max_tokens}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    ratios = {r["concurrency"]: r["tok_s"] / b["tok_s"] for r, b in zip(results["skippy"], results["llama-cpp-python"])}
+    (out / "bench-http.json").write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), **facts, "results": results, "tok_s_ratio": ratios,
+        "targets": {str(c): {"min_ratio": t, "met": ratios.get(c, 0) >= t} for c, t in TARGETS.items()},
+        "table": text}, indent=2) + "\n")
+    plot(results, out / "bench-http.png")
+    print(f"\nwrote {out / 'bench-http.json'} and {out / 'bench-http.png'}", file=sys.stderr)

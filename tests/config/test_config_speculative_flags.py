@@ -1,0 +1,226 @@
+"""Stage 0's speculative flags (issue 9): how they resolve, which combinations are accepted, and the one
+line naming the flag that refuses each combination that cannot work (``speculative_problems``, reached
+through ``unsupported_options`` / ``refuse_unsupported``).  The plan file itself: test_config_speculative.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from config_helpers import OPENAI, Serve
+
+from skippy.config import (
+    ConfigError,
+    NgramKind,
+    ServingOptions,
+    SpeculativeDecodeConfig,
+    refuse_unsupported,
+    unsupported_options,
+)
+from skippy.config.generation import AdaptiveWindowMode, speculative_problems
+
+Plan = dict[str, Any] | None
+Resolve = Callable[..., tuple[ServingOptions, str]]  # resolve(plan, *flags) -> (options, plan path or "")
+
+SUFFIX = {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 16}
+CACHE = {"kind": "cache", "min_ngram": 1, "max_ngram": 4, "max_proposal_tokens": 6}
+MTP = {"enabled": True, "max_draft_tokens": 2}
+DRAFT = ["--openai-draft-model-path", "/models/draft.gguf"]
+NATIVE_MTP = "native MTP drafting is not supported: skippy's stage slices carry no MTP (nextn) layers"
+NEEDS_PROPOSER = "needs a proposer: --openai-draft-model-path, or an ngram section in --openai-speculative-config"
+
+
+@pytest.fixture
+def resolve(serve: Serve, write_json) -> Resolve:
+    """Resolve ``flags`` (plus ``--openai-speculative-config`` when ``plan`` is a dict)."""
+
+    def run(plan: Plan, *flags: str) -> tuple[ServingOptions, str]:
+        if plan is None:
+            return serve(*flags), ""
+        path = str(write_json("plan.json", plan))
+        return serve("--openai-speculative-config", path, *flags), path
+
+    return run
+
+
+# -- resolution ---------------------------------------------------------------------------
+
+
+def test_speculative_flags_resolve_without_front(serve: Serve, write_json) -> None:
+    plan = write_json("plan.json", {"native_mtp": {"enabled": True}})
+    spec = serve(
+        "--openai-speculative-config", str(plan),
+        "--openai-draft-model-path", "/models/draft.gguf",
+        "--openai-speculative-window", "6",
+        "--openai-adaptive-speculative-window",
+        "--openai-adaptive-speculative-window-mode", "simple",
+        "--openai-draft-n-gpu-layers", "-1",
+        "--openai-native-mtp-draft-model-path", "/models/mtp.gguf",
+    ).speculative  # fmt: skip
+    assert spec.plan == SpeculativeDecodeConfig.load(plan) and spec.plan_path == str(plan)
+    assert spec.draft_model_path == "/models/draft.gguf"
+    assert (spec.speculative_window, spec.adaptive_speculative_window) == (6, True)
+    assert (spec.adaptive_mode, spec.adaptive_mode_given) == (AdaptiveWindowMode.SIMPLE, True)
+    assert spec.draft_n_gpu_layers == -1
+    assert spec.native_mtp_draft_model_path == "/models/mtp.gguf"
+
+
+def test_adaptive_mode_defaults_to_cost_and_is_not_given(serve: Serve) -> None:
+    spec = serve().speculative
+    assert (spec.adaptive_mode, spec.adaptive_mode_given) == (AdaptiveWindowMode.COST, False)
+    assert serve("--openai-adaptive-speculative-window-mode", "cost").speculative.adaptive_mode_given
+
+
+def test_window_zero_without_draft_model_resolves(serve: Serve) -> None:
+    assert serve("--openai-speculative-window", "0").speculative.speculative_window == 0
+
+
+def test_invalid_plan_is_rejected_with_its_path(serve: Serve, write_json) -> None:
+    ngram = {"kind": "cache", "min_ngram": 2, "max_ngram": 8, "max_proposal_tokens": 6}
+    path = write_json("plan.json", {"ngram": ngram})
+    with pytest.raises(ConfigError) as info:
+        serve("--openai-speculative-config", str(path))
+    assert str(info.value) == f"{path}: field 'ngram.max_ngram' must be <= 4 for kind 'cache', got 8"
+
+
+# -- accepted combinations -----------------------------------------------------------------
+
+
+ACCEPTED = {
+    "suffix-fixed-window": ({"ngram": SUFFIX}, ["--openai-speculative-window", "8"]),
+    "suffix-adaptive": ({"ngram": SUFFIX}, ["--openai-speculative-window", "8", "--openai-adaptive-speculative-window"]),
+    "suffix-adaptive-simple": (
+        {"ngram": SUFFIX},
+        ["--openai-adaptive-speculative-window", "--openai-adaptive-speculative-window-mode", "simple"],
+    ),
+    "cache-plan-only": ({"ngram": CACHE, "effective_strategy": "ngram-cache"}, []),
+    "suffix-depth-1": ({"ngram": SUFFIX, "verify_window": {"min_tokens": 2, "max_tokens": 8, "pipeline_depth": 1}}, []),
+    "draft-layers": (None, [*DRAFT, "--openai-draft-n-gpu-layers", "0"]),
+    "draft-adaptive-cost": (
+        None,
+        [*DRAFT, "--openai-speculative-window", "6", "--openai-adaptive-speculative-window",
+         "--openai-adaptive-speculative-window-mode", "cost"],
+    ),
+    "plan-without-drafting": ({"requested_strategy": "off", "verify_window": {"max_tokens": 2}}, []),
+}
+
+
+@pytest.mark.parametrize("front", [[], list(OPENAI)], ids=["no-front", "front"])
+@pytest.mark.parametrize(("plan", "flags"), ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_valid_speculative_flags_are_accepted(resolve: Resolve, front: list[str], plan: Plan, flags: list[str]) -> None:
+    options, _path = resolve(plan, *front, *flags)
+    assert speculative_problems(options.speculative) == []
+    assert unsupported_options(options) == []
+    refuse_unsupported(options)
+
+
+def test_the_draft_model_path_is_not_opened_while_resolving(resolve: Resolve) -> None:
+    options, _ = resolve(None, "--openai-draft-model-path", "/no/such/draft.gguf", "--openai-draft-n-gpu-layers", "0")
+    assert options.speculative.draft_model_path == "/no/such/draft.gguf"
+    assert options.speculative.draft_n_gpu_layers == 0 and unsupported_options(options) == []
+
+
+def test_accepted_suffix_plan_keeps_its_values(resolve: Resolve) -> None:
+    options, path = resolve({"ngram": SUFFIX}, "--openai-speculative-window", "8", "--openai-adaptive-speculative-window")
+    spec = options.speculative
+    assert spec.plan_path == path and spec.plan.ngram is not None and spec.plan.ngram.kind is NgramKind.SUFFIX
+    assert (spec.plan.ngram.min_ngram, spec.plan.ngram.max_ngram, spec.plan.ngram.max_proposal_tokens) == (3, 8, 16)
+    assert (spec.speculative_window, spec.adaptive_speculative_window) == (8, True)
+
+
+# -- refused combinations: one line each, naming the flag ------------------------------------
+
+
+CONFIG = "--openai-speculative-config: {plan} sets"
+WINDOW_MODE = "--openai-adaptive-speculative-window-mode"
+REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
+    "plan-native-mtp": ({"native_mtp": MTP}, [], f"{CONFIG} native_mtp.enabled; {NATIVE_MTP}"),
+    "plan-extension": (
+        {"native_mtp": MTP, "ngram": CACHE, "extension": {"max_tokens": 2}}, [],
+        f"{CONFIG} native_mtp.enabled, extension; {NATIVE_MTP}",
+    ),
+    "native-mtp-draft-model": (
+        None, ["--openai-native-mtp-draft-model-path", "/models/mtp.gguf"],
+        f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}",
+    ),
+    "pipeline-depth": (
+        {"ngram": SUFFIX, "verify_window": {"pipeline_depth": 2}}, [],
+        f"{CONFIG} verify_window.pipeline_depth 2; pipelined verify windows are not supported yet (issue 9)",
+    ),
+    "draft-and-ngram": (
+        {"ngram": SUFFIX}, DRAFT,
+        "--openai-draft-model-path and the ngram proposer of {plan} cannot both draft; pick one",
+    ),
+    "window-alone": (None, ["--openai-speculative-window", "4"], f"--openai-speculative-window {NEEDS_PROPOSER}"),
+    "window-zero-alone": (None, ["--openai-speculative-window", "0"], f"--openai-speculative-window {NEEDS_PROPOSER}"),
+    "window-plan-without-ngram": (
+        {"verify_window": {"max_tokens": 8}}, ["--openai-speculative-window", "4"],
+        f"--openai-speculative-window {NEEDS_PROPOSER}",
+    ),
+    "adaptive-alone": (
+        None, ["--openai-adaptive-speculative-window"], f"--openai-adaptive-speculative-window {NEEDS_PROPOSER}",
+    ),
+    "mode-alone": (None, [WINDOW_MODE, "simple"], f"{WINDOW_MODE} {NEEDS_PROPOSER}"),
+    "draft-layers-alone": (None, ["--openai-draft-n-gpu-layers", "0"], f"--openai-draft-n-gpu-layers {NEEDS_PROPOSER}"),
+    "strategy-without-ngram": (
+        {"effective_strategy": "ngram-cache"}, [],
+        f"{CONFIG} effective_strategy 'ngram-cache' but no proposer (an ngram section)",
+    ),
+    "mode-without-adaptive-ngram": (
+        {"ngram": SUFFIX}, [WINDOW_MODE, "simple"], f"{WINDOW_MODE} needs --openai-adaptive-speculative-window",
+    ),
+    "mode-without-adaptive-draft": (
+        None, [*DRAFT, WINDOW_MODE, "cost"], f"{WINDOW_MODE} needs --openai-adaptive-speculative-window",
+    ),
+    "draft-layers-with-ngram": (
+        {"ngram": SUFFIX}, ["--openai-draft-n-gpu-layers", "0"],
+        "--openai-draft-n-gpu-layers needs --openai-draft-model-path: the ngram proposer of {plan} runs no model",
+    ),
+    "window-zero-with-ngram": (
+        {"ngram": CACHE}, ["--openai-speculative-window", "0"],
+        "--openai-speculative-window must be > 0 with the ngram proposer of {plan}, got 0",
+    ),
+}
+
+
+@pytest.mark.parametrize(("plan", "flags", "line"), REFUSED.values(), ids=REFUSED.keys())
+def test_each_unworkable_combination_is_one_line_naming_its_flag(resolve: Resolve, plan: Plan, flags: list[str],
+                                                                 line: str) -> None:
+    options, path = resolve(plan, *flags)  # resolution succeeds: the values are checked and visible
+    expected = line.format(plan=path)
+    named = expected.split()[0].rstrip(":")
+    assert named in flags or (plan is not None and named == "--openai-speculative-config")
+    assert speculative_problems(options.speculative) == [expected]
+    assert unsupported_options(options) == [expected]
+    with pytest.raises(ConfigError) as info:
+        refuse_unsupported(options)
+    assert str(info.value) == expected and "\n" not in expected
+
+
+def test_every_refusal_is_named_on_one_line(resolve: Resolve) -> None:
+    flags = [
+        "--metrics-otlp-grpc", "http://127.0.0.1:4317",
+        "--telemetry-queue-capacity", "1024",
+        "--openai-native-mtp-draft-model-path", "/models/mtp.gguf",
+        "--openai-speculative-window", "4",
+        "--openai-adaptive-speculative-window",
+        "--openai-adaptive-speculative-window-mode", "simple",
+        "--openai-draft-n-gpu-layers", "0",
+    ]  # fmt: skip
+    options, _ = resolve({"native_mtp": MTP, "verify_window": {"pipeline_depth": 3}}, *flags)
+    lines = unsupported_options(options)
+    assert [line.split()[0].rstrip(":") for line in lines] == [
+        "--metrics-otlp-grpc",
+        "--telemetry-queue-capacity",
+        "--openai-speculative-config",  # native_mtp.enabled
+        "--openai-native-mtp-draft-model-path",
+        "--openai-speculative-config",  # verify_window.pipeline_depth 3
+        "--openai-speculative-window",
+        "--openai-adaptive-speculative-window",
+        "--openai-adaptive-speculative-window-mode",
+        "--openai-draft-n-gpu-layers",
+    ]
+    with pytest.raises(ConfigError) as info:
+        refuse_unsupported(options)
+    assert str(info.value) == "; ".join(lines) and "\n" not in str(info.value)

@@ -1,0 +1,194 @@
+"""Verify windows through real stage processes: acceptance, rewind and exactness across 2 and 3 stages.
+
+An oracle proposer drafts the unsplit model's own greedy continuation, optionally corrupted at a
+fixed draft offset, so every window's outcome is known in advance: no corruption -> full accepts;
+corruption at offset 0 -> early rejects; at offset 2 -> tail rejects. In all cases the committed
+tokens must equal an unsplit replay of the same batches bitwise, and plain greedy decoding of the
+same prompt (the tiny models' margins are checked), because a rejected draft is rewound on every
+stage by the authoritative-position rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
+
+from skippy.config.speculative import NgramConfig, NgramKind
+from skippy.driver.speculative.draft_model import DraftModelProposerFactory
+from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
+from skippy.driver.speculative.suffix import SuffixProposerFactory
+from skippy.driver.speculative.window import WindowStats
+from skippy.testing.replay import replay_op_log
+
+MAX_TOKENS = 24
+
+
+class OracleProposer:
+    """Drafts the reference continuation of the prompt it is first extended with."""
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]], corrupt_at: int | None) -> None:
+        self.references = references
+        self.corrupt_at = corrupt_at
+        self.history: list[int] = []
+        self.prompt_len = 0
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        if not self.history:
+            self.prompt_len = len(tokens)
+        self.history.extend(tokens)
+
+    def propose(self, max_tokens: int) -> list[int]:
+        continuation = self.references[tuple(self.history[: self.prompt_len])]
+        done = len(self.history) - self.prompt_len
+        draft = list(continuation[done : done + max_tokens])
+        if self.corrupt_at is not None and self.corrupt_at < len(draft):
+            draft[self.corrupt_at] = (draft[self.corrupt_at] + 1) % 400 + 3  # a token the model did not pick
+        return draft
+
+    def close(self) -> None:
+        pass
+
+
+class OracleFactory:
+    name = "oracle"
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]], corrupt_at: int | None) -> None:
+        self.references = references
+        self.corrupt_at = corrupt_at
+
+    def for_session(self, session_id: int) -> OracleProposer:
+        return OracleProposer(self.references, self.corrupt_at)
+
+    def close(self) -> None:
+        pass
+
+
+class FixedK:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, stats: WindowStats, active_sessions: int) -> int:
+        return self.k
+
+
+@pytest.mark.parametrize(("splits", "corrupt_at", "expect"), [
+    ([3], None, "full"), ([3], 0, "early"), ([2, 4], 2, "tail"), ([2, 4], None, "full"),
+], ids=["2stage-full", "2stage-early", "3stage-tail", "3stage-full"])
+def test_verify_windows_commit_exactly_what_plain_greedy_commits(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], splits: list[int],
+        corrupt_at: int | None, expect: str) -> None:
+    pipe = make_pipeline(tiny_model("llama"), splits, lane_count=4, ctx_size=128)
+    prompts = [random_prompt(10 + 3 * i, 70 + i, 400) for i in range(3)]
+    plain = reference_generate(pipe, prompts, MAX_TOKENS)
+    speculation = Speculation(OracleFactory({tuple(p): c for p, c in zip(prompts, plain)}, corrupt_at), FixedK(4))
+
+    async def body() -> tuple[list[list[int]], list, Speculation]:
+        async with running_driver(pipe, speculation=speculation) as driver:
+            handles = [driver.submit(p, max_tokens=MAX_TOKENS) for p in prompts]
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 60)
+            assert all(final.finish_reason == "length" for _, final in done), done
+            return [tokens for tokens, _ in done], list(driver.recorder), speculation
+
+    got, op_log, spec = run(body())
+    assert got == plain  # the tiny models' greedy margins are wide; see the replay check for bitwise
+    chain = pipe.reference_chain()
+    try:
+        replayed = replay_op_log(chain, op_log)
+    finally:
+        chain.close()
+    verify_windows = [w for kind, batch in op_log if kind == "batch" for w in batch if w[4]]
+    assert verify_windows, "no verify window was sent"
+    assert all(len(w[2]) == len(w[4]) + 1 and w[3] == tuple(range(len(w[2]))) for w in verify_windows)
+    by_session = {w[0]: w for kind, batch in op_log if kind == "batch" for w in batch}
+    assert sorted(replayed.get(s, [])[: MAX_TOKENS] for s in by_session) == sorted(got)
+    totals = spec.totals
+    assert totals.windows == len(verify_windows)
+    if expect == "full":
+        assert totals.full_accepts == totals.windows and totals.accepted == totals.proposed
+        assert len(op_log) < 3 * MAX_TOKENS  # far fewer batches than one per token per session
+    elif expect == "early":
+        assert totals.early_rejects == totals.windows and totals.accepted == 0
+    else:  # a draft of 3+ tokens is corrupted at offset 2: exactly 2 accepted; shorter drafts are intact
+        corrupted = sum(1 for w in verify_windows if len(w[4]) >= 3)
+        assert totals.tail_rejects == corrupted > 0 and totals.early_rejects == 0
+        assert totals.full_accepts == totals.windows - corrupted
+
+
+def _prompts_whose_first_token_repeats_a_trigram(pipe: Pipeline, n: int) -> list[list[int]]:
+    """Prompts `[a, b, t, filler.., q.., a, b]` whose greedy first token is t: the n-gram proposers then
+    find the seed (a, b, t) earlier in the history at the first decode step and draft the filler."""
+    chain = pipe.reference_chain()
+    rng = np.random.default_rng(5)
+    found: list[list[int]] = []
+    try:
+        for _ in range(200):
+            q, filler, t = rng.integers(3, 400, 10).tolist(), rng.integers(3, 400, 6).tolist(), 3
+            for _ in range(30):  # a fixed point of "t = first token after the prompt that starts with t"
+                prompt = [q[-2], q[-1], t, *filler, *q]
+                first = next(iter(chain.generate(prompt, 1)))
+                if first == t:
+                    found.append(prompt)
+                    break
+                t = first
+            if len(found) == n:
+                return found
+    finally:
+        chain.close()
+    raise AssertionError(f"found {len(found)} of {n} prompts with a predictable first token")
+
+
+def _run_with(pipe: Pipeline, speculation: Speculation, prompts: list[list[int]]) -> tuple[list[list[int]], list]:
+    async def body() -> tuple[list[list[int]], list]:
+        async with running_driver(pipe, speculation=speculation) as driver:
+            handles = [driver.submit(p, max_tokens=MAX_TOKENS) for p in prompts]
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 60)
+            return [tokens for tokens, _ in done], list(driver.recorder)
+
+    return run(body())
+
+
+def _replayed(pipe: Pipeline, op_log: list) -> list[list[int]]:
+    chain = pipe.reference_chain()
+    try:
+        replayed = replay_op_log(chain, op_log)
+    finally:
+        chain.close()
+    sessions = sorted({w[0] for kind, batch in op_log if kind == "batch" for w in batch})
+    return [replayed[s][:MAX_TOKENS] for s in sessions]
+
+
+@pytest.mark.parametrize("kind", ["suffix", "cache"])
+def test_ngram_proposers_through_two_stages_equal_the_replay(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], kind: str) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=4, ctx_size=128)
+    prompts = _prompts_whose_first_token_repeats_a_trigram(pipe, 2)
+    plain = reference_generate(pipe, prompts, MAX_TOKENS)
+    ngram = NgramConfig(kind=NgramKind(kind), min_ngram=3 if kind == "suffix" else 1, max_ngram=4,
+                        max_proposal_tokens=8)
+    factory = SuffixProposerFactory(ngram) if kind == "suffix" else NgramCacheProposerFactory(ngram)
+    speculation = Speculation(factory, FixedK(4))
+    got, op_log = _run_with(pipe, speculation, prompts)
+    assert speculation.totals.windows > 0, "the proposer never drafted"
+    assert sorted(got) == sorted(_replayed(pipe, op_log))
+    assert got == plain
+
+
+def test_draft_model_pair_through_three_stages_equals_the_replay(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
+    target = tiny_model("llama")
+    pipe = make_pipeline(target, [2, 4], lane_count=4, ctx_size=128)
+    prompts = [random_prompt(9 + 4 * i, 30 + i, 400) for i in range(3)]
+    plain = reference_generate(pipe, prompts, MAX_TOKENS)
+    draft = DraftModelProposerFactory(tiny_model("qwen3", n_layer=2, seed=7), target_vocab_model=target, lane_count=4,
+                                      ctx_size=128)
+    speculation = Speculation(draft, FixedK(3))
+    got, op_log = _run_with(pipe, speculation, prompts)
+    assert speculation.totals.windows > 0 and speculation.totals.proposed > 0
+    assert sorted(got) == sorted(_replayed(pipe, op_log))
+    assert got == plain
