@@ -44,7 +44,8 @@ class DriverClient:
                 for token, logprob in zip(msg.tokens, logprobs):
                     handle.put(TokenEvent(token=token, logprob=logprob))
                 if msg.finish_reason is not None:
-                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code))
+                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code,
+                                          stats=msg.stats))
                     del self.handles[msg.request_id]
             elif isinstance(msg, Status):
                 future = self._status.pop(msg.nonce, None)

@@ -273,8 +273,9 @@ class Driver:
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
                 code: ErrorCode | None = None) -> None:
-        if self.table.finish(seq, reason, error, code):
-            speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
+        speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
+        stats = tuple((f"speculative_{k}", float(v)) for k, v in (speculative or {}).items() if isinstance(v, int | float))
+        if self.table.finish(seq, reason, error, code, stats):
             self.log.info("request_done", **seq.summary(reason, error), speculative=speculative)
             self._wakeup.set()
 

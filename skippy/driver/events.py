@@ -20,6 +20,7 @@ class TokenEvent:
     error: str | None = None  # why, when finish_reason is "error"
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
+    stats: tuple[tuple[str, float], ...] = ()  # on the final event: the request's numbers (speculation)
 
     @property
     def final(self) -> bool:

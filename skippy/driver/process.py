@@ -150,4 +150,4 @@ class DriverProcess:
             tokens = () if event.token is None else (event.token,)
             logprobs = () if event.logprob is None else (event.logprob,)
             await router.send(client, TokenEvents(handle.request_id, tokens, event.finish_reason, event.error,
-                                                  event.code, logprobs))
+                                                  event.code, logprobs, event.stats))

@@ -111,7 +111,7 @@ class SequenceTable:
         return admitted
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
-               code: ErrorCode | None = None) -> bool:
+               code: ErrorCode | None = None, stats: tuple[tuple[str, float], ...] = ()) -> bool:
         """End a live sequence: final event to its client, its session owed a release if it had one.
         False when it had already finished."""
         if seq.state is SeqState.FINISHED:
@@ -123,7 +123,7 @@ class SequenceTable:
             self._releases.append(seq.session_id)
         seq.state = SeqState.FINISHED
         del self._by_request[seq.request_id]
-        seq.handle.put(TokenEvent(finish_reason=reason, error=error, code=code))
+        seq.handle.put(TokenEvent(finish_reason=reason, error=error, code=code, stats=stats))
         return True
 
     def take_releases(self) -> tuple[int, ...]:

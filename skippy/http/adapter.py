@@ -23,7 +23,7 @@ from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError
 from skippy.http.metrics import Metrics
 from skippy.http.openai_request import GenerationRequest, parse_generation
-from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, usage
+from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
 from skippy.http.server import Request, Response, Router, StreamResponse, json_response
 from skippy.http.sse import SSE_DONE, sse_event
 from skippy.http.stops import StopMatcher
@@ -50,6 +50,7 @@ class Piece:
     entries: list[LogprobEntry]
     n_tokens: int = 1  # generated tokens this piece accounts for
     finish_reason: str | None = None
+    stats: tuple[tuple[str, float], ...] = ()  # on the last piece: the request's numbers from stage 0
 
 
 class OpenAIAdapter:
@@ -176,7 +177,8 @@ class OpenAIAdapter:
                     finished = True
                     if event.finish_reason == "error":
                         raise event_error(event)
-                    yield Piece(stops.push(decoder.flush()) + stops.flush(), [], 0, event.finish_reason)
+                    self.metrics.observe_stats(event.stats)
+                    yield Piece(stops.push(decoder.flush()) + stops.flush(), [], 0, event.finish_reason, event.stats)
                     return
                 assert event.token is not None
                 self.metrics.completion_tokens += 1
@@ -193,12 +195,14 @@ class OpenAIAdapter:
 
     async def _complete(self, shape: ResponseShape, pieces: AsyncIterator[Piece], n_prompt: int) -> Response:
         texts, entries, n_tokens, finish = [], [], 0, "stop"
+        stats: tuple[tuple[str, float], ...] = ()
         async for piece in pieces:
             texts.append(piece.text)
             entries += piece.entries
             n_tokens += piece.n_tokens
             finish = piece.finish_reason or finish
-        return json_response(shape.full("".join(texts), finish, usage(n_prompt, n_tokens), entries))
+            stats = piece.stats or stats
+        return json_response(shape.full("".join(texts), finish, usage(n_prompt, n_tokens), entries, timings(stats)))
 
     async def _stream(self, shape: ResponseShape, pieces: AsyncIterator[Piece], req: GenerationRequest,
                       n_prompt: int) -> AsyncIterator[bytes]:
@@ -212,7 +216,8 @@ class OpenAIAdapter:
                     yield sse_event(shape.chunk(piece.text, entries=piece.entries, offset=offset))
                     offset += len(piece.text)
                 if piece.finish_reason is not None:
-                    yield sse_event(shape.chunk(None if shape.kind == "chat" else "", piece.finish_reason))
+                    last = shape.chunk(None if shape.kind == "chat" else "", piece.finish_reason)
+                    yield sse_event({**last, **timings(piece.stats)})
             if req.include_usage:
                 yield sse_event(shape.usage_chunk(usage(n_prompt, n_tokens)))
         except HttpError as exc:

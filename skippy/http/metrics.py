@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SPECULATIVE_COUNTS = ("windows", "proposed", "accepted", "full_accepts", "early_rejects", "tail_rejects",
+                      "stops", "wasted_rows")
 
 
 @dataclass
@@ -16,6 +18,16 @@ class Metrics:
     completion_tokens: int = 0
     ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))
     ttft_sum: float = 0.0
+    # counts summed over speculative requests
+    speculative: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("requests", *SPECULATIVE_COUNTS), 0.0))
+
+    def observe_stats(self, stats: tuple[tuple[str, float], ...]) -> None:
+        """Add a finished request's speculative counts (windows, proposed, accepted, rejects, wasted rows)."""
+        counts = dict(stats)
+        if counts:
+            self.speculative["requests"] += 1
+        for name in SPECULATIVE_COUNTS:
+            self.speculative[name] += counts.get(f"speculative_{name}", 0)
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft_sum += seconds
@@ -36,6 +48,9 @@ class Metrics:
             lines.append(f'skippy_time_to_first_token_seconds_bucket{{le="{bound}"}} {n}')
         lines += [f"skippy_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
                   f"skippy_time_to_first_token_seconds_count {self.ttft_counts[-1]}"]
+        for name in ("requests", *SPECULATIVE_COUNTS):
+            lines += [f"# TYPE skippy_speculative_{name}_total counter",
+                      f"skippy_speculative_{name}_total {self.speculative[name]:g}"]
         for name, value in sorted(broker.items()):
             lines += [f"# TYPE skippy_{name} gauge", f"skippy_{name} {value:g}"]
         return "\n".join(lines) + "\n"

@@ -50,13 +50,14 @@ class ResponseShape:
         return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
                 "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries], "text_offset": offsets}
 
-    def full(self, text: str, finish_reason: str, usage: dict[str, int], entries: list[LogprobEntry]) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str, usage: dict[str, int], entries: list[LogprobEntry],
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": self.logprobs(entries)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return {**self._envelope(OBJECT[self.kind]), "choices": [choice], "usage": usage}
+        return {**self._envelope(OBJECT[self.kind]), "choices": [choice], "usage": usage, **(extra or {})}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, entries: list[LogprobEntry] | None = None,
               role: bool = False, offset: int = 0) -> dict[str, Any]:
@@ -73,6 +74,15 @@ class ResponseShape:
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [], "usage": usage}
+
+
+def timings(stats: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """`{"timings": ...}` for a response whose request speculated (llama-server's draft_n names), else {}."""
+    spec = {name.removeprefix("speculative_"): value for name, value in stats if name.startswith("speculative_")}
+    if not spec:
+        return {}
+    return {"timings": {"draft_n": int(spec.get("proposed", 0)), "draft_n_accepted": int(spec.get("accepted", 0)),
+                        "speculative": spec}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -185,6 +185,9 @@ _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
                    top=_seq(_PAIR, 64))
 _LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
+_STAT = _atom("[name, number] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is str
+              and (type(v[1]) is int or type(v[1]) is float and math.isfinite(v[1])))
+_STATS = _seq(_STAT, 64)
 _RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logprobs=_LOGPROBS)
 
 _SCHEMAS: dict[MessageKind, _Struct] = {
@@ -204,7 +207,7 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
                       stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
     MessageKind.CANCEL: _Struct(Cancel, request_id=_str),
     MessageKind.TOKENS: _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_enum(FinishReason)),
-                      error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS),
+                      error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS, stats=_STATS),
     MessageKind.STATUS_QUERY: _Struct(StatusQuery, nonce=_int()),
     MessageKind.STATUS: _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),

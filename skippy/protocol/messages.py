@@ -242,6 +242,7 @@ class TokenEvents:
     error: str | None = None
     code: ErrorCode | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
+    stats: tuple[tuple[str, float], ...] = ()  # on the last message: the request's numbers (speculation)
 
 
 @dataclass(frozen=True)

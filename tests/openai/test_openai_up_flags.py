@@ -4,6 +4,7 @@ adapter (read back from each process's `ready` line and from the API)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,3 +36,37 @@ def test_up_hands_each_flag_to_its_owner(start_up: Callable[..., Any], tiny_llam
         client.close()
         assert reply.usage is not None and reply.usage.prompt_tokens > 10
         assert reply.usage.completion_tokens == 7  # --openai-default-max-tokens, not the default 16
+
+
+def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[..., Any], tiny_llama: Path,
+                                                             tmp_path: Path) -> None:
+    """A suffix plan with the calibrated cost-model window: stage 0 measures C(rows) through the real
+    pipeline at startup, and greedy output through the OpenAI client equals plain decoding's."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"requested_strategy": "ngram", "effective_strategy": "ngram-suffix",
+                                "ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 8},
+                                "verify_window": {"min_tokens": 1, "max_tokens": 8}}))
+    prompt = "one two three four five one two three four five one two three four"
+    with start_up("up-plain", tiny_llama) as server:
+        client = server.client()
+        plain = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=12,
+                                          extra_body={"ignore_eos": True})
+        client.close()
+    with start_up("up-spec", tiny_llama, "--openai-speculative-config", str(plan), "--openai-speculative-window", "8",
+                  "--openai-adaptive-speculative-window") as server:
+        calibrated = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "window_cost_calibrated"]
+        assert len(calibrated) == 1 and len(calibrated[0]["cost_ms"]) == 9 and calibrated[0]["hops"] == 2
+        assert all(ms > 0 for ms in calibrated[0]["cost_ms"])
+        client = server.client()
+        spec = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=12,
+                                         extra_body={"ignore_eos": True})
+        client.close()
+        done = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "request_done"]
+        metrics = server.request("GET", "/metrics").body.decode()
+    assert spec.choices[0].text == plain.choices[0].text
+    summary = done[-1]["speculative"]
+    assert summary["proposer"] == "suffix" and summary["proposer_calls"] > 0
+    timings = (spec.model_extra or {})["timings"]  # as llama-server reports drafts
+    assert timings["draft_n"] == summary["proposed"] and timings["draft_n_accepted"] == summary["accepted"]
+    assert "skippy_speculative_requests_total 1" in metrics
+    assert f"skippy_speculative_proposed_total {summary['proposed']}" in metrics
