@@ -140,9 +140,6 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         lines.append(f"--openai-speculative-config: {source} sets {', '.join(mtp)}; {_NATIVE_MTP}")
     if spec.native_mtp_draft_model_path is not None:
         lines.append(f"--openai-native-mtp-draft-model-path: {_NATIVE_MTP}")
-    if plan.verify_window.pipeline_depth > 1:
-        lines.append(f"--openai-speculative-config: {source} sets verify_window.pipeline_depth"
-                     f" {plan.verify_window.pipeline_depth}; pipelined verify windows are not supported yet (issue 9)")
     if spec.draft_model_path is not None and plan.ngram is not None:
         lines.append(f"--openai-draft-model-path and the ngram proposer of {source} cannot both draft; pick one")
     if spec.draft_model_path is None and plan.ngram is None:

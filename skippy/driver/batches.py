@@ -19,9 +19,11 @@ from skippy.driver.scheduler import PlannedWindow
 from skippy.protocol import Predictions, StageTiming, Window
 from skippy.runtime.stage_runtime import SessionWindow
 from skippy.stage.links import DownstreamLink
+from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
 
-WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # session, pos, tokens, outputs, draft
+# session, pos_start, tokens, outputs, draft, head (see skippy.protocol.Window)
+WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None]
 
 
 class OpRecorder(Protocol):
@@ -83,19 +85,20 @@ class BatchLauncher:
         Raises what the runtime raises (the caller fails the plan's requests)."""
         batch_id = next(self._ids)
         for pw in plan:
-            pw.seq.in_flight = True
+            pw.seq.in_flight += 1
             if pw.is_prefill:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
         windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
         if self.recorder is not None:
-            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft)
+            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft, pw.head)
                                  for w, pw in zip(windows, plan)])
-        computed = await self.worker.compute(windows, None, [pw.draft for pw in plan])
+        computed = await self.worker.compute(windows, None, [VerifySpec(pw.draft, pw.head) for pw in plan])
         if self.downstream is None:
             self._register(batch_id, InFlight(plan, computed.compute_ms))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
             return Predictions(batch_id, computed.predictions, (timing,))
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft) for w, pw in zip(windows, plan))
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head)
+                     for w, pw in zip(windows, plan))
         sent, wait_ms = await self.downstream.forward(
             batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms)
         # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)

@@ -61,4 +61,4 @@ async def _round_trip(driver: Driver, window: PlannedWindow) -> Predictions:
         return await waiter
     finally:
         driver.calibration_waiter = None
-        window.seq.in_flight = False
+        window.seq.in_flight = 0

@@ -193,15 +193,16 @@ class Driver:
             if self.liveness.dead is None and len(self.launcher.inflight) < self.max_iterations:
                 decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
                 max_decode = decode_rows_per_iteration(decoding, self.max_iterations)
+                chainer = self.speculation.chained if self.speculation is not None else None
                 plan = plan_iteration(self.table.running, self.runtime.params.n_batch, max_decode,
-                                      await self._drafter(max_decode, decoding))
+                                      await self._drafter(max_decode, decoding), chainer)
                 if plan:
                     fault_point("driver.launch")
                     try:
                         done = await self.launcher.launch(plan)
                     except (RuntimeUsageError, RuntimeError) as exc:
                         for pw in plan:
-                            pw.seq.in_flight = False
+                            pw.seq.in_flight = 0
                             self.finish(pw.seq, FinishReason.ERROR, f"stage {self.identity.stage_id}: {exc}")
                         continue
                     if done is not None:
@@ -217,9 +218,9 @@ class Driver:
         ready = [s.session_id for s in self.table.running
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
         budget = self.runtime.params.n_batch
-        drafts = await self.worker.call(lambda: {sid: self.speculation.draft(sid, budget, decoding)  # type: ignore[union-attr]
-                                                 for sid in ready})
-        return lambda seq, rows_left: drafts.get(seq.session_id, [])[: rows_left - 1]
+        speculation = self.speculation
+        drafts = await self.worker.call(lambda: {sid: speculation.draft(sid, budget, decoding) for sid in ready})
+        return lambda seq, rows_left: speculation.window_drafts(seq, *drafts.get(seq.session_id, ([], 0)), rows_left)
 
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:
@@ -264,6 +265,8 @@ class Driver:
         self._wakeup.set()
 
     def _deliver(self, outcome: Outcome) -> None:
+        if self.speculation is not None and outcome.stale_rows:
+            self.speculation.stale(outcome.seq.session_id, outcome.stale_rows)
         if self.speculation is not None and outcome.committed:
             self.speculation.committed(outcome.seq.session_id, outcome.proposed, outcome.returned, outcome.committed)
         for event in outcome.events:
@@ -281,7 +284,7 @@ class Driver:
 
     def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
         for seq in self.table.live():
-            seq.in_flight = False
+            seq.in_flight = 0
             self.finish(seq, FinishReason.ERROR, error, code)
         self.launcher.inflight.clear()
 

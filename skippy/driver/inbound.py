@@ -58,7 +58,7 @@ class Inbound:
         seqs = [pw.seq for pw in entry.plan] if entry else []
         seqs += [s for s in d.table.live() if s.session_id in msg.session_ids]
         for seq in seqs:
-            seq.in_flight = False
+            seq.in_flight = 0
             d.finish(seq, FinishReason.ERROR, error)
 
     def mark_dead(self, stage_id: str, error: str) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from skippy.driver.batches import InFlight
 from skippy.driver.events import TokenEvent
 from skippy.driver.prefill import ChunkObservation
-from skippy.driver.sequence import Sequence
+from skippy.driver.scheduler import PlannedWindow
+from skippy.driver.sequence import SeqState, Sequence
 from skippy.protocol import FinishReason, Predictions, TokenLogprob
 
 
@@ -29,6 +30,7 @@ class Outcome:
     committed: list[int] = field(default_factory=list)  # tokens added to the sequence
     proposed: int = 0  # draft tokens the window carried
     returned: int = 0  # tokens the final stage sampled (accepted + 1 for a verify window)
+    stale_rows: int = 0  # rows of a chained window discarded because the chain broke before it
 
 
 def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | None], ctx_size: int) -> Outcome:
@@ -59,21 +61,32 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
     outcomes = []
     for pw in entry.plan:
         seq = pw.seq
-        seq.in_flight = False
+        seq.in_flight = max(0, seq.in_flight - 1)
         seq.add_timings(msg.timings)
         if pw.is_prefill:
             seq.planner.observe(observation)
+        if seq.state is SeqState.FINISHED:
+            continue  # a chained window that came back after its request ended
         if seq.cancelled:
             outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
+        elif pw.epoch != seq.epoch:  # chained behind a window that broke the chain: discard
+            outcomes.append(Outcome(seq, stale_rows=len(pw.tokens)))
         elif pw.outputs:
-            got = tokens.get(seq.session_id)
-            if not got:
-                error = f"final stage returned no prediction for session {seq.session_id}"
-                outcomes.append(Outcome(seq, finish=FinishReason.ERROR, error=error))
-            else:
-                got = got if pw.draft else got[:1]  # a verify window returns accepted + 1 tokens
-                lps = logprobs.get(seq.session_id) or ()
-                out = commit_tokens(seq, got, [lps[i] if i < len(lps) else None for i in range(len(got))], ctx_size)
-                out.proposed, out.returned = len(pw.draft), len(got)
-                outcomes.append(out)
+            outcomes.append(_commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size))
     return outcomes
+
+
+def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:
+    seq = pw.seq
+    verify = bool(pw.draft) or pw.head is not None
+    if not got:
+        error = f"final stage returned no prediction for session {seq.session_id}"
+        return Outcome(seq, finish=FinishReason.ERROR, error=error)
+    got = got if verify else got[:1]  # a verify window returns accepted + 1 tokens
+    out = commit_tokens(seq, got, [lps[i] if i < len(lps) else None for i in range(len(got))], ctx_size)
+    out.proposed, out.returned = len(pw.draft), len(got)
+    # the chain behind this window holds if all drafts were accepted and the bonus token is its guess
+    if verify and (len(got) <= len(pw.draft) or (pw.next_guess is not None and got[-1] != pw.next_guess)):
+        seq.epoch += 1
+        seq.chain = []
+    return out

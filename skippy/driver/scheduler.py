@@ -25,6 +25,9 @@ class PlannedWindow:
     tokens: np.ndarray
     outputs: tuple[int, ...]
     draft: tuple[int, ...] = ()  # a verify window: tokens[1:] are proposed, not committed
+    head: int | None = None  # a chained verify window: tokens[0] guesses the previous window's bonus token
+    epoch: int = 0  # the session's epoch when planned (a chained window of an older epoch is stale)
+    next_guess: int | None = None  # the head of the window chained behind this one, if one may follow
 
     @property
     def is_prefill(self) -> bool:
@@ -37,14 +40,16 @@ def decode_rows_per_iteration(n_running: int, iterations_in_flight: int) -> int:
 
 
 Drafter = Callable[[Sequence, int], list[int]]  # (session, rows left in the budget) -> draft tokens
+Chainer = Callable[[Sequence, int], PlannedWindow | None]  # the next chained window of a session in flight
 
 
 def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_rows: int,
-                   drafter: Drafter | None = None) -> list[PlannedWindow]:
+                   drafter: Drafter | None = None, chainer: Chainer | None = None) -> list[PlannedWindow]:
     """The next micro-batch: decode windows first, then prefill chunks, within `token_budget` rows.
 
     A decode window is the session's last sampled token at its next position; with a `drafter`
-    it becomes a verify window `[last, d1..dk]` with an output on every row.
+    it becomes a verify window `[last, d1..dk]` with an output on every row. A session whose window
+    is in flight gets a chained verify window only from a `chainer` (pipelined verify windows).
     """
     running = list(running)
     plan: list[PlannedWindow] = []
@@ -53,11 +58,19 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     for seq in running:
         if budget == 0 or len(plan) >= max_decode_rows:
             break
-        if seq.in_flight or seq.cancelled or seq.prefilling or not seq.generated:
+        if seq.cancelled or seq.prefilling or not seq.generated:
+            continue
+        if seq.in_flight:
+            chained = chainer(seq, budget) if chainer is not None else None
+            if chained is not None:
+                plan.append(chained)
+                budget -= len(chained.tokens)
             continue
         draft = tuple(drafter(seq, budget)) if drafter is not None else ()
         tokens = np.array([seq.generated[-1], *draft], np.int32)
-        plan.append(PlannedWindow(seq, seq.length, tokens, tuple(range(len(tokens))), draft))
+        next_guess = seq.chain[0] if draft and seq.chain else None
+        plan.append(PlannedWindow(seq, seq.length, tokens, tuple(range(len(tokens))), draft, None, seq.epoch,
+                                  next_guess))
         budget -= len(tokens)
     # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token
     for seq in running:

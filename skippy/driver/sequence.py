@@ -42,12 +42,17 @@ class Sequence:
     state: SeqState = SeqState.WAITING
     prefilled: int = 0  # prompt positions sent through stage 0
     generated: list[int] = field(default_factory=list)
-    in_flight: bool = False
+    in_flight: int = 0  # windows of this session in flight (more than 1 only for chained verify windows)
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.perf_counter)
     admitted_at: float | None = None
     first_token_at: float | None = None
     stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/credit_wait
+    # pipelined verify windows: drafts proposed beyond the windows in flight, and where they start
+    chain: list[int] = field(default_factory=list)  # chain[0] guesses the last window's bonus token
+    chain_pos: int = 0
+    chain_k: int = 0  # drafts per chained window
+    epoch: int = 0  # bumped when a window breaks the chain: older chained windows are stale
 
     @property
     def prefilling(self) -> bool:

@@ -144,7 +144,7 @@ def _check_window(w: Window, path: str) -> None:
     out = w.outputs
     if out and (out[-1] >= w.n_tokens or any(a >= b for a, b in zip(out, out[1:]))):
         raise _fail(f"{path}.outputs", f"strictly increasing offsets in [0, {w.n_tokens})", list(out))
-    if w.draft and (len(w.draft) != w.n_tokens - 1 or out != tuple(range(w.n_tokens))):
+    if (w.draft or w.head is not None) and (len(w.draft) != w.n_tokens - 1 or out != tuple(range(w.n_tokens))):
         raise ProtocolError(ErrorCode.MALFORMED, f"{path}.draft: a verify window of {w.n_tokens} rows carries"
                             f" n_tokens - 1 draft tokens and wants every row's output, got {len(w.draft)} draft"
                             f" tokens and outputs {list(out)}")
@@ -179,7 +179,7 @@ _TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float,
                   sent_at=_float)
 _TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
 _WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
-                  outputs=_seq(_int(), MAX_ROWS), draft=_TOKENS)
+                  outputs=_seq(_int(), MAX_ROWS), draft=_TOKENS, head=_opt(_int(0, _I31)))
 _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
               and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),

@@ -108,13 +108,17 @@ class Window:
 
     A verify window carries ``draft``: the tokens proposed after its first row (rows 1..n-1 are
     ``draft``). The final stage samples its rows in order and stops at the first sample that differs
-    from the draft, returning accepted + 1 tokens.
+    from the draft, returning accepted + 1 tokens. A *chained* verify window (pipelined behind another
+    of its session) also carries ``head``, its first row's input: a guess of the previous window's
+    last sample. The final stage verifies it only if that guess came true at ``pos_start``;
+    otherwise the window is stale and comes back with no tokens.
     """
     session_id: int
     pos_start: int
     n_tokens: int
     outputs: tuple[int, ...] = ()
     draft: tuple[int, ...] = ()
+    head: int | None = None
 
 
 @dataclass(frozen=True)

@@ -6,24 +6,43 @@ committed and, if it equals the next draft token d_{i+1}, row i+1 is sampled too
 mismatch ends the window. So accepted + 1 tokens come back, each drawn from the target
 distribution given the committed prefix — sample-and-compare is exact for any sampler, and the
 sampler's state (penalties, RNG) advances once per returned token, as in plain decoding.
+
+A chained verify window's first row guessed the previous window's last sample (`head`). The
+`Frontier` (per session: the position and token the next row must carry) tells whether the guess
+came true; if not the window is stale: nothing is sampled and it comes back empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from skippy.protocol import SessionPrediction, TokenLogprob
 from skippy.runtime.stage_runtime import DecodeResult, SessionWindow, StageRuntime
 
+Frontier = dict[int, tuple[int, int]]  # session -> (position, token) of its next input row
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """What a window needs verified beyond plain sampling (empty for a plain window)."""
+
+    draft: tuple[int, ...] = ()
+    head: int | None = None
+
 
 def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeResult,
-            drafts: Sequence[tuple[int, ...]] = ()) -> tuple[SessionPrediction, ...]:
+            verify: Sequence[VerifySpec] = (), frontier: Frontier | None = None) -> tuple[SessionPrediction, ...]:
     """Sample every window of the last decode with its session's sampler, in window order."""
+    frontier = {} if frontier is None else frontier
     predictions = []
     for i, (w, rows) in enumerate(zip(windows, result.output_rows)):
         if not rows:
             continue
-        draft = drafts[i] if i < len(drafts) else ()
+        spec = verify[i] if i < len(verify) else VerifySpec()
+        if spec.head is not None and frontier.get(w.session_id) != (w.pos_start, spec.head):
+            predictions.append(SessionPrediction(w.session_id, ()))  # stale: its guess did not come true
+            continue
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         for j, row in enumerate(rows):
@@ -32,7 +51,10 @@ def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeR
             logprob = runtime.logprobs(w.session_id, row, token)
             if logprob is not None:
                 logprobs.append(logprob)
-            if draft and (j >= len(draft) or token != draft[j]):
+            verifying = bool(spec.draft) or spec.head is not None
+            if verifying and (j >= len(spec.draft) or token != spec.draft[j]):
                 break  # first mismatch (or the bonus token after a full accept): the window ends here
+        last_row = w.outputs[len(tokens) - 1] if w.outputs else len(tokens) - 1
+        frontier[w.session_id] = (w.pos_start + last_row + 1, tokens[-1])
         predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs)))
     return tuple(predictions)

@@ -48,6 +48,7 @@ from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.handshake import check_upstream, open_downstream, stage0_endpoint
 from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
+from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
 from skippy.transport import PullQueue, PushQueue
@@ -217,7 +218,8 @@ class StageServer:
         fault_point("stage.batch")
         windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs) for w in batch.windows]
         try:
-            computed = await self.worker.compute(windows, batch.hidden, [w.draft for w in batch.windows])
+            verify = [VerifySpec(w.draft, w.head) for w in batch.windows]
+            computed = await self.worker.compute(windows, batch.hidden, verify)
         except (RuntimeUsageError, RuntimeError) as exc:
             await self._report_failure(ErrorCode.BATCH_FAILED, str(exc), batch.batch_id, sessions)
             await self._credit_deferred(batch.batch_id)

@@ -19,7 +19,7 @@ import numpy as np
 
 from skippy.protocol import SessionPrediction
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
-from skippy.stage.predict import predict
+from skippy.stage.predict import Frontier, VerifySpec, predict
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,30 +39,32 @@ class RuntimeWorker:
     def __init__(self, runtime: StageRuntime, thread_name: str) -> None:
         self.runtime = runtime
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self.frontier: Frontier = {}  # final stage: each session's next input (chained windows check it)
 
     async def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run `fn(*args, **kwargs)` in the runtime thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     async def compute(self, windows: list[SessionWindow], hidden: np.ndarray | None = None,
-                      drafts: Sequence[tuple[int, ...]] = ()) -> Computed:
-        """Run the layers; at the final stage sample every window (verify windows against `drafts`)."""
+                      verify: Sequence[VerifySpec] = ()) -> Computed:
+        """Run the layers; at the final stage sample every window (verify windows as `verify` says)."""
         started_at, start = time.time(), time.perf_counter()
-        out, predictions = await self.call(self._compute, windows, hidden, drafts)
+        out, predictions = await self.call(self._compute, windows, hidden, verify)
         return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3)
 
     def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None,
-                 drafts: Sequence[tuple[int, ...]]) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...]]:
+                 verify: Sequence[VerifySpec]) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...]]:
         result = self.runtime.decode(windows, hidden)
         if not self.runtime.is_final:
             return result.hidden, ()
-        return None, predict(self.runtime, windows, result, drafts)
+        return None, predict(self.runtime, windows, result, verify, self.frontier)
 
     def release(self, session_ids: Sequence[int]) -> int:
         """Forget these sessions (runtime thread only); returns how many were held."""
         held = set(self.runtime.active_sessions)
         for session in session_ids:
             self.runtime.release_session(session)
+            self.frontier.pop(session, None)
         return len(held.intersection(session_ids))
 
     def close(self) -> None:

@@ -17,13 +17,14 @@ import numpy as np
 
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import SessionWindow
+from skippy.runtime.stage_runtime import DecodeResult, SessionWindow
+from skippy.stage.predict import Frontier, VerifySpec, predict
 
 
 class OpLog(list[tuple[str, Any]]):
     """A driver OpRecorder that keeps every op in stage order: `driver.recorder = OpLog()` (tests only)."""
 
-    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> None:
+    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None]]) -> None:
         self.append(("batch", windows))
 
     def release(self, session_ids: tuple[int, ...]) -> None:
@@ -35,36 +36,35 @@ def replay_op_log(
 ) -> dict[int, list[int]]:
     """Apply ("batch", windows) / ("release", ids) ops to `chain`; returns the tokens sampled per session.
 
-    A batch window is `(session_id, pos_start, tokens, outputs, draft)`; output rows are sampled with the
-    session's sampler (greedy unless `sampling` names one), in batch order, like the final stage does:
-    a verify window (non-empty draft) stops at the first sample that differs from its draft.
+    A batch window is `(session_id, pos_start, tokens, outputs, draft, head)`; output rows are sampled
+    with the session's sampler (greedy unless `sampling` names one), in batch order, by the final
+    stage's own `predict`: a verify window stops at the first sample that differs from its draft, a
+    stale chained window samples nothing.
     Sessions still open at the end are released, so the chain can be reused.
     """
     produced: dict[int, list[int]] = {}
+    frontier: Frontier = {}
     configured: set[int] = set()
     open_sessions: set[int] = set()
     for kind, payload in op_log:
         if kind == "batch":
             windows = [
                 SessionWindow(int(sid), int(pos), len(tokens), tuple(outputs), np.asarray(tokens, np.int32))
-                for sid, pos, tokens, outputs, _ in payload
+                for sid, pos, tokens, outputs, _, _ in payload
             ]
-            drafts = [tuple(draft) for *_, draft in payload]
+            verify = [VerifySpec(tuple(draft), head) for *_, draft, head in payload]
             for w in windows:
                 if sampling and w.session_id in sampling and w.session_id not in configured:
                     chain.final.configure_session(w.session_id, sampling[w.session_id])
                     configured.add(w.session_id)
                 open_sessions.add(w.session_id)
-            rows = chain.decode(windows)
-            for w, draft, session_rows in zip(windows, drafts, rows):
-                for j, row in enumerate(session_rows):
-                    token = chain.final.sample(w.session_id, row)
-                    produced.setdefault(w.session_id, []).append(token)
-                    if draft and (j >= len(draft) or token != draft[j]):
-                        break
+            result = DecodeResult(None, chain.decode(windows))
+            for prediction in predict(chain.final, windows, result, verify, frontier):
+                produced.setdefault(prediction.session_id, []).extend(prediction.tokens)
         elif kind == "release":
             for sid in payload:
                 chain.release(int(sid))
+                frontier.pop(int(sid), None)
                 open_sessions.discard(int(sid))
                 configured.discard(int(sid))
         else:

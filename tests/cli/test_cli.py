@@ -123,8 +123,6 @@ UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the
                         f"--openai-speculative-config: {{mtp}} sets native_mtp.enabled; {NATIVE_MTP}"),
     "native-mtp-draft": (["--openai-native-mtp-draft-model-path", "mtp.gguf"],
                          f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}"),
-    "pipeline-depth": (["--openai-speculative-config", "{deep}"],
-                       "--openai-speculative-config: {deep} sets verify_window.pipeline_depth 2; pipelined verify windows"),
     "draft-and-ngram": (["--openai-draft-model-path", "draft.gguf", "--openai-speculative-config", "{ngram}"],
                         "--openai-draft-model-path and the ngram proposer of {ngram} cannot both draft; pick one"),
     "window-alone": (["--openai-speculative-window", "4"],
@@ -135,8 +133,6 @@ UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the
 PLANS = {
     "mtp": {"native_mtp": {"enabled": True, "max_draft_tokens": 2}},
     "ngram": {"ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 16}},
-    "deep": {"ngram": {"kind": "cache", "min_ngram": 1, "max_ngram": 4, "max_proposal_tokens": 6},
-             "verify_window": {"pipeline_depth": 2}},
 }
 
 

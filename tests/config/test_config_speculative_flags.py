@@ -96,6 +96,7 @@ ACCEPTED = {
     ),
     "cache-plan-only": ({"ngram": CACHE, "effective_strategy": "ngram-cache"}, []),
     "suffix-depth-1": ({"ngram": SUFFIX, "verify_window": {"min_tokens": 2, "max_tokens": 8, "pipeline_depth": 1}}, []),
+    "suffix-depth-2": ({"ngram": SUFFIX, "verify_window": {"min_tokens": 2, "max_tokens": 8, "pipeline_depth": 2}}, []),
     "draft-layers": (None, [*DRAFT, "--openai-draft-n-gpu-layers", "0"]),
     "draft-adaptive-cost": (
         None,
@@ -143,10 +144,6 @@ REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
     "native-mtp-draft-model": (
         None, ["--openai-native-mtp-draft-model-path", "/models/mtp.gguf"],
         f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}",
-    ),
-    "pipeline-depth": (
-        {"ngram": SUFFIX, "verify_window": {"pipeline_depth": 2}}, [],
-        f"{CONFIG} verify_window.pipeline_depth 2; pipelined verify windows are not supported yet (issue 9)",
     ),
     "draft-and-ngram": (
         {"ngram": SUFFIX}, DRAFT,
@@ -215,7 +212,6 @@ def test_every_refusal_is_named_on_one_line(resolve: Resolve) -> None:
         "--telemetry-queue-capacity",
         "--openai-speculative-config",  # native_mtp.enabled
         "--openai-native-mtp-draft-model-path",
-        "--openai-speculative-config",  # verify_window.pipeline_depth 3
         "--openai-speculative-window",
         "--openai-adaptive-speculative-window",
         "--openai-adaptive-speculative-window-mode",

@@ -192,3 +192,34 @@ def test_draft_model_pair_through_three_stages_equals_the_replay(
     assert speculation.totals.windows > 0 and speculation.totals.proposed > 0
     assert sorted(got) == sorted(_replayed(pipe, op_log))
     assert got == plain
+
+
+@pytest.mark.parametrize(("corrupt_at", "expect_stale"), [(None, False), (2, True)], ids=["chain-holds", "chain-breaks"])
+def test_pipelined_windows_discard_stale_ones_and_stay_exact(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], corrupt_at: int | None,
+        expect_stale: bool) -> None:
+    """pipeline_depth 2: a window is chained behind the one in flight, its head guessing that one's bonus
+    token. When the first window rejects a draft, the chained one is stale: the final stage samples
+    nothing for it, stage 0 discards it, and the output still equals plain greedy and the replay."""
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=4, ctx_size=128)
+    prompts = [random_prompt(11 + 5 * i, 90 + i, 400) for i in range(2)]
+    plain = reference_generate(pipe, prompts, MAX_TOKENS)
+    oracle = OracleFactory({tuple(p): c for p, c in zip(prompts, plain)}, corrupt_at)
+    speculation = Speculation(oracle, FixedK(3), depth=2)
+
+    async def body() -> tuple[list[list[int]], list]:
+        async with running_driver(pipe, speculation=speculation, max_iterations=2) as driver:
+            handles = [driver.submit(p, max_tokens=MAX_TOKENS) for p in prompts]
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 60)
+            return [tokens for tokens, _ in done], list(driver.recorder)
+
+    got, op_log = run(body())
+    assert got == plain
+    assert sorted(got) == sorted(_replayed(pipe, op_log))
+    chained = [w for kind, batch in op_log if kind == "batch" for w in batch if w[5] is not None]
+    assert chained, "no chained window was sent"
+    totals = speculation.totals
+    if expect_stale:
+        assert totals.stale_windows > 0 and totals.stale_rows >= totals.stale_windows
+    else:
+        assert totals.stale_windows == 0 and totals.full_accepts == totals.windows

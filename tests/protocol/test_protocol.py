@@ -200,10 +200,10 @@ def test_missing_and_mistyped_fields() -> None:
 @pytest.mark.parametrize(
     ("name", "field", "value"),
     [
-        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": [], "draft": []}
+        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": [], "draft": [], "head": None}
                                      for i in range(MAX_WINDOWS + 1)]),
         ("batch_tokens", "windows", [{"session_id": 1, "pos_start": 0, "n_tokens": MAX_ROWS + 1, "outputs": [],
-                                      "draft": []}]),
+                                      "draft": [], "head": None}]),
         ("release", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
         ("error", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
     ],
@@ -330,6 +330,11 @@ def test_verify_window_rules() -> None:
     assert "a verify window of 3 rows carries n_tokens - 1 draft tokens" in rejects([pack(header)], "malformed")
     header["windows"][0].update(draft=[11, 12], outputs=[2])
     assert "and wants every row's output" in rejects([pack(header)], "malformed")
+    header["windows"][0].update(draft=[11, 12], outputs=[0, 1, 2], head=7)  # a chained verify window
+    batch = decode([pack(header)])
+    assert isinstance(batch, Batch) and batch.windows[0].head == 7
+    header["windows"][0].update(draft=[], outputs=[0, 1, 2], head=7)
+    assert "n_tokens - 1 draft tokens" in rejects([pack(header)], "malformed")
 
 
 def test_codes_and_reasons_decode_as_enums() -> None:

@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from skippy.driver.scheduler import PlannedWindow
+from skippy.driver.sequence import Sequence as SchedSequence
 from skippy.driver.speculative import Proposer, ProposerFactory
 from skippy.driver.speculative.window import CostModelWindow, WindowPolicy, WindowStats
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS
@@ -31,6 +35,8 @@ class SpeculationTotals:
     full_accepts: int = 0
     early_rejects: int = 0
     tail_rejects: int = 0
+    stale_windows: int = 0  # chained windows discarded because the chain broke before them
+    stale_rows: int = 0
 
     def add(self, proposed: int, accepted: int) -> None:
         self.windows += 1
@@ -51,6 +57,8 @@ class SessionSpeculation:
     proposer_calls: int = 0
     proposer_us: float = 0.0
     k: int = 0  # the policy's window for the draft in flight
+    stale_windows: int = 0
+    stale_rows: int = 0
     shadow: list[int] = field(default_factory=list)  # a draft not sent (k = 0), checked against plain decoding
 
 
@@ -58,10 +66,11 @@ class Speculation:
     """`calibrate`: the cost-model policy wanted; `policy` serves until the pipeline's C(rows) is measured."""
 
     def __init__(self, factory: ProposerFactory, policy: WindowPolicy, max_k: int = MAX_DRAFT_TOKENS, *,
-                 calibrate: bool = False) -> None:
+                 calibrate: bool = False, depth: int = 1) -> None:
         self.factory = factory
         self.policy = policy
         self.max_k = min(max_k, MAX_DRAFT_TOKENS)
+        self.depth = depth  # verify windows of one session in flight at once (pipeline_depth)
         self.calibrate = calibrate
         self.sessions: dict[int, SessionSpeculation] = {}
         self.totals = SpeculationTotals()
@@ -90,20 +99,42 @@ class Speculation:
         proposer.extend(prompt)
         self.sessions[session_id] = SessionSpeculation(proposer)
 
-    def draft(self, session_id: int, budget: int, active_sessions: int) -> list[int]:
-        """Draft tokens for the session's next window (at most budget - 1: the window's first row is the last token)."""
+    def draft(self, session_id: int, budget: int, active_sessions: int) -> tuple[list[int], int]:
+        """(proposal, k) for the session's next window: k drafts for it (at most budget - 1: the window's
+        first row is the last token) and, with depth > 1, the proposal's continuation for the windows
+        chained behind it (each a guessed head + k drafts). k = 0: decode plainly this step."""
         spec = self.sessions.get(session_id)
         if spec is None:
-            return []
+            return [], 0
         k = min(self.policy.choose(spec.stats, active_sessions), self.max_k, budget - 1)
         start = time.perf_counter()
         # k = 0: plain decoding this step, but a one-token shadow draft keeps alpha honest
-        drafted = spec.proposer.propose(max(k, 1))[: max(k, 1)]
+        want = self.depth * (k + 1) - 1 if k > 0 else 1
+        proposal = spec.proposer.propose(want)[:want]
         spec.proposer_us += (time.perf_counter() - start) * 1e6
         spec.proposer_calls += 1
         spec.k = k
-        spec.shadow = drafted if k <= 0 else []
-        return drafted if k > 0 else []
+        spec.shadow = proposal if k <= 0 else []
+        return (proposal, k) if k > 0 else ([], 0)
+
+    def window_drafts(self, seq: SchedSequence, proposal: list[int], k: int, rows_left: int) -> list[int]:
+        """This window's drafts out of `proposal`; the rest waits in `seq.chain` for chained windows."""
+        this = proposal[: max(0, min(k, rows_left - 1))]
+        seq.chain = proposal[len(this):] if self.depth > 1 and this else []
+        seq.chain_pos, seq.chain_k = seq.length + 1 + len(this), k
+        return this
+
+    def chained(self, seq: SchedSequence, rows_left: int) -> PlannedWindow | None:
+        """The next window of a session with windows in flight: `[guessed bonus, next k drafts]` at the
+        chain's position, or None (depth reached, nothing proposed, no room)."""
+        if seq.in_flight >= self.depth or not seq.chain or rows_left < 1:
+            return None
+        k = max(0, min(seq.chain_k, rows_left - 1, len(seq.chain) - 1))
+        head, draft, rest = seq.chain[0], tuple(seq.chain[1 : 1 + k]), seq.chain[1 + k :]
+        window = PlannedWindow(seq, seq.chain_pos, np.array([head, *draft], np.int32), tuple(range(1 + k)), draft,
+                               head, seq.epoch, rest[0] if rest else None)
+        seq.chain, seq.chain_pos = rest, seq.chain_pos + 1 + k
+        return window
 
     def committed(self, session_id: int, proposed: int, returned: int, committed: Sequence[int]) -> None:
         """A window of `proposed` drafts came back with `returned` tokens (accepted + 1); `committed` of them
@@ -120,13 +151,23 @@ class Speculation:
             spec.shadow = []
         spec.proposer.extend(committed)
 
+    def stale(self, session_id: int, rows: int) -> None:
+        """A chained window of `rows` rows came back after its chain broke: computed for nothing."""
+        spec = self.sessions.get(session_id)
+        if spec is not None:
+            spec.stale_windows += 1
+            spec.stale_rows += rows
+        self.totals.stale_windows += 1
+        self.totals.stale_rows += rows
+
     def summary(self, session_id: int) -> dict[str, Any] | None:
         """The session's statistics for its request summary (None when it did not speculate)."""
         spec = self.sessions.get(session_id)
         if spec is None:
             return None
         summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(spec.stats).items()}
-        summary.update(proposer=self.name, proposer_calls=spec.proposer_calls,
+        summary.update(proposer=self.name, proposer_calls=spec.proposer_calls, stale_windows=spec.stale_windows,
+                       stale_rows=spec.stale_rows,
                        proposer_us_per_call=round(spec.proposer_us / max(1, spec.proposer_calls), 1))
         return summary
 

@@ -43,8 +43,9 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
     window = spec.plan.verify_window
     max_k = min(spec.speculative_window or (window.max_tokens if spec.plan.ngram else DEFAULT_WINDOW), MAX_DRAFT_TOKENS)
     policy: WindowPolicy
+    depth = window.pipeline_depth
     if not spec.adaptive_speculative_window:
-        return Speculation(factory, FixedWindow(max_k), max_k)
+        return Speculation(factory, FixedWindow(max_k), max_k, depth=depth)
     min_k = min(max(window.min_tokens, 1), max_k)
     policy = SimpleAdaptiveWindow(start=min(DEFAULT_WINDOW, max_k), min_k=min_k, max_k=max_k)
-    return Speculation(factory, policy, max_k, calibrate=spec.adaptive_mode is AdaptiveWindowMode.COST)
+    return Speculation(factory, policy, max_k, calibrate=spec.adaptive_mode is AdaptiveWindowMode.COST, depth=depth)
