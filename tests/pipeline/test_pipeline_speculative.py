@@ -24,6 +24,7 @@ from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import WindowStats
+from skippy.runtime.sampling import SamplingParams
 from skippy.testing.replay import replay_op_log
 
 MAX_TOKENS = 24
@@ -223,3 +224,33 @@ def test_pipelined_windows_discard_stale_ones_and_stay_exact(
         assert totals.stale_windows > 0 and totals.stale_rows >= totals.stale_windows
     else:
         assert totals.stale_windows == 0 and totals.full_accepts == totals.windows
+
+
+def test_seeded_sampling_with_verify_windows_reproduces_plain_sampling(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
+    """temperature 0.9 with a seed: the final stage samples verify rows with the session's own sampler, one
+    draw per returned token, so the sampled continuation is plain sampling's (sample-and-compare keeps the
+    target distribution; a seed stays reproducible), whichever drafts were right."""
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=4, ctx_size=128)
+    prompts = [random_prompt(14 + 3 * i, 50 + i, 400) for i in range(2)]
+    sampling = SamplingParams(temperature=0.9, top_k=40, seed=1234)
+
+    async def generate(speculation: Speculation | None) -> tuple[list[list[int]], list]:
+        async with running_driver(pipe, speculation=speculation) as driver:
+            handles = [driver.submit(p, sampling, max_tokens=MAX_TOKENS) for p in prompts]
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 60)
+            return [tokens for tokens, _ in done], list(driver.recorder)
+
+    plain, _ = run(generate(None))
+    assert plain != reference_generate(pipe, prompts, MAX_TOKENS)  # sampling, not greedy
+    speculation = Speculation(OracleFactory({tuple(p): c for p, c in zip(prompts, plain)}, 1), FixedK(4))
+    got, op_log = run(generate(speculation))
+    assert got == plain
+    assert speculation.totals.tail_rejects > 0 and speculation.totals.accepted > 0
+    chain = pipe.reference_chain()
+    try:
+        sessions = sorted({w[0] for kind, batch in op_log if kind == "batch" for w in batch})
+        replayed = replay_op_log(chain, op_log, {s: sampling for s in sessions})
+    finally:
+        chain.close()
+    assert sorted(replayed[s][:MAX_TOKENS] for s in sessions) == sorted(got)
