@@ -54,6 +54,7 @@ class DriverStats:
     max_rows: int = 0
     max_sessions: int = 0
     max_in_flight: int = 0
+    max_session_in_flight: int = 0  # most windows of one session in flight at once (pipelined prefill/verify)
     hop_ms: deque[list[float]] = field(default_factory=lambda: deque(maxlen=4096))
     compute_ms: dict[str, float] = field(default_factory=dict)  # per stage, summed over batches
 
@@ -62,6 +63,7 @@ class DriverStats:
         self.max_rows = max(self.max_rows, entry.rows)
         self.max_sessions = max(self.max_sessions, len(entry.plan))
         self.max_in_flight = max(self.max_in_flight, in_flight)
+        self.max_session_in_flight = max(self.max_session_in_flight, *(pw.seq.in_flight for pw in entry.plan))
 
     def observe(self, msg: Predictions) -> None:
         self.hop_ms.append([(b.recv_at - a.sent_at) * 1e3 for a, b in zip(msg.timings, msg.timings[1:])])

@@ -190,12 +190,15 @@ class Driver:
             await self._flush_releases()
             for seq in self.table.admit(self.runtime.spec.lane_count):
                 await self._configure(seq)
-            if self.liveness.dead is None and len(self.launcher.inflight) < self.max_iterations:
+            room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
+            streaming = any(s.prefilling and s.in_flight and not s.cancelled for s in self.table.running)
+            if self.liveness.dead is None and (room or streaming):  # a prompt's chunks follow each other
                 decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
                 max_decode = decode_rows_per_iteration(decoding, self.max_iterations)
                 chainer = self.speculation.chained if self.speculation is not None else None
                 plan = plan_iteration(self.table.running, self.runtime.params.n_batch, max_decode,
-                                      await self._drafter(max_decode, decoding), chainer)
+                                      await self._drafter(max_decode, decoding) if room else None, chainer,
+                                      only_pipelined_prefill=not room)
                 if plan:
                     fault_point("driver.launch")
                     try:

@@ -2,8 +2,9 @@
 
 Each iteration takes, within a token budget (n_batch), one decode row for every running session
 whose previous step has come back, then prefill chunks for sessions still prefilling (continuous
-batching). Sessions in an iteration still in flight are skipped, so the iterations kept in flight
-at once (one per stage, bounded by credits) cover disjoint sessions. `max_decode_rows` splits the
+batching). Decode windows of sessions still in flight are skipped (only a chained verify window may
+follow one), so the decode iterations in flight cover disjoint sessions; prefill chunks of one
+prompt are pipelined. `max_decode_rows` splits the
 decoding sessions into micro-batches so every stage has one to work on.
 """
 
@@ -44,19 +45,22 @@ Chainer = Callable[[Sequence, int], PlannedWindow | None]  # the next chained wi
 
 
 def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_rows: int,
-                   drafter: Drafter | None = None, chainer: Chainer | None = None) -> list[PlannedWindow]:
+                   drafter: Drafter | None = None, chainer: Chainer | None = None, *,
+                   only_pipelined_prefill: bool = False) -> list[PlannedWindow]:
     """The next micro-batch: decode windows first, then prefill chunks, within `token_budget` rows.
 
     A decode window is the session's last sampled token at its next position; with a `drafter`
     it becomes a verify window `[last, d1..dk]` with an output on every row. A session whose window
     is in flight gets a chained verify window only from a `chainer` (pipelined verify windows).
+    `only_pipelined_prefill`: no room for another micro-batch, so only the next chunks of prompts
+    whose earlier chunks are in flight (no decode rows, no new prompts).
     """
     running = list(running)
     plan: list[PlannedWindow] = []
     budget = token_budget
     # decode: one window per session whose last token is back; input = last sampled token (+ drafts)
     for seq in running:
-        if budget == 0 or len(plan) >= max_decode_rows:
+        if budget == 0 or len(plan) >= max_decode_rows or only_pipelined_prefill:
             break
         if seq.cancelled or seq.prefilling or not seq.generated:
             continue
@@ -72,11 +76,13 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
         plan.append(PlannedWindow(seq, seq.length, tokens, tuple(range(len(tokens))), draft, None, seq.epoch,
                                   next_guess))
         budget -= len(tokens)
-    # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token
+    # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token. A chunk
+    # needs nothing back from the one before it, so chunks of one prompt follow each other down the
+    # pipeline without waiting (bounded by credits): chunk k+1 computes at stage 0 while k is at stage 1.
     for seq in running:
         if budget == 0:
             break
-        if seq.in_flight or seq.cancelled or not seq.prefilling:
+        if seq.cancelled or not seq.prefilling or (only_pipelined_prefill and not seq.in_flight):
             continue
         n = min(seq.planner.size(), len(seq.prompt) - seq.prefilled, budget)
         end = seq.prefilled + n

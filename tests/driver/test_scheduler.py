@@ -107,15 +107,21 @@ def test_in_flight_and_cancelled_decoders_are_skipped(flag: str) -> None:
     assert [w.seq.session_id for w in plan] == [2, 4]
 
 
-@pytest.mark.parametrize("flag", ["in_flight", "cancelled"])
-def test_in_flight_and_cancelled_prefills_are_skipped(flag: str) -> None:
-    running = deque([seq(1, 20, **{flag: True}), seq(2, 20), seq(3, 20, prefilled=10, **{flag: True})])
+def test_cancelled_prefills_are_skipped() -> None:
+    running = deque([seq(1, 20, cancelled=True), seq(2, 20), seq(3, 20, prefilled=10, cancelled=True)])
     plan = plan_iteration(running, 64, NO_LIMIT)
     assert summary(plan) == [(2, 0, 20, (19,))]
 
 
+def test_prefill_chunks_of_a_prompt_in_flight_are_pipelined() -> None:
+    """Chunk k+1 needs nothing back from chunk k: it is planned while k is still in the pipeline."""
+    running = deque([seq(1, 40, chunk=16, prefilled=16, in_flight=True), seq(2, 20, chunk=16)])
+    plan = plan_iteration(running, 64, NO_LIMIT)
+    assert summary(plan) == [(1, 16, 16, ()), (2, 0, 16, ())]
+
+
 def test_skipped_sessions_do_not_use_budget_or_decode_slots() -> None:
-    running = deque([decoding(1, in_flight=True), decoding(2, cancelled=True), decoding(3), seq(4, 10, in_flight=True),
+    running = deque([decoding(1, in_flight=True), decoding(2, cancelled=True), decoding(3), seq(4, 10, cancelled=True),
                      seq(5, 10)])
     plan = plan_iteration(running, token_budget=11, max_decode_rows=1)
     assert summary(plan) == [(3, 5, 1, (0,)), (5, 0, 10, (9,))]
@@ -215,7 +221,7 @@ def test_rows_never_exceed_the_budget() -> None:
         plan = plan_iteration(running, budget, max_decode)
         assert rows(plan) <= budget
         assert len({id(w.seq) for w in plan}) == len(plan)  # at most one window per session
-        assert all(not (w.seq.in_flight or w.seq.cancelled) for w in plan)
+        assert all(not w.seq.cancelled and not (w.seq.in_flight and not w.is_prefill) for w in plan)
         assert all(len(w.tokens) >= 1 for w in plan)
         decode = [w for w in plan if not w.is_prefill]
         assert len(decode) <= max_decode

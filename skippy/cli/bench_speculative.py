@@ -1,0 +1,214 @@
+"""`skippy bench speculative`: plain vs speculative decoding on one 2-stage pipeline, side by side in one run.
+
+Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this process, as in
+`skippy bench pipeline`, so the bench can switch the driver's speculation between waves of requests:
+none (plain), the suffix proposer with a fixed window of k = 8, and the suffix proposer with the
+cost-model window (C(rows) calibrated through the pipeline when the driver starts, the hop delay
+followed live). Every cell (workload x delay per hop x concurrency) runs its waves mode after mode on
+the same prompts, so machine noise hits the modes alike, and checks each greedy speculative output
+against the plain one.
+
+The wire delay conditions both hops of a round trip. The forward hop (stage 0 -> stage 1) is stage
+0's downstream link (SetWire). The return hop: stage 1 sends predictions and heartbeats to stage 0's
+endpoint in the topology, so the driver binds another endpoint (`--bind-addr`; stage 1's Ready and
+credits go there, to the Hello's reply endpoint) and a relay in this process, bound at the topology's
+endpoint, forwards every message to it through a DownstreamLink with the same wire condition.
+Workloads and timing: skippy.cli.bench_speculative_load; table, doc, plot: skippy.cli.bench_speculative_report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import zmq.asyncio
+
+from skippy.cli.bench_http import DOCS, ensure_matplotlib
+from skippy.cli.bench_speculative_load import ModeResult, Prompt, divergence_margin, prose_prompts, reemission_prompts, run_wave
+from skippy.cli.bench_speculative_report import Cell, write_report
+from skippy.config import WireCondition, parse_serving_args
+from skippy.config.speculative import NgramConfig, NgramKind
+from skippy.driver.driver import Driver
+from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.suffix import SuffixProposerFactory
+from skippy.driver.speculative.window import CostModelWindow, FixedWindow, SimpleAdaptiveWindow
+from skippy.launcher import StageProcesses, write_local_topology
+from skippy.log import configure_logging
+from skippy.protocol import SetWire, decode
+from skippy.runtime.chain import LocalChain
+from skippy.runtime.models import resolve_model_path
+from skippy.runtime.slices import read_model_info
+from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, RuntimeSpec, StageRuntime
+from skippy.runtime.tokenizer import Tokenizer
+from skippy.stage.links import DownstreamLink, apply_wire
+from skippy.transport import PullQueue
+
+FIXED_K = 8
+MODES = ("plain", f"fixed k={FIXED_K}", "cost model")
+
+
+def suffix_factory() -> SuffixProposerFactory:
+    return SuffixProposerFactory(NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=16,
+                                             max_proposal_tokens=MAX_DRAFT_TOKENS))
+
+
+class ReturnRelay:
+    """Stage 1 -> stage 0 messages, from the topology's stage-0 endpoint to the driver's, over a wire condition."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, listen: str, driver_endpoint: str) -> None:
+        self.inbound = PullQueue(ctx, listen, decoder=lambda f: decode(f, n_embd=None))
+        self.link = DownstreamLink(ctx, driver_endpoint, WireCondition())
+        self.task = asyncio.get_running_loop().create_task(self._pump(), name="return relay")
+
+    async def _pump(self) -> None:
+        while True:
+            msg = await self.inbound.recv()
+            if not isinstance(msg, Exception):
+                self.link.enqueue(msg)
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.link.close()
+        self.inbound.close()
+
+
+@dataclass
+class Bench:
+    driver: Driver
+    relay: ReturnRelay
+    modes: dict[str, Speculation | None]
+    stop: frozenset[int]
+    max_tokens: int
+    waves: int = 0
+
+    def set_delay(self, delay_ms: float) -> None:
+        for link in (self.driver.downstream, self.relay.link):
+            apply_wire(link, SetWire(delay_ms), self.driver.log)
+
+    def use(self, mode: str) -> Speculation | None:
+        """Switch the driver's speculation (between waves only: no request is live)."""
+        previous, self.driver.speculation = self.driver.speculation, self.modes[mode]
+        if previous is not None:
+            previous.release(list(previous.sessions))  # sessions whose release went to the next mode
+        return self.driver.speculation
+
+    async def cell(self, workload: str, delay_ms: float, concurrency: int, prompts: list[Prompt],
+                   max_tokens: int | None = None) -> Cell:
+        results = {mode: ModeResult() for mode in MODES}
+        for start in range(0, len(prompts), concurrency):
+            self.waves += 1  # mode after mode on the same prompts, the order rotating from wave to wave
+            for mode in MODES[self.waves % 3:] + MODES[:self.waves % 3]:
+                spec = self.use(mode)
+                before = replace(spec.totals) if spec is not None else None
+                wave = await run_wave(self.driver, prompts[start:start + concurrency], max_tokens or self.max_tokens,
+                                      self.stop)
+                results[mode].add_wave(wave, before, spec.totals if spec is not None else None)
+        return Cell(workload, delay_ms, concurrency, len(prompts), results, [p.tokens for p in prompts])
+
+
+@contextlib.asynccontextmanager
+async def running_bench(directory: Path, model: Path, split: int, lanes: int, ctx_size: int, stop: frozenset[int],
+                        max_tokens: int) -> AsyncIterator[Bench]:
+    n_layer = read_model_info(model).n_layer
+    topology, configs = write_local_topology(directory, model, n_layer, [split], lane_count=lanes, ctx_size=ctx_size)
+    driver_endpoint = f"ipc://{directory.resolve()}/stage0-driver.sock"
+    with StageProcesses(topology, configs, directory / "run"):
+        options = parse_serving_args(["--config", str(configs[0]), "--topology", str(topology), "--max-inflight", "4",
+                                      "--bind-addr", driver_endpoint])
+        ctx = zmq.asyncio.Context()
+        assert options.topology is not None
+        relay = ReturnRelay(ctx, options.topology.first().endpoint, driver_endpoint)
+        runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
+        cost = Speculation(suffix_factory(), SimpleAdaptiveWindow(4, 1, MAX_DRAFT_TOKENS), MAX_DRAFT_TOKENS,
+                           calibrate=True)
+        fixed = Speculation(suffix_factory(), FixedWindow(FIXED_K), MAX_DRAFT_TOKENS)
+        driver = Driver(options, runtime, speculation=cost)  # calibrates C(rows) at start
+        bench = Bench(driver, relay, dict(zip(MODES, (None, fixed, cost))), stop, max_tokens)
+        try:
+            await driver.start()
+            yield bench
+        finally:
+            bench.use("plain")
+            await driver.close()
+            fixed.close()
+            cost.close()
+            runtime.close()
+            relay.close()
+            ctx.term()
+
+
+async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) -> tuple[list[Cell], list[float]]:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    delays = [float(d) for d in args.delays_ms.split(",")]
+    max_prompt = args.ctx_size - args.max_tokens - MAX_DRAFT_TOKENS - 2
+    need = {c: max(args.requests, c) for c in levels}  # whole waves of c: n rounded up to a multiple of c
+    need = {c: -(-n // c) * c for c, n in need.items()}
+    code = reemission_prompts(tokenizer, max(need.values()), max_prompt)
+    prose = prose_prompts(tokenizer, max(need.values()))
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp:
+        async with running_bench(Path(tmp), model, args.split, max(levels) + 2, args.ctx_size,
+                                 tokenizer.eog_tokens(), args.max_tokens) as bench:
+            policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
+            calibrated = [policy.cost(r) for r in range(1, MAX_DRAFT_TOKENS + 2)] if isinstance(policy, CostModelWindow) else []
+            for delay in delays:
+                bench.set_delay(delay)
+                await bench.cell("warm-up", delay, 1, code[-1:], max_tokens=24)  # every mode once; the cost model sees the delay
+                for workload, prompts in (("re-emission", code), ("prose", prose)):
+                    for c in levels:
+                        cell = await bench.cell(workload, delay, c, prompts[:need[c]])
+                        cell.load = os.getloadavg()[0]
+                        print(cell.line(), file=sys.stderr, flush=True)
+                        cells.append(cell)
+    return cells, calibrated
+
+
+def measure_margins(model: Path, cells: list[Cell], ctx_size: int) -> None:
+    """For each request whose speculative output differs from plain's: the unsplit model's top-2 margin there."""
+    chain = LocalChain(RuntimeSpec(model_path=model, layer_start=0, layer_end=0, lane_count=1, ctx_size=ctx_size))
+    try:
+        for cell in cells:
+            for mode in list(cell.speculative()):
+                cell.margins[mode] = [divergence_margin(chain, cell.prompts[i], cell.plain.outputs[i],
+                                                        cell.results[mode].outputs[i]) for i in cell.mismatched(mode)]
+    finally:
+        chain.close()
+
+
+def run_speculative_bench(args: argparse.Namespace) -> int:
+    configure_logging("off")
+    model = resolve_model_path(args.model)
+    tokenizer = Tokenizer(model)
+    load_start = os.getloadavg()[0]
+    try:
+        cells, calibrated = asyncio.run(_bench(args, model, tokenizer))
+        measure_margins(model, cells, args.ctx_size)
+    finally:
+        tokenizer.close()
+    ensure_matplotlib()
+    facts = {"command": " ".join(["scripts/bench-speculative", *sys.argv[3:]]), "model": model.name,
+             "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests,
+             "calibrated_cost_ms": [round(c, 2) for c in calibrated],
+             "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
+    print(write_report(Path(args.out_dir), cells, facts))
+    return 0
+
+
+def add_to(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("speculative", help="plain vs speculative decoding, 2 stages, by delay and concurrency")
+    p.add_argument("--model", default="default")
+    p.add_argument("--split", type=int, default=9)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--requests", type=int, default=4, help="requests per cell at least (whole waves of c)")
+    p.add_argument("--concurrency", default="1,4,8", help="requests in flight, comma separated")
+    p.add_argument("--delays-ms", default="0,20", help="wire delay per hop (both hops), comma separated")
+    p.add_argument("--ctx-size", type=int, default=1024, help="context per lane")
+    p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")
+    p.set_defaults(run=run_speculative_bench)

@@ -1,0 +1,224 @@
+"""`skippy bench speculative`, the report: one table row per cell (plain vs each speculative mode: decode
+tok/s and ratio, TTFT, acceptance, mean accepted drafts per window, requests whose output differs from
+plain), the issue's targets as met / not met, and docs/bench-speculative.{md,json,png}.
+
+The generated markdown keeps whatever follows NOTES_MARKER in the existing file (hand-written reading
+of the numbers), so a re-run replaces the numbers and leaves the notes for a person to revisit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skippy.cli.bench_speculative_load import ModeResult
+
+__all__ = ["NOTES_MARKER", "TTFT_TOLERANCE", "Cell", "table", "targets", "write_report"]
+
+NOTES_MARKER = "<!-- notes: kept across runs -->"
+TTFT_TOLERANCE = 1.10  # "TTFT unchanged": speculative TTFT, pooled over every request, within 10% of plain
+THIN_MARGIN = 0.5  # issue 9: speculative output may differ from plain only where the top-2 logit margin is below this
+
+
+@dataclass
+class Cell:
+    workload: str
+    delay_ms: float
+    concurrency: int
+    n: int  # requests per mode
+    results: dict[str, ModeResult]  # mode -> result; the first mode is plain
+    prompts: list[list[int]]  # in the order of each mode's outputs
+    margins: dict[str, list[float]] = field(default_factory=dict)  # mode -> top-2 margin at each mismatch
+    load: float = 0.0  # the machine's 1-minute load average when the cell ended (this run's processes included)
+
+    @property
+    def plain(self) -> ModeResult:
+        return next(iter(self.results.values()))
+
+    def speculative(self) -> dict[str, ModeResult]:
+        return dict(list(self.results.items())[1:])
+
+    def ratio(self, mode: str) -> float:
+        return self.results[mode].tok_s / self.plain.tok_s if self.plain.tok_s else 0.0
+
+    def mismatched(self, mode: str) -> list[int]:
+        """Indices of the requests whose output under `mode` differs from plain's."""
+        return [i for i, (a, b) in enumerate(zip(self.results[mode].outputs, self.plain.outputs)) if a != b]
+
+    def mismatches(self, mode: str) -> int:
+        return len(self.mismatched(mode))
+
+    def wide(self, mode: str) -> int:
+        """Mismatches whose first differing token had a top-2 margin of at least THIN_MARGIN (unexpected)."""
+        return sum(m >= THIN_MARGIN for m in self.margins.get(mode, []))
+
+    def line(self) -> str:
+        ratios = ", ".join(f"{m} {self.ratio(m):.2f}x" for m in self.speculative())
+        return (f"bench: {self.workload} {self.delay_ms:g} ms/hop c={self.concurrency} n={self.n}: "
+                f"plain {self.plain.tok_s:.1f} tok/s; {ratios}")
+
+
+def _accept(r: ModeResult) -> str:
+    t = r.totals
+    return f"{t.accepted / t.proposed:.2f}" if t.proposed else "-"
+
+
+def _per_window(r: ModeResult) -> str:
+    t = r.totals
+    return f"{t.accepted / t.windows:.1f}" if t.windows else "-"
+
+
+def table(cells: list[Cell]) -> str:
+    """A markdown table; per speculative mode: tok/s, ratio, TTFT, acceptance, accepted/window, mismatches."""
+    modes = list(cells[0].speculative())
+    head = ["workload", "ms/hop", "c", "n", "load", "plain tok/s", "plain TTFT ms"]
+    for m in modes:
+        head += [f"{m} tok/s", "ratio", "TTFT ms", "accept", "acc/win", "≠ plain (wide)"]
+    rows = [head, ["---"] * 5 + ["---:"] * (len(head) - 5)]
+    for cell in cells:
+        row = [cell.workload, f"{cell.delay_ms:g}", str(cell.concurrency), str(cell.n), f"{cell.load:.1f}",
+               f"{cell.plain.tok_s:.1f}",
+               f"{cell.plain.mean_ttft_ms:.0f}"]
+        for m, r in cell.speculative().items():
+            row += [f"{r.tok_s:.1f}", f"**{cell.ratio(m):.2f}**", f"{r.mean_ttft_ms:.0f}", _accept(r), _per_window(r),
+                    f"{cell.mismatches(m)} ({cell.wide(m)})"]
+        rows.append(row)
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+TARGETS: list[tuple[str, Callable[[Cell], bool], float]] = [
+    ("re-emission, 2 stages, 20 ms per hop (c=1)", lambda c: c.workload == "re-emission" and c.delay_ms == 20
+     and c.concurrency == 1, 3.5),
+    ("re-emission, 0 ms per hop (c=1)", lambda c: c.workload == "re-emission" and c.delay_ms == 0
+     and c.concurrency == 1, 2.0),
+    ("free-form control (every prose cell)", lambda c: c.workload == "prose", 0.95),
+    ("concurrency 8 (every c=8 cell)", lambda c: c.concurrency == 8, 0.9),
+]
+
+
+def targets(cells: list[Cell]) -> list[dict[str, Any]]:
+    """Per target and speculative mode: the worst ratio over the cells it covers, and whether it is met."""
+    modes = list(cells[0].speculative())
+    out: list[dict[str, Any]] = []
+    for name, covers, minimum in TARGETS:
+        chosen = [c for c in cells if covers(c)]
+        if not chosen:
+            continue
+        worst = {m: min(c.ratio(m) for c in chosen) for m in modes}
+        out.append({"target": name, "min_ratio": minimum, "worst": worst,
+                    "met": {m: worst[m] >= minimum for m in modes}})
+    plain_ttft = sum(sum(c.plain.ttft_ms) for c in cells)
+    ttft = {m: sum(sum(c.results[m].ttft_ms) for c in cells) / plain_ttft for m in modes}
+    out.append({"target": "TTFT unchanged (mean over every request of the run)", "max_ratio": TTFT_TOLERANCE,
+                "worst": ttft, "met": {m: ttft[m] <= TTFT_TOLERANCE for m in modes}})
+    return out
+
+
+def _targets_md(rows: list[dict[str, Any]]) -> str:
+    lines = ["| target | bound | " + " | ".join(rows[0]["worst"]) + " |", "|---|---|" + "---|" * len(rows[0]["worst"])]
+    for t in rows:
+        bound = f"≥ {t['min_ratio']}×" if "min_ratio" in t else f"≤ {t['max_ratio']}×"
+        cells = [f"{t['worst'][m]:.2f}× {'met' if t['met'][m] else '**not met**'}" for m in t["worst"]]
+        lines.append(f"| {t['target']} | {bound} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
+
+
+def plot(cells: list[Cell], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415  (installed by bench_http.ensure_matplotlib)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    workloads = list(dict.fromkeys(c.workload for c in cells))
+    modes = list(cells[0].speculative())
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), sharey=True, squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        chosen = [c for c in cells if c.workload == workload]
+        width = 0.8 / len(modes)
+        for i, m in enumerate(modes):
+            xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(chosen))]
+            bars = ax.bar(xs, [c.ratio(m) for c in chosen], width, label=m)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        for j, cell in enumerate(chosen):  # each target over the cells it covers
+            for minimum in (m for _, covers, m in TARGETS if covers(cell)):
+                ax.hlines(minimum, j - 0.45, j + 0.45, colors="black", linestyles=":", linewidth=1.2)
+        ax.set_xticks(range(len(chosen)), [f"{c.delay_ms:g} ms\nc={c.concurrency}" for c in chosen])
+        ax.set_title(f"{workload} (dotted: targets)")
+        ax.set_ylabel("decode tok/s, speculative ÷ plain")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("suffix-proposer speculative decoding vs plain, 2 stages, same run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _markdown(cells: list[Cell], facts: dict[str, Any], goals: list[dict[str, Any]], notes: str) -> str:
+    mism = {m: (sum(c.mismatches(m) for c in cells), sum(c.wide(m) for c in cells)) for m in cells[0].speculative()}
+    total = sum(c.n for c in cells)
+    return f"""# `skippy bench speculative`: plain vs speculative decoding, 2 stages
+
+Measured {facts['date']} on {facts['machine']} with:
+
+    {facts['command']}
+
+(= `.venv/bin/skippy bench speculative`; every number also in `docs/bench-speculative.json`, ratios
+plotted in `docs/bench-speculative.png`.) Model {facts['model']} split at layer {facts['split']}: stage 1 a
+real process, stage 0's driver in the bench's process; greedy, max_tokens {facts['max_tokens']}, stopping
+at end-of-generation tokens. Suffix proposer (min n-gram 3, max 16, at most 16 drafts) with a fixed window
+of 8 or the cost-model window. Calibrated C(rows) for 1..17 rows, ms: {facts['calibrated_cost_ms']}.
+Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
+machine; the modes alternate wave by wave so it hits them alike).
+
+![ratios](bench-speculative.png)
+
+{table(cells)}
+
+Columns: ms/hop = wire delay on each hop (stage 0 → stage 1 and the return); c = requests in flight; load =
+the machine's 1-minute load average as the cell ended (this bench's own processes included); n =
+requests per mode (waves of c, each a different HumanEval problem or prose opening); tok/s = tokens after
+each request's first ÷ the waves' decode spans; ratio = speculative ÷ plain tok/s; TTFT = mean ms from
+submit to the first token; accept = accepted ÷ proposed drafts; acc/win = accepted drafts per verify
+window (tokens per window = acc/win + 1); ≠ plain = requests whose greedy output differs from plain's, and
+(wide) how many of them first differ at a token where the unsplit model's top-2 logit margin (after the
+common prefix) is {THIN_MARGIN} or more, i.e. not explained by a thin margin.
+Requests whose output differed from plain: {', '.join(f'{m} {k} of {total} ({w} wide)' for m, (k, w) in mism.items())}.
+
+## Targets (issue 9)
+
+{_targets_md(goals)}
+
+{NOTES_MARKER}
+{notes}"""
+
+
+def write_report(out: Path, cells: list[Cell], facts: dict[str, Any]) -> str:
+    """Write bench-speculative.{json,png,md} into `out`; returns the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    facts = {**facts, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": cpu_model()}
+    goals = targets(cells)
+    (out / "bench-speculative.json").write_text(json.dumps({**facts, "targets": goals, "cells": [
+        {"workload": c.workload, "delay_ms": c.delay_ms, "concurrency": c.concurrency, "n": c.n, "load": c.load, "modes": {
+            m: {"tok_s": r.tok_s, "ratio": c.ratio(m), "ttft_ms": r.ttft_ms, "decode_tokens": r.decode_tokens,
+                "decode_s": r.decode_s, "totals": asdict(r.totals), "mismatched": c.mismatched(m),
+                "margins": c.margins.get(m, [])}
+            for m, r in c.results.items()}} for c in cells]}, indent=2) + "\n")
+    plot(cells, out / "bench-speculative.png")
+    md = out / "bench-speculative.md"
+    old = md.read_text() if md.exists() else ""
+    notes = old.split(NOTES_MARKER, 1)[1].lstrip("\n") if NOTES_MARKER in old else ""
+    text = _markdown(cells, facts, goals, notes)
+    md.write_text(text)
+    return text
