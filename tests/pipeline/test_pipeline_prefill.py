@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
+
 from skippy.protocol import Predictions
 from skippy.testing.replay import replay_op_log
 
