@@ -31,6 +31,7 @@ from brokers.pool import PipelinePool
 from skippy.config import AdmissionOptions, prompt_length_error
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.telemetry.broker import BrokerTelemetry
 from skippy.transport import RouterQueue
 
 __all__ = ["Broker"]
@@ -57,14 +58,16 @@ class Broker:
     def __init__(self, bind_endpoint: str, pipelines: Sequence[str],
                  admission: AdmissionOptions | None = None, *,
                  stage0_ids: Sequence[str | None] | None = None, ctx: zmq.asyncio.Context | None = None,
-                 poll_interval_s: float = 0.5, status_timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 link_ctx: zmq.asyncio.Context | None = None, poll_interval_s: float = 0.5,
+                 status_timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+        """`link_ctx` (default: `ctx`) carries the sockets toward the pipelines: a CURVE-secured context
+        when their topologies have link keys (skippy.curve), while adapters reach the broker in the clear."""
         self.bind_endpoint = bind_endpoint
         self.admission = admission or AdmissionOptions()
         self.clock = clock
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context()
-        self.pool = PipelinePool(self.ctx, pipelines, self.admission, stage0_ids=stage0_ids,
+        self.pool = PipelinePool(link_ctx or self.ctx, pipelines, self.admission, stage0_ids=stage0_ids,
                                  on_events=self._on_pipeline_events, on_change=self._on_pool_change,
                                  on_silent=self._on_silent, poll_interval_s=poll_interval_s,
                                  status_timeout_s=status_timeout_s, clock=clock)
@@ -78,6 +81,7 @@ class Broker:
         self._server: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()  # request tasks and fire-and-forget sends
         self._closed = False
+        self.telemetry = BrokerTelemetry(self)  # metrics and spans (skippy.telemetry.broker)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -234,6 +238,7 @@ class Broker:
             await self._finish(req, TokenEvents(rid, (), FinishReason.CANCELLED))
             return
         req.permit, req.admitted_at = permit, self.clock()
+        self.telemetry.admitted(req)
         if req.done:  # finished (broker closing) in the instant it was admitted
             permit.release()
             return
@@ -278,6 +283,7 @@ class Broker:
             req.permit.release()
         outcome = final.code if final.finish_reason == "error" and final.code else str(final.finish_reason)
         self.outcomes[outcome] += 1
+        self.telemetry.finished(req, final, outcome)
         self.log.info("request_done", request_id=rid, finish_reason=final.finish_reason, code=final.code,
                       error=final.error, tokens=req.tokens, pipeline=req.link.endpoint if req.link else None,
                       queue_ms=round(((req.admitted_at or now) - req.received_at) * 1e3, 3),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-POINTS = frozenset({"driver.launch", "link.batch", "stage.batch"})
+POINTS = frozenset({"driver.launch", "link.batch", "stage.batch", "prefix.record"})
 _ACTIVE = frozenset(p.strip() for p in os.environ.get("SKIPPY_FAULT", "").split(",") if p.strip())
 if _ACTIVE - POINTS:
     raise RuntimeError(f"SKIPPY_FAULT names unknown points {sorted(_ACTIVE - POINTS)} (known: {sorted(POINTS)})")
@@ -22,3 +22,8 @@ class InjectedFault(RuntimeError):
 def fault_point(name: str) -> None:
     if name in _ACTIVE:
         raise InjectedFault(f"injected fault at {name} (SKIPPY_FAULT)")
+
+
+def fault_active(name: str) -> bool:
+    """For a point whose failure is a silent loss, not a raise (`prefix.record`: a stage keeps no entry)."""
+    return name in _ACTIVE

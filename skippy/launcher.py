@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from skippy.config import StageTopology
 from skippy.log import READY_FD_ENV
+from skippy.netns.owner import stage_command_prefix
+from skippy.telemetry.targets import record_target
 
 READY_TIMEOUT_S = 120.0
 
@@ -35,6 +37,13 @@ def _die_with_parent() -> None:
     """In the child: get SIGTERM when the launching process dies, however it dies (no orphans)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Restarts(Protocol):
+    """What `Children.supervise` asks when a child dies (skippy.restarts.StageRestarter)."""
+
+    def restart(self, name: str, code: int) -> bool: ...  # True: it will be brought back, keep serving
+    def close(self) -> None: ...  # no more restarts: everything is about to stop
 
 
 class LaunchError(RuntimeError):
@@ -114,11 +123,13 @@ class Children:
     def log_path(self, name: str) -> Path:
         return self.run_dir / f"{name}.log"
 
-    def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
-        """Run `skippy <skippy_args>` as child `name` (log: <run_dir>/<name>.log); wait for its ready fields."""
+    def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S,
+                      prefix: Sequence[str] = ()) -> dict[str, Any]:
+        """Run `skippy <skippy_args>` as child `name` (log: <run_dir>/<name>.log); wait for its ready fields.
+        `prefix` runs it through another command first (`ip netns exec NS`: it execs, the pid stays)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "skippy.cli.main", *skippy_args]
+        cmd = [*prefix, sys.executable, "-m", "skippy.cli.main", *skippy_args]
         try:
             with self.log_path(name).open("ab") as out:
                 self.procs[name] = proc = subprocess.Popen(
@@ -131,6 +142,7 @@ class Children:
             self.ready[name] = self._read_ready(name, read_fd, timeout_s)
         finally:
             os.close(read_fd)
+        record_target(self.run_dir, name, self.ready[name])  # <run_dir>/metrics-targets.json: where its /metrics is
         return self.ready[name]
 
     def _read_ready(self, name: str, fd: int, timeout_s: float) -> dict[str, Any]:
@@ -173,20 +185,24 @@ class Children:
             exits = self._async_exits[0][1]
         return await exits.get()
 
-    def supervise(self, program: str, start: Callable[[], str]) -> int:
+    def supervise(self, program: str, start: Callable[[], str], restarts: Restarts | None = None) -> int:
         """Run `start` (which returns the ready line to print), then wait until SIGINT/SIGTERM (exit 0)
-        or until a child dies (reported by name; exit 1); everything started is stopped either way."""
+        or until a child dies that `restarts` does not bring back (reported by name; exit 1); everything
+        started is stopped either way (`restarts` is closed first)."""
         signal.signal(signal.SIGINT, lambda *_: self._exits.put(None))
         signal.signal(signal.SIGTERM, lambda *_: self._exits.put(None))
         try:
             print(start(), flush=True)
-            event = self._exits.get()  # blocks until a child exits or a signal arrives
-            if event is None:
-                return 0
-            name, code = event
-            print(f"{program}: {name} exited with code {code} (log {self.log_path(name)}); stopping", file=sys.stderr)
-            return 1
+            while (event := self._exits.get()) is not None:  # blocks until a child exits or a signal arrives
+                name, code = event
+                if restarts is None or not restarts.restart(name, code):
+                    print(f"{program}: {name} exited with code {code} (log {self.log_path(name)}); stopping",
+                          file=sys.stderr)
+                    return 1
+            return 0
         finally:
+            if restarts is not None:
+                restarts.close()
             codes = self.stop()
             print(f"stopped: {', '.join(f'{name}={code}' for name, code in codes.items())}", file=sys.stderr)
 
@@ -245,9 +261,10 @@ class StageProcesses(Children):
 
     def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
         extra = self.first_flags if index == 0 else []
-        self.start_process(self.topology.stages[index].stage_id,
+        stage = self.topology.stages[index]  # a stage whose address a network namespace owns starts inside it
+        self.start_process(stage.stage_id,
                            ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),
-                            *self.flags, *extra], timeout_s)
+                            *self.flags, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host))
 
     def __enter__(self) -> StageProcesses:
         return self.start()

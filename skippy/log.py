@@ -60,11 +60,18 @@ def get_logger(**bound: Any) -> Any:
 
 
 READY_FD_ENV = "SKIPPY_READY_FD"  # set by skippy.launcher: the pipe a child announces its readiness on
+_ready_fields: dict[str, Any] = {}  # process-wide fields every `ready` line carries (e.g. metrics_url)
+
+
+def add_ready_fields(**fields: Any) -> None:
+    """Fields the process's `ready` line will carry besides its own (e.g. where its /metrics is)."""
+    _ready_fields.update(fields)
 
 
 def announce_ready(log: Any, **fields: Any) -> None:
     """Log the `ready` line and, when started by skippy.launcher, hand the same fields to the parent
     over its readiness pipe (bound endpoints, URLs): readiness by handshake, not by reading logs."""
+    fields = {**_ready_fields, **fields}
     log.info("ready", **fields)
     fd = os.environ.pop(READY_FD_ENV, None)  # once, and not inherited by this process's own children
     if fd is None:

@@ -5,6 +5,9 @@ and hands back decoded messages, or the :class:`ProtocolError` of a bad one so
 the caller can log and answer it and keep serving.  :class:`PushQueue` connects
 and sends large activation frames zero-copy: the array behind a sent
 ``Batch.hidden`` must not be mutated until ZeroMQ has put it on the wire.
+Every socket is opened by `_open`, which asks skippy.curve.guard for CURVE
+first: on a context given link keys (`skippy.curve.guard.secure`) every bind is a
+CURVE server admitting the topology's keys and every connect a CURVE client.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
+from skippy.curve.guard import configure_socket
 from skippy.protocol import Message, ProtocolError, decode, encode
 
 __all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint", "request_endpoint"]
@@ -45,6 +49,25 @@ def request_endpoint(pipeline_endpoint: str) -> str:
     raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
+def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,
+          options: dict[int, int] | None = None) -> tuple[zmq.asyncio.Socket, str]:
+    """A socket of `kind` with `options`, CURVE when `ctx` is secured, bound to (or connected to) `endpoint`;
+    returns it and the endpoint (bound: tcp port 0 resolved)."""
+    socket = ctx.socket(kind)
+    try:
+        for option, value in (options or {}).items():
+            socket.setsockopt(option, value)
+        configure_socket(ctx, socket, endpoint, server=bind)
+        if bind:
+            socket.bind(endpoint)
+            return socket, socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        socket.connect(endpoint)
+        return socket, endpoint
+    except BaseException:
+        socket.close(linger=0)
+        raise
+
+
 class PullQueue:
     """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved)."""
 
@@ -52,18 +75,11 @@ class PullQueue:
         self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode, rcvhwm: int = 1000
     ) -> None:
         self._decoder = decoder
-        self._socket = ctx.socket(zmq.PULL)
-        try:
-            self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
-            self._socket.bind(endpoint)
-            self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        except BaseException:
-            self._socket.close(linger=0)
-            raise
+        self._socket, self.endpoint = _open(ctx, zmq.PULL, endpoint, bind=True, options={zmq.RCVHWM: rcvhwm})
 
     async def recv(self) -> Message | ProtocolError:
         """The next message, or the ProtocolError describing why it was rejected."""
-        return _decoded(self._decoder, await self._socket.recv_multipart(copy=False))
+        return _decoded(self._decoder, await _recv(self._socket))
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -75,15 +91,8 @@ class PushQueue:
     def __init__(
         self, ctx: zmq.asyncio.Context, endpoint: str, *, encoder: Encoder = encode, sndhwm: int = 1000
     ) -> None:
-        self.endpoint = endpoint
         self._encoder = encoder
-        self._socket = ctx.socket(zmq.PUSH)
-        try:
-            self._socket.setsockopt(zmq.SNDHWM, sndhwm)
-            self._socket.connect(endpoint)
-        except BaseException:
-            self._socket.close(linger=0)
-            raise
+        self._socket, self.endpoint = _open(ctx, zmq.PUSH, endpoint, bind=False, options={zmq.SNDHWM: sndhwm})
 
     async def send(self, msg: Message) -> int:
         """Send ``msg``; returns the bytes handed to ZeroMQ (all frames)."""
@@ -105,6 +114,16 @@ async def _send_frames(socket: zmq.asyncio.Socket, frames: Sequence[bytes | memo
     return sum(sizes)
 
 
+async def _recv(socket: zmq.asyncio.Socket) -> list[zmq.Frame]:
+    """The next multipart message. libzmq may say a socket is readable and then have nothing (a peer's
+    connection torn down mid-message, e.g. a stage restarting): pyzmq raises Again; wait again."""
+    while True:
+        try:
+            return await socket.recv_multipart(copy=False)
+        except zmq.Again:
+            continue
+
+
 def _decoded(decoder: Decoder, frames: list[zmq.Frame]) -> Message | ProtocolError:
     try:
         return decoder(frames)
@@ -117,17 +136,11 @@ class RouterQueue:
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
         self._decoder = decoder
-        self._socket = ctx.socket(zmq.ROUTER)
-        try:
-            self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a vanished client is dropped
-            self._socket.bind(endpoint)
-            self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        except BaseException:
-            self._socket.close(linger=0)
-            raise
+        # a reply to a vanished client is dropped (not ROUTER_MANDATORY)
+        self._socket, self.endpoint = _open(ctx, zmq.ROUTER, endpoint, bind=True, options={zmq.ROUTER_MANDATORY: 0})
 
     async def recv(self) -> tuple[bytes, Message | ProtocolError]:
-        client, *frames = await self._socket.recv_multipart(copy=False)
+        client, *frames = await _recv(self._socket)
         return client.bytes, _decoded(self._decoder, frames)
 
     async def send(self, client: bytes, msg: Message) -> int:
@@ -142,20 +155,14 @@ class DealerQueue:
     """Connects a DEALER to a RouterQueue: send requests, receive replies (any order)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
-        self.endpoint = endpoint
         self._decoder = decoder
-        self._socket = ctx.socket(zmq.DEALER)
-        try:
-            self._socket.connect(endpoint)
-        except BaseException:
-            self._socket.close(linger=0)
-            raise
+        self._socket, self.endpoint = _open(ctx, zmq.DEALER, endpoint, bind=False)
 
     async def send(self, msg: Message) -> int:
         return await _send_frames(self._socket, encode(msg))
 
     async def recv(self) -> Message | ProtocolError:
-        return _decoded(self._decoder, await self._socket.recv_multipart(copy=False))
+        return _decoded(self._decoder, await _recv(self._socket))
 
     def close(self, linger_ms: int = 0) -> None:
         self._socket.close(linger=linger_ms)

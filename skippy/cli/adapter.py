@@ -1,19 +1,30 @@
-"""`skippy adapter --broker ENDPOINT --model PATH`: the OpenAI HTTP front door for a broker."""
+"""`skippy adapter --broker ENDPOINT --model PATH`: the OpenAI HTTP front door for a broker.
+
+Besides the OpenAI routes it serves its own /metrics and the live pipeline page /dashboard, which
+shows every process listed in `--metrics-targets` (the run's metrics-targets.json; skippy.telemetry).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from skippy.driver.client import DriverClient
 from skippy.http.adapter import OpenAIAdapter
+from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
+from skippy.http.cors import CorsPolicy, parse_origins
 from skippy.http.server import HttpServer
 from skippy.log import announce_ready, configure_logging, get_logger
+from skippy.restarts import RestartsCollector
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import ignore_signals, stop_on_signals
+from skippy.telemetry.dashboard import Dashboard
+from skippy.telemetry.options import add_telemetry_arguments, resolve_telemetry
+from skippy.telemetry.process import start_telemetry
 
 
 def split_host_port(text: str, flag: str) -> tuple[str, int]:
@@ -30,7 +41,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
     p.add_argument("--default-max-tokens", type=int, default=16)
-    p.add_argument("--telemetry-level", choices=("off", "summary", "debug"), default="summary")
+    p.add_argument("--cors-origins", default="", metavar="LIST",
+                   help="origins browsers may call from, comma separated, or * (default: none)")
+    add_telemetry_arguments(p)
+    p.add_argument("--metrics-targets", type=Path, default=None, metavar="PATH",
+                   help="the run's metrics-targets.json: /dashboard shows every process listed there")
+    p.add_argument("--openai-api-key", default=None, metavar="KEY",
+                   help=f"Bearer key every route but /health and /readyz wants (default: ${API_KEY_ENV}; unset: open)")
+    p.add_argument("--restarts-file", type=Path, default=None, metavar="PATH",
+                   help="the run's restarts.json (skippy up): /metrics serves the stage restart counts")
     p.set_defaults(run=run)
 
 
@@ -40,23 +59,32 @@ async def serve(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(path)
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
     broker = DriverClient(args.broker)
-    adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens)
+    adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
+                            CorsPolicy(parse_origins(args.cors_origins)), api_key_from(args.openai_api_key))
+    if args.restarts_file is not None:
+        adapter.metrics.registry.register(RestartsCollector(args.restarts_file))
     host, port = args.bind
-    server = HttpServer(adapter.router(), host, port)
+    router = adapter.router()
+    dashboard = Dashboard(adapter.metrics_page, args.metrics_targets)
+    dashboard.add_routes(router)
+    server = HttpServer(router, host, port)
     await server.start()
+    dashboard.own_url = f"http://{host}:{server.port}/metrics"
     stopped = asyncio.Event()
     stop_on_signals(stopped)
-    announce_ready(log, url=f"http://{host}:{server.port}", model_id=args.model_id, broker=args.broker,
-             chat_template=template.source)
+    announce_ready(log, url=f"http://{host}:{server.port}", metrics_url=dashboard.own_url, model_id=args.model_id,
+                   broker=args.broker, chat_template=template.source)
     await stopped.wait()
     ignore_signals()
     await server.close()
     broker.close()
     tokenizer.close()
-    log.info("stopped", requests=sum(adapter.metrics.requests.values()))
+    log.info("stopped", requests=adapter.metrics.requests_total())
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.telemetry_level, stage_id="adapter", role="adapter")
+    telemetry = resolve_telemetry(args, {"stage_id": "adapter", "model_id": args.model_id})
+    configure_logging(str(telemetry.level), stage_id="adapter", role="adapter")
+    start_telemetry(telemetry, "adapter", serve=False)  # its /metrics is a route of its own HTTP server
     return asyncio.run(serve(args))

@@ -160,3 +160,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from skippy.cli import bench_speculative
 
     bench_speculative.add_to(kinds)
+    from skippy.cli import bench_prefix_cache
+
+    bench_prefix_cache.add_to(kinds)
+    from skippy.cli import bench_telemetry
+
+    bench_telemetry.add_to(kinds)

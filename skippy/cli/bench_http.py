@@ -1,41 +1,44 @@
-"""`skippy bench http`: `skippy up` against llama-cpp-python's own OpenAI server, over HTTP, in one run.
+"""`skippy bench http`: `skippy up` against llama-cpp-python's OpenAI server and llama.cpp's own `llama-server`,
+over HTTP, in one run.
 
 Same GGUF, same streamed /v1/completions requests (fixed ~64-token prompt, temperature 0, fixed
 max_tokens, end-of-generation tokens banned via logit_bias as llama-cpp-python lacks ignore_eos), raw
-HTTP on asyncio streams; the two servers alternate level by level of the concurrency sweep so machine
-noise hits both alike. llama-cpp-python gets all cores and `--interrupt_requests False` (else a new
-request cuts the running stream short). Its server extras, and matplotlib for the plot, are
-pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never rebuilt.
-This module starts and stops the two servers and runs the benchmark; the requests and the sweep are
-in skippy.cli.bench_http_load, the table, plot and JSON in skippy.cli.bench_http_report.
+HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine
+noise hits them alike. Every server gets all cores: llama-cpp-python with `--interrupt_requests False`
+(else a new request cuts the running stream short), llama-server with `--parallel N -c N*512 -t <cpus>`
+(N = 16 or the highest level, as skippy's lanes). llama-cpp-python's server extras, and matplotlib for the
+plot, are pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never
+rebuilt; llama-server is built once from the same llama.cpp sources (skippy.cli.llama_server_build).
+This module runs the benchmark; the servers are started in skippy.cli.bench_http_servers, the requests
+and the sweep are in skippy.cli.bench_http_load, the tables, plot and JSON in skippy.cli.bench_http_report.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import os
-import queue
-import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from importlib import metadata
 from pathlib import Path
-from typing import IO
 
 from skippy.cli.bench_http_load import PROMPT, Server, sweep
 from skippy.cli.bench_http_report import table, write_report
+from skippy.cli.bench_http_servers import (
+    llama_server_args,
+    start_llama_cpp_python,
+    start_llama_server,
+    start_skippy,
+    stop,
+)
+from skippy.cli.llama_server_build import ensure_llama_server_binary, llama_server_version
 from skippy.runtime.models import resolve_model_path
 
-LLAMA_SERVER_REQ = "llama-cpp-python[server]==0.3.36"
+LLAMA_CPP_PYTHON_REQ = "llama-cpp-python[server]==0.3.36"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-READY = re.compile(r"skippy ready: (http://\S+)/v1 \(model (\S+)\)")
 
 
 def _pip(*args: str) -> None:
@@ -43,13 +46,13 @@ def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--only-binary=:all:", *args], check=True)
 
 
-def ensure_llama_server() -> None:
+def ensure_llama_cpp_python_server() -> None:
     """Install the server extras only; `--only-binary` plus the pinned installed version means no rebuild."""
     if subprocess.run([sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True).returncode == 0:
         return
-    if (installed := metadata.version("llama-cpp-python")) != LLAMA_SERVER_REQ.rsplit("==", 1)[1]:
+    if (installed := metadata.version("llama-cpp-python")) != LLAMA_CPP_PYTHON_REQ.rsplit("==", 1)[1]:
         raise SystemExit(f"bench: llama-cpp-python {installed} is installed; refusing to rebuild it for the extras")
-    _pip(LLAMA_SERVER_REQ)
+    _pip(LLAMA_CPP_PYTHON_REQ)
 
 
 def ensure_matplotlib() -> None:
@@ -72,106 +75,71 @@ def vocab_facts(model: Path) -> tuple[list[int], int]:
     return ids, prompt_tokens
 
 
-def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
-    assert stream is not None
-    for line in iter(stream.readline, b""):
-        lines.put(line)
+PEERS = ("llama-cpp-python", "llama-server")
 
 
-def start_skippy(model: str, split: str, run_dir: Path) -> Server:
-    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
-           "--lane-count", "16", "--openai-generation-concurrency", "16", "--bind", "127.0.0.1:0",
-           "--run-dir", str(run_dir)]
-    with open(run_dir.parent / "skippy-up.stderr", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-    lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out
-    threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
-    deadline = time.monotonic() + 300
-    server = Server("skippy", proc, "", 0, None)
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            match = READY.search(lines.get(timeout=0.5).decode())
-        except queue.Empty:
-            continue
-        if match:
-            host, port = match.group(1).removeprefix("http://").rsplit(":", 1)
-            server.host, server.port, server.model = host, int(port), match.group(2)
-            return server
-    stop(server)
-    raise SystemExit(f"bench: skippy up did not get ready (see {run_dir.parent / 'skippy-up.stderr'})")
+def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> Server:
+    if name == "llama-server":
+        return start_llama_server(ensure_llama_server_binary(), model, tmp / "llama-server.log", lanes, threads)
+    return start_llama_cpp_python(model, tmp / "llama-cpp-python.log", threads)
 
 
-def start_llama(model: Path, log_path: Path) -> Server:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port, threads = int(s.getsockname()[1]), len(os.sched_getaffinity(0))
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port",
-           str(port), "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--interrupt_requests", "False"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server("llama-cpp-python", proc, "127.0.0.1", port, None)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/v1/models")
-            if conn.getresponse().status == 200:
-                return server
-        except OSError:
-            time.sleep(0.3)
-    stop(server)
-    raise SystemExit(f"bench: llama_cpp.server did not get ready (see {log_path})")
-
-
-def stop(server: Server, timeout_s: float = 30.0) -> int | None:
-    """SIGINT, wait; then SIGKILL the process group."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGINT)
-        try:
-            server.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait()
-    return server.proc.returncode
+def _peer_facts(peers: list[str], lanes: int, threads: int) -> str:
+    facts = {"llama-cpp-python": f"llama-cpp-python {LLAMA_CPP_PYTHON_REQ.rsplit('==', 1)[1]} server, n_ctx 2048,"
+                                 f" {threads} threads",
+             "llama-server": f"llama.cpp llama-server {llama_server_version()} (built from the llama-cpp-python sdist),"
+                             f" {' '.join(llama_server_args(lanes, threads))}"}
+    return "; ".join(facts[p] for p in peers)
 
 
 def run_http_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
-    ensure_llama_server()
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if not peers or any(p not in PEERS for p in peers):
+        raise SystemExit(f"bench: --peers must name some of {', '.join(PEERS)}, got '{args.peers}'")
+    lanes, threads = max(16, *levels), len(os.sched_getaffinity(0))
+    if "llama-cpp-python" in peers:
+        ensure_llama_cpp_python_server()
+    if "llama-server" in peers:
+        ensure_llama_server_binary()  # built once (minutes) before any server starts
     banned, prompt_tokens = vocab_facts(model)
+    load_before = os.getloadavg()[0]
     servers: list[Server] = []
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM also stops both servers
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM also stops every server
     with tempfile.TemporaryDirectory(prefix="skippy-bench-http-") as tmp:
         try:
-            print(f"bench: starting skippy up and llama_cpp.server on {model.name} (logs in {tmp})", file=sys.stderr)
-            servers.append(start_skippy(args.model, args.split, Path(tmp) / "run"))
-            servers.append(start_llama(model, Path(tmp) / "llama-server.log"))
-            results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts))
+            print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
+            servers.append(start_skippy(args.model, args.split, Path(tmp) / "run", lanes))
+            servers += [_start_peer(p, model, Path(tmp), lanes, threads) for p in peers]
+            results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
         finally:
             codes = {s.name: stop(s) for s in servers}
             print(f"bench: stopped {codes}", file=sys.stderr)
-    header = (f"model {model.name}; skippy: 2 stages split at {args.split}, 16 lanes, generation concurrency 16; "
-              f"llama-cpp-python {LLAMA_SERVER_REQ.rsplit('==', 1)[1]} server, n_ctx 2048, "
-              f"{len(os.sched_getaffinity(0))} threads\nprompt {prompt_tokens} tokens, max_tokens {args.max_tokens}, "
-              f"temperature 0, EOG ids {banned} banned by logit_bias; N = max(2c, 4) streamed requests per level")
-    text = f"{header}\n\n{table(results)}"
+    header = (f"model {model.name}; skippy: 2 stages split at {args.split}, {lanes} lanes, generation concurrency"
+              f" {lanes}, each stage on all {threads} CPUs; {_peer_facts(peers, lanes, threads)}\n"
+              f"prompt {prompt_tokens} tokens{' (numbered: no prefix cache)' if args.unique_prompts else ''},"
+              f" max_tokens {args.max_tokens}, temperature 0, EOG ids {banned} banned by logit_bias;"
+              f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown\n"
+              f"machine shared with other work: 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    text = "\n\n".join([header, *(f"skippy vs {p}:\n{table(results, p)}" for p in peers)])
     print(text)
     ensure_matplotlib()
     write_report(Path(args.out_dir), results, {
         "command": " ".join(["scripts/bench-http", *sys.argv[3:]]), "model": model.name,
         "prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "banned_ids": banned,
-        "cpus": len(os.sched_getaffinity(0))}, text, args.max_tokens)
+        "unique_prompts": args.unique_prompts, "rounds": args.rounds, "cpus": threads, "peers": peers}, text, args.max_tokens)
     return 0
 
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("http", help="skippy up vs llama-cpp-python's OpenAI server: tok/s, TTFT, TPOT by concurrency")
+    p = kinds.add_parser("http", help="skippy up vs llama-cpp-python's server and llama-server: tok/s, TTFT, TPOT")
     p.add_argument("--model", default="default")
     p.add_argument("--split", default="9")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"servers to compare against (default {','.join(PEERS)})")
     p.add_argument("--unique-prompts", action="store_true", help="prefix each prompt with a counter (no prefix cache)")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-http.json and bench-http.png go")
     p.set_defaults(run=run_http_bench)

@@ -117,14 +117,23 @@ def bodies(model: str | None, max_tokens: int, banned: list[int], unique: bool) 
     return body
 
 
-async def sweep(servers: list[Server], levels: list[int], max_tokens: int, banned: list[int], unique: bool) -> Results:
-    """A warm-up per server, then every level on each server in turn (progress on stderr)."""
+async def sweep(servers: list[Server], levels: list[int], max_tokens: int, banned: list[int], unique: bool,
+                rounds: int = 1) -> Results:
+    """A warm-up per server, then every level on each server in turn, `rounds` times over (progress on
+    stderr). A level's summary is that of its median-tok/s round (with every round's tok/s in
+    `tok_s_rounds`), so a burst of other work on the machine during one round does not decide it."""
     results: Results = {s.name: [] for s in servers}
     for s in servers:  # warm-up, not recorded
         await run_level(s, bodies(s.model, 8, banned, unique), 1, 2)
     for c in levels:
-        for s in servers:
-            results[s.name].append(level := await run_level(s, bodies(s.model, max_tokens, banned, unique), c,
+        runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
+        for r in range(rounds):
+            for s in servers:
+                runs[s.name].append(level := await run_level(s, bodies(s.model, max_tokens, banned, unique), c,
                                                              max(2 * c, 4)))
-            print(f"  {s.name:<17} c={c:<3} {level['tok_s']:8.1f} tok/s", file=sys.stderr, flush=True)
+                print(f"  {s.name:<17} c={c:<3} {level['tok_s']:8.1f} tok/s" + (f"  (round {r + 1})" if rounds > 1 else ""),
+                      file=sys.stderr, flush=True)
+        for name, levels_run in runs.items():
+            ordered = sorted(levels_run, key=lambda level: level["tok_s"])
+            results[name].append({**ordered[(len(ordered) - 1) // 2], "tok_s_rounds": [lv["tok_s"] for lv in levels_run]})
     return results

@@ -1,6 +1,6 @@
-"""`skippy bench http`, the report: skippy and llama-cpp-python side by side per concurrency level
+"""`skippy bench http`, the report: skippy and each peer server side by side per concurrency level
 (tok/s and their ratio against the targets, TTFT and TPOT p50/p95, 429s), a plot of tok/s and TTFT
-by concurrency, and bench-http.json with the run's facts, every level and the table.
+by concurrency, and bench-http.json with the run's facts, every level and the tables.
 """
 
 from __future__ import annotations
@@ -13,19 +13,27 @@ from typing import Any
 
 from skippy.cli.bench_http_load import Results
 
-__all__ = ["TARGETS", "plot", "table", "write_report"]
+__all__ = ["ABBREV", "TARGETS", "plot", "ratios", "table", "write_report"]
 
-TARGETS = {1: 0.85, 8: 2.5}  # skippy tok/s / llama-cpp-python tok/s
+# skippy tok/s / peer tok/s, by peer and concurrency (issue 10: llama-server on the same cores)
+TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85}}
+ABBREV = {"skippy": "sk", "llama-cpp-python": "ll", "llama-server": "ls"}
 
 
-def table(results: Results) -> str:
-    """skippy | llama-cpp-python side by side; p50/p95 pairs; ratio = skippy tok/s / llama-cpp-python tok/s."""
-    head = ("conc", "tok/s sk", "tok/s ll", "ratio", "target", "TTFT ms sk", "TTFT ms ll", "TPOT ms sk",
-            "TPOT ms ll", "429 sk/ll")
+def ratios(results: Results, peer: str) -> dict[int, float]:
+    """skippy tok/s / `peer` tok/s by concurrency."""
+    return {a["concurrency"]: a["tok_s"] / b["tok_s"] for a, b in zip(results["skippy"], results[peer])}
+
+
+def table(results: Results, peer: str) -> str:
+    """skippy | `peer` side by side; p50/p95 pairs; ratio = skippy tok/s / peer tok/s."""
+    sk, pe = ABBREV["skippy"], ABBREV[peer]
+    head = ("conc", f"tok/s {sk}", f"tok/s {pe}", "ratio", "target", f"TTFT ms {sk}", f"TTFT ms {pe}",
+            f"TPOT ms {sk}", f"TPOT ms {pe}", f"429 {sk}/{pe}")
     widths = (4, 9, 9, 6, 10, 12, 12, 11, 11, 10)
     rows = [head]
-    for a, b in zip(results["skippy"], results["llama-cpp-python"]):
-        ratio, target = a["tok_s"] / b["tok_s"], TARGETS.get(a["concurrency"])
+    for a, b in zip(results["skippy"], results[peer]):
+        ratio, target = a["tok_s"] / b["tok_s"], TARGETS[peer].get(a["concurrency"])
         mark = "" if target is None else f">={target:g} " + ("ok" if ratio >= target else "NO")
         pair = lambda r, k, f: f"{r[k + '_p50_ms']:{f}}/{r[k + '_p95_ms']:{f}}"  # noqa: E731
         rows.append((str(a["concurrency"]), f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}", mark,
@@ -45,15 +53,17 @@ def plot(results: Results, path: Path) -> None:
         cs = [r["concurrency"] for r in rows]
         left.plot(cs, [r["tok_s"] for r in rows], marker="o", label=name)
         right.plot(cs, [r["ttft_p50_ms"] for r in rows], marker="o", label=name)
-    for ax, label in ((left, "aggregate output tok/s"), (right, "TTFT p50 (ms)")):
+    right.set_yscale("log")  # TTFT spans 10 ms to a minute (a serial server's queue)
+    for ax, label in ((left, "aggregate output tok/s"), (right, "TTFT p50 (ms, log scale)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(cs, [str(c) for c in cs])
         ax.set_xlabel("concurrent requests")
-        ax.set_ylim(bottom=0)
+        if ax is left:
+            ax.set_ylim(bottom=0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("skippy up (2 stages) vs llama-cpp-python server, same GGUF")
+    fig.suptitle(f"skippy up (2 stages) vs {' and '.join(n for n in results if n != 'skippy')}, same GGUF, same cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -64,10 +74,12 @@ def write_report(out: Path, results: Results, facts: dict[str, Any], text: str, 
     if counts != {max_tokens}:
         print(f"warning: content chunks per request {sorted(counts)} != max_tokens {max_tokens}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
-    ratios = {r["concurrency"]: r["tok_s"] / b["tok_s"] for r, b in zip(results["skippy"], results["llama-cpp-python"])}
+    peers = [name for name in results if name != "skippy"]
+    by_peer = {peer: ratios(results, peer) for peer in peers}
     (out / "bench-http.json").write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), **facts, "results": results, "tok_s_ratio": ratios,
-        "targets": {str(c): {"min_ratio": t, "met": ratios.get(c, 0) >= t} for c, t in TARGETS.items()},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), **facts, "results": results, "tok_s_ratio": by_peer,
+        "targets": {peer: {str(c): {"min_ratio": t, "ratio": by_peer[peer].get(c), "met": by_peer[peer].get(c, 0) >= t}
+                           for c, t in TARGETS[peer].items()} for peer in peers},
         "table": text}, indent=2) + "\n")
     plot(results, out / "bench-http.png")
     print(f"\nwrote {out / 'bench-http.json'} and {out / 'bench-http.png'}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 Stage 1 runs as a real process; stage 0 (the driver) runs in this process so the bench can switch
 its micro-batch depth and, through SetWire, the wire delay of the running link between scenarios.
+`--pin` runs only the 16-stream micro-batch comparison, stages sharing every core vs pinned to their own
+cores (skippy.cli.bench_pipeline_pin).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
 from skippy.stage.links import apply_wire
+
+Row = tuple[str, float, float, str]  # (measure, reference, pipeline, target)
 
 
 def _prompts(n: int, length: int = 32) -> list[list[int]]:
@@ -113,10 +117,9 @@ async def raw_round_trip_ms(directory: Path, nbytes_rows: int, n_embd: int, roun
     return elapsed
 
 
-async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads: int | None
-                 ) -> list[tuple[str, float, float, str]]:
+async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads: int | None) -> list[Row]:
     n_layer = read_model_info(model).n_layer
-    rows: list[tuple[str, float, float, str]] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="skippy-bench-") as tmp:
         d = Path(tmp)
         extra: dict[str, object] | None = {"n_threads": threads} if threads else None
@@ -158,11 +161,18 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
 def run_pipeline_bench(args: argparse.Namespace) -> int:
     configure_logging("off")
     model = resolve_model_path(args.model)
-    rows = asyncio.run(_bench(model, args.split, args.tokens, args.delay_ms, args.threads))
     print(f"model {model.name}, 2 stages split at {args.split} (stage 1 a separate process), one run")
-    print(f"{'measure':<52}{'reference':>12}{'pipeline':>12}{'ratio':>9}  target")
+    if args.pin:
+        from skippy.cli.bench_pipeline_pin import pin_rows
+
+        where, rows = asyncio.run(pin_rows(model, args.split, args.tokens, args.delay_ms, args.rounds))
+        print(where)
+    else:
+        rows = asyncio.run(_bench(model, args.split, args.tokens, args.delay_ms, args.threads))
+    width = max(52, *(len(row[0]) + 2 for row in rows))
+    print(f"{'measure':<{width}}{'reference':>12}{'pipeline':>12}{'ratio':>9}  target")
     for name, ref, got, target in rows:
-        print(f"{name:<52}{ref:>12.2f}{got:>12.2f}{got / ref:>9.3f}  {target}")
+        print(f"{name:<{width}}{ref:>12.2f}{got:>12.2f}{got / ref:>9.3f}  {target}")
     return 0
 
 
@@ -173,4 +183,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=48, help="decode tokens per request")
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads per stage (default: all cores)")
+    p.add_argument("--pin", action="store_true", help="only 16 streams, 1 batch vs micro-batches: stages sharing every"
+                   " core vs pinned to their own cores (stage 1 --cpu-affinity, this process pinned)")
+    p.add_argument("--rounds", type=int, default=3, help="with --pin: alternating rounds (medians reported)")
     p.set_defaults(run=run_pipeline_bench)

@@ -7,7 +7,9 @@ SIGTERM/SIGINT fails queued and running requests with code "unavailable" ("broke
 closes its sockets, logs `stopped` and exits 0.  Also runnable as `python -m skippy.cli.broker`.
 The admission flags are stage 0's `--openai-generation-*` flags, declared and resolved by
 skippy.config (`resolve_admission`, without a lane_count: unset values follow each pipeline's);
-`skippy up` and stage 0's front write them with `AdmissionOptions.to_flags`.
+`skippy up` and stage 0's front write them with `AdmissionOptions.to_flags`. The telemetry flags
+are a stage's (`--telemetry-level`, `--telemetry-queue-capacity`, `--metrics-otlp-grpc`); the
+broker serves its own /metrics (URL in its `ready` line).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
+import zmq.asyncio
 
 from brokers import Broker
 from skippy.config import (
@@ -32,8 +35,13 @@ from skippy.config import (
     resolve_admission,
 )
 from skippy.config.endpoint import normalize_zmq_endpoint
+from skippy.config.link_keys import with_keys_dir
+from skippy.curve.guard import LinkKeys, secure
+from skippy.curve.keys import client_link_keys
 from skippy.log import configure_logging
 from skippy.stage.links import ignore_signals, stop_on_signals
+from skippy.telemetry.options import TelemetryOptions, add_telemetry_arguments, resolve_telemetry
+from skippy.telemetry.process import start_telemetry
 from skippy.transport import request_endpoint
 
 __all__ = ["BrokerSettings", "main", "register", "resolve_broker_settings", "run_broker"]
@@ -48,6 +56,8 @@ class BrokerSettings:
     stage0_ids: tuple[str, ...]
     admission: AdmissionOptions
     telemetry_level: TelemetryLevel
+    telemetry: TelemetryOptions
+    link_keys: LinkKeys | None = None  # CURVE toward the pipelines (their topologies name keys)
 
 
 def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +65,10 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ZeroMQ endpoint adapters connect to (tcp://HOST:PORT or ipc://PATH)")
     parser.add_argument("--pipeline", metavar="TOPOLOGY.json", action="append", default=None,
                         help="a pipeline replica's topology (repeatable); the broker talks to its stage 0")
+    parser.add_argument("--link-secret-key", metavar="PATH", default=None,
+                        help="the broker's CURVE secret key (default: <keys_dir>/client.key_secret of a topology with keys)")
     add_serving_arguments(parser, [Owner.BROKER])
-    parser.add_argument("--telemetry-level", metavar="LEVEL", default=None,
-                        help="off | summary | debug (default summary)")
+    add_telemetry_arguments(parser)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,14 +91,17 @@ def resolve_broker_settings(args: argparse.Namespace) -> BrokerSettings:
     if not paths:
         raise ConfigError("--pipeline is required (a topology file; repeat it for each replica)")
     admission = resolve_admission(flags)
-    telemetry_level = flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY)
-    topologies = [StageTopology.load(path) for path in paths]  # last: flag mistakes are reported first
+    telemetry = resolve_telemetry(args, {"stage_id": "broker"})
+    topologies = [with_keys_dir(StageTopology.load(path), path) for path in paths]  # last: flag mistakes first
     return BrokerSettings(
         bind=bind,
         pipelines=tuple(request_endpoint(t.first().endpoint) for t in topologies),
         stage0_ids=tuple(t.first().stage_id for t in topologies),
         admission=admission,
-        telemetry_level=telemetry_level,
+        telemetry_level=telemetry.level,
+        telemetry=replace(telemetry, resource={"topology_id": topologies[0].topology_id,
+                                               "model_id": topologies[0].model_id, **telemetry.resource}),
+        link_keys=client_link_keys(topologies, flags.text("--link-secret-key")),
     )
 
 
@@ -95,23 +109,32 @@ async def serve(settings: BrokerSettings) -> int:
     """Run until SIGTERM/SIGINT, then stop cleanly."""
     stopped = asyncio.Event()
     stop_on_signals(stopped)
-    broker = Broker(settings.bind, settings.pipelines, settings.admission, stage0_ids=settings.stage0_ids)
+    link_ctx = zmq.asyncio.Context() if settings.link_keys is not None else None
+    if link_ctx is not None and settings.link_keys is not None:
+        secure(link_ctx, settings.link_keys)
+    broker = Broker(settings.bind, settings.pipelines, settings.admission, stage0_ids=settings.stage0_ids,
+                    link_ctx=link_ctx)
     try:
-        await broker.start()
-    except zmq.ZMQError as exc:
-        await broker.close("cannot bind")
-        raise ConfigError(f"--bind {settings.bind}: cannot bind ({exc})") from None
-    try:
-        await stopped.wait()
-        ignore_signals()
+        try:
+            await broker.start()
+        except zmq.ZMQError as exc:
+            await broker.close("cannot bind")
+            raise ConfigError(f"--bind {settings.bind}: cannot bind ({exc})") from None
+        try:
+            await stopped.wait()
+            ignore_signals()
+        finally:
+            await broker.close("broker stopping")
     finally:
-        await broker.close("broker stopping")
+        if link_ctx is not None:
+            link_ctx.term()
     return 0
 
 
 def run_broker(args: argparse.Namespace) -> int:
     settings = resolve_broker_settings(args)
     configure_logging(str(settings.telemetry_level), role="broker", stage_id="broker")
+    start_telemetry(settings.telemetry, "broker", settings.bind)
     return asyncio.run(serve(settings))
 
 

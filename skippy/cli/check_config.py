@@ -37,5 +37,7 @@ def run(args: argparse.Namespace) -> int:
     resolved = _plain(asdict(options))
     assert isinstance(resolved, dict)
     resolved["mtp_source"] = resolve_mtp_source(options).name.lower()
+    if options.openai is not None and options.openai.api_key is not None:
+        resolved["openai"]["api_key"] = "(set)"  # never printed
     print(json.dumps(resolved, indent=2, sort_keys=True))
     return 0

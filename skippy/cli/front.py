@@ -6,7 +6,9 @@ stage-0 surface, `skippy stage ... --openai-bind-addr`, makes stage 0 start it a
 `child_died`). Either way it is configured from the resolved `--openai-*` options: admission goes
 to the broker (written back as flags by `AdmissionOptions.to_flags`, which the broker reads with the
 same resolver), the model id and default max tokens to the adapter; prefill and speculative options
-stay with stage 0's driver. This is the one launch recipe of the front.
+stay with stage 0's driver; the telemetry flags go to both, and the adapter's /dashboard reads the
+run directory's metrics-targets.json (stage 0 lists itself there on its own surface). This is the
+one launch recipe of the front.
 """
 
 from __future__ import annotations
@@ -15,20 +17,29 @@ import tempfile
 from pathlib import Path
 
 from skippy.config import ConfigError, ServingOptions
+from skippy.http.auth import API_KEY_ENV
 from skippy.launcher import Children
+from skippy.restarts import RESTARTS_FILE
+from skippy.telemetry.options import TelemetryOptions
+from skippy.telemetry.process import current
+from skippy.telemetry.targets import TARGETS_FILE, record_target
 
 
 def start_front(children: Children, options: ServingOptions, topology: Path) -> str:
     """Start broker + adapter as `children` for the pipeline in `topology`; returns the adapter's URL."""
     openai, cfg = options.openai, options.config
     assert openai is not None
-    level = ["--telemetry-level", str(options.telemetry_level)]
+    level = TelemetryOptions.from_serving(options).to_flags()  # every child runs at the stages' telemetry settings
     broker = f"ipc://{children.run_dir}/broker.sock"
+    if openai.api_key is not None:  # to the adapter by its environment: a command line is visible to anyone
+        children.env[API_KEY_ENV] = openai.api_key
     children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology),
                                      *openai.admission.to_flags(), *level])
     ready = children.start_process("adapter", ["adapter", "--broker", broker, "--model", str(cfg.model_path or "default"),
                                        "--model-id", openai.model_id, "--bind", openai.bind_addr,
-                                       "--default-max-tokens", str(openai.default_max_tokens), *level])
+                                       "--default-max-tokens", str(openai.default_max_tokens), *level,
+                                       "--metrics-targets", str(children.run_dir / TARGETS_FILE),
+                                       "--restarts-file", str(children.run_dir / RESTARTS_FILE)])
     return str(ready["url"])
 
 
@@ -40,6 +51,7 @@ def start_openai_front(options: ServingOptions) -> tuple[Children, str]:
     topology = run_dir / "topology.json"
     topology.write_text(options.topology.to_json())
     children = Children(run_dir)
+    record_target(run_dir, options.config.stage_id, {"metrics_url": current().metrics_url})
     try:
         return children, start_front(children, options, topology)
     except BaseException:

@@ -17,13 +17,13 @@ EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, D
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skippy.cli import adapter, bench, broker, check_config, generate, logs, pipeline, slice_cmd, stage, up
+    from skippy.cli import adapter, bench, broker, check_config, generate, keys, logs, pipeline, slice_cmd, stage, up
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (up, generate, stage, pipeline, broker, adapter, logs, slice_cmd, bench, check_config):
+    for module in (up, generate, stage, pipeline, broker, adapter, keys, logs, slice_cmd, bench, check_config):
         module.register(sub)
     return parser
 

@@ -8,11 +8,13 @@ import asyncio
 import time
 from pathlib import Path
 
-import zmq.asyncio
-
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.config import StageTopology, WireCondition
+from skippy.config.link_keys import with_keys_dir
+from skippy.curve.guard import LinkKeys, secured_context
+from skippy.curve.keys import client_link_keys
 from skippy.launcher import StageProcesses
+from skippy.log import configure_logging
 from skippy.protocol import SetWire
 from skippy.transport import PushQueue
 
@@ -41,22 +43,21 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return stages.supervise("skippy pipeline", lambda: (stages.start(), ready)[1])
 
 
-async def _send_wire(endpoints: list[str], msg: SetWire) -> None:
-    ctx = zmq.asyncio.Context()
-    try:
+async def _send_wire(endpoints: list[str], msg: SetWire, keys: LinkKeys | None = None) -> None:
+    with secured_context(keys) as ctx:
         for endpoint in endpoints:
             queue = PushQueue(ctx, endpoint)
             await queue.send(msg)
             queue.close(linger_ms=2000)
-    finally:
-        ctx.term()
 
 
 def run_wire(args: argparse.Namespace) -> int:
     WireCondition(delay_ms=args.delay_ms, mbps=args.mbps)  # validate before sending
-    topology = StageTopology.load(args.topology)
+    configure_logging("off", role="wire")  # warnings (a refused link) to stderr
+    topology = with_keys_dir(StageTopology.load(args.topology), args.topology)
     targets = [s for s in topology.stages[:-1] if not args.stage or s.stage_id in args.stage]
-    asyncio.run(_send_wire([s.endpoint for s in targets], SetWire(args.delay_ms, args.mbps)))
+    asyncio.run(_send_wire([s.endpoint for s in targets], SetWire(args.delay_ms, args.mbps),
+                           client_link_keys([topology])))
     print(f"wire condition delay_ms={args.delay_ms} mbps={args.mbps} sent to "
           f"{', '.join(s.stage_id for s in targets)} (see their wire_changed log lines)")
     return 0

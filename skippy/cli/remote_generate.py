@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 
 from skippy.config import StageConfig, StageTopology
+from skippy.config.link_keys import with_keys_dir
+from skippy.curve.guard import LinkKeys, secured_context
+from skippy.curve.keys import client_link_keys
 from skippy.driver.client import DriverClient
 from skippy.driver.events import DriverUnavailable
 from skippy.launcher import StageProcesses
+from skippy.log import configure_logging
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
@@ -26,19 +30,26 @@ def stage_config_paths(topology_path: Path, topology: StageTopology) -> list[Pat
     return paths
 
 
-async def _stage0_answers(endpoint: str) -> bool:
-    client = DriverClient(endpoint)
-    try:
-        await client.status(timeout_s=0.5)
-        return True
-    except DriverUnavailable:
-        return False
-    finally:
-        client.close()
+async def _stage0_answers(endpoint: str, keys: LinkKeys | None) -> bool:
+    with secured_context(keys) as ctx:
+        client = DriverClient(endpoint, ctx)
+        try:
+            await client.status(timeout_s=0.5)
+            return True
+        except DriverUnavailable:
+            return False
+        finally:
+            client.close()
 
 
-async def _generate(endpoint: str, tokenizer: Tokenizer, prompt: str, max_tokens: int, sampling: SamplingParams) -> int:
-    client = DriverClient(endpoint)
+async def _generate(endpoint: str, keys: LinkKeys | None, tokenizer: Tokenizer, prompt: str, max_tokens: int,
+                    sampling: SamplingParams) -> int:
+    with secured_context(keys) as ctx:
+        return await _stream(DriverClient(endpoint, ctx), tokenizer, prompt, max_tokens, sampling)
+
+
+async def _stream(client: DriverClient, tokenizer: Tokenizer, prompt: str, max_tokens: int,
+                  sampling: SamplingParams) -> int:
     try:
         status = await client.status(timeout_s=10.0)
         if not status.ready:
@@ -64,18 +75,20 @@ async def _generate(endpoint: str, tokenizer: Tokenizer, prompt: str, max_tokens
 
 
 def run_over_topology(args: argparse.Namespace, sampling: SamplingParams) -> int:
-    topology = StageTopology.load(args.topology)
+    configure_logging("off", role="generate")  # warnings (a refused link) to stderr; stdout is the text
+    topology = with_keys_dir(StageTopology.load(args.topology), args.topology)
+    keys = client_link_keys([topology])  # CURVE toward stage 0 when the topology names keys
     configs = stage_config_paths(args.topology, topology)
     endpoint = request_endpoint(topology.first().endpoint)
     model = StageConfig.load(configs[0]).model_path
     tokenizer = Tokenizer(resolve_model_path(model))
     stages: StageProcesses | None = None
     try:
-        if not asyncio.run(_stage0_answers(endpoint)):
+        if not asyncio.run(_stage0_answers(endpoint, keys)):
             run_dir = args.run_dir or Path("runs") / time.strftime("generate-%Y%m%d-%H%M%S")
             print(f"starting {len(configs)} stage processes (logs: {run_dir})", file=sys.stderr)
             stages = StageProcesses(args.topology, configs, run_dir, include_stage0=True).start()
-        return asyncio.run(_generate(endpoint, tokenizer, args.prompt, args.max_tokens, sampling))
+        return asyncio.run(_generate(endpoint, keys, tokenizer, args.prompt, args.max_tokens, sampling))
     finally:
         if stages is not None:
             stages.stop()

@@ -1,17 +1,32 @@
 """`skippy stage --config stage.json [--topology topology.json] [serving flags]`: run one stage process.
 
 Stage 0 runs the driver (scheduler + request endpoint); every later stage runs a StageServer. A flag
-whose feature is not built yet fails here, before the model loads (`refuse_unsupported`).
+whose feature is not built yet fails here, before the model loads (`refuse_unsupported`), and so does
+a topology on non-loopback addresses without link keys unless `--insecure-links` (then logged as a
+warning). With keys (`skippy keys --topology T`) every socket of the process is CURVE (skippy.curve). With
+`--cpu-affinity` / `--stage-cpus` every thread of the process is pinned first, before the model loads
+and before llama.cpp starts a thread, so its default thread count is the number of pinned CPUs.
+Its telemetry starts before the model loads: /metrics served next to its endpoint (the URL is in
+its `ready` line), spans to `--metrics-otlp-grpc` (skippy.telemetry).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Any
 
+import zmq
+
+from skippy.affinity import pin_process
 from skippy.config import add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
+from skippy.config.affinity import format_cpu_list
+from skippy.curve.guard import LinkKeys, secure
+from skippy.curve.keys import stage_link_keys
 from skippy.log import configure_logging, get_logger
 from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.telemetry.options import TelemetryOptions
+from skippy.telemetry.process import start_telemetry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,17 +39,34 @@ def run(args: argparse.Namespace) -> int:
     options = resolve_serving_options(args)
     refuse_unsupported(options)
     cfg = options.config
+    pinned = pin_process(options.cpu_affinity) if options.cpu_affinity else ()
     configure_logging(str(options.telemetry_level), stage_id=cfg.stage_id, stage_index=cfg.stage_index, role="stage")
+    start_telemetry(TelemetryOptions.from_serving(options), "driver" if cfg.stage_index == 0 else "stage", options.bind_addr)
     log = get_logger()
+    keys = stage_link_keys(options)  # a bad key file fails here, before the model loads
+    if options.insecure_links:
+        log.warning("insecure_links", error="--insecure-links: this stage's links are plain ZeroMQ, neither "
+                    "authenticated nor encrypted; anyone who reaches its address can feed it", bind_addr=options.bind_addr,
+                    keyed=keys is not None)
     mtp = resolve_mtp_source(options)
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path,
-             mtp_source=mtp.value)
+             mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all")
     runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg))
     if cfg.stage_index == 0:
         from skippy.cli.front import start_openai_front
         from skippy.driver.process import DriverProcess
 
-        return asyncio.run(DriverProcess(options, runtime, start_openai_front).run())
+        driver = DriverProcess(options, runtime, start_openai_front)
+        _secure(driver.driver.ctx, keys)
+        return asyncio.run(driver.run())
     from skippy.stage.server import StageServer
 
-    return asyncio.run(StageServer(options, runtime).run())
+    server = StageServer(options, runtime)
+    _secure(server.ctx, keys)
+    return asyncio.run(server.run())
+
+
+def _secure(ctx: zmq.Context[Any], keys: LinkKeys | None) -> None:
+    """CURVE on every socket of the process's context (before any is opened) when its topology has keys."""
+    if keys is not None:
+        secure(ctx, keys)

@@ -1,13 +1,17 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
 Default: the packaged Gemma 3 270M split over 2 stages at layer 9 on ipc:// endpoints inside the
-run directory, serving http://127.0.0.1:9337. With `--topology`, that topology's stage configs
+run directory, serving http://127.0.0.1:9337, with the prefix cache on (`--no-prefix-cache` turns it
+off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
+lanes (max_bytes 0). With `--topology`, that topology's stage configs
 (<stage_id>.json beside it). `skippy up` takes every serving flag of `skippy stage` except the
 per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
 unsupported flag fails before anything starts) and hands each to its owner: stage flags to every
 stage, prefill and speculative flags to stage 0, admission flags to the broker, the model id and
-default max tokens to the adapter. Children are supervised: a dead one is reported by name and
-everything is stopped; Ctrl-C stops everything cleanly. All logs land in the run directory.
+default max tokens to the adapter (its API key through its environment). Children are supervised: a
+stage after stage 0 that dies is restarted with backoff (skippy.restarts, `--max-stage-restarts`), any
+other dead child is reported by name and everything is stopped; Ctrl-C stops everything cleanly. All
+logs land in the run directory.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from skippy.config import (
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import StageProcesses, write_local_topology
+from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
 from skippy.runtime.models import DEFAULT_MODEL_ID, resolve_model_path
 from skippy.runtime.slices import read_model_info
 
@@ -46,8 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="9", help="without --topology: split points, e.g. 9 or 5,13")
     p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="without --topology: no prefix cache (kv_cache null); default: on")
     p.add_argument("--bind", default="127.0.0.1:9337", help="HTTP address (default 127.0.0.1:9337)")
     p.add_argument("--run-dir", type=Path, default=None, help="logs and sockets (default: runs/up-<time>)")
+    p.add_argument("--max-stage-restarts", type=int, default=RestartPolicy.max_restarts, metavar="N",
+                   help="a stage after stage 0 that dies is restarted, with backoff, up to N times in a row"
+                        f" (default {RestartPolicy.max_restarts}; 0: a dead stage stops everything)")
     add_serving_arguments(p, UP_OWNERS)
     p.set_defaults(run=run)
 
@@ -59,7 +69,14 @@ def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path]
     splits = [int(x) for x in args.split.split(",") if x.strip()]
     model_id = DEFAULT_MODEL_ID if args.model == "default" else model.stem
     return write_local_topology(run_dir / "topology", model, read_model_info(model).n_layer, splits,
-                                lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id)
+                                lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id,
+                                extra={"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None})
+
+
+def default_kv_cache(lane_count: int) -> dict[str, object]:
+    """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
+    logits), as many KV cells as the lanes (max_bytes 0), the reference's other defaults."""
+    return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
 
 
 def stage0_options(args: argparse.Namespace, topology: Path, config: Path) -> ServingOptions:
@@ -85,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     topology, configs = _topology(args, run_dir)
     options = stage0_options(args, topology, configs[0])
+    if options.insecure_links:
+        print("skippy up: warning: --insecure-links: stage links are plain ZeroMQ, neither authenticated nor"
+              " encrypted (`skippy keys --topology T` makes keys)", file=sys.stderr, flush=True)
     openai = options.openai
     assert openai is not None
     flags = FlagReader(args)
@@ -98,4 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
                 "Ctrl-C stops everything")
 
-    return children.supervise("skippy up", start)
+    if args.max_stage_restarts < 0:
+        raise ConfigError(f"--max-stage-restarts must be >= 0, got {args.max_stage_restarts}")
+    restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE)
+    return children.supervise("skippy up", start, restarter)

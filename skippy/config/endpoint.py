@@ -1,4 +1,4 @@
-"""Endpoint strings: ZeroMQ endpoints for stage sockets, host:port for HTTP.
+"""Endpoint strings: ZeroMQ endpoints for stage sockets, host:port for HTTP, http://host:port for OTLP.
 
 Stage sockets accept ``tcp://host:port``, ``ipc://path``, ``inproc://name``
 or a bare ``host:port`` (the reference's form), which is normalised to
@@ -9,7 +9,7 @@ and host ``*``; connect endpoints need a concrete host and port.  Errors are
 
 from __future__ import annotations
 
-__all__ = ["normalize_http_addr", "normalize_zmq_endpoint", "split_host_port"]
+__all__ = ["normalize_http_addr", "normalize_otlp_url", "normalize_zmq_endpoint", "split_host_port"]
 
 _SCHEMES = ("tcp", "ipc", "inproc")
 
@@ -61,3 +61,15 @@ def normalize_http_addr(value: str) -> str:
     if port is None or host == "*":
         raise ValueError(f"must be host:port with a numeric port, got '{value}'")
     return text
+
+
+def normalize_otlp_url(value: str) -> str:
+    """`http://host:port` (or `https://`) for an OTLP gRPC collector; a bare host:port gets http://."""
+    text = value.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "http", text
+    if scheme not in ("http", "https"):
+        raise ValueError(f"must be http://host:port or https://host:port, got '{value}'")
+    split_host_port(rest.rstrip("/"), bind=False)
+    return f"{scheme}://{rest.rstrip('/')}"

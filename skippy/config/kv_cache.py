@@ -1,4 +1,8 @@
-"""The stage prefix (prompt) KV cache settings: the StageConfig field `kv_cache` (reference notes §3.3)."""
+"""The stage prefix (prompt) KV cache settings: the StageConfig field `kv_cache` (reference notes §3.3).
+
+`record` and `lookup-record` turn the cache on (skippy.runtime.prefix_cache on every stage, decided by
+stage 0's skippy.driver.prefix_index); stage 0's mode decides whether prompts are looked up.
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from typing import Any
 from skippy.config.errors import FieldError
 from skippy.config.schema import ConfigModel, SignedInt, check
 
+LLAMA_MAX_SEQ = 256  # llama.cpp's limit on sequences per context (lanes + prefix cache entries)
+
 __all__ = ["SelectedDevice", "SignedInt", "SplitMode", "check_llama_fields", "check_unsupported_fields"]
 
 class SplitMode(enum.StrEnum):
@@ -54,6 +56,11 @@ def check_llama_fields(config: Any) -> None:
         "false is not supported: positions are authoritative, so a session must be trimmable at any"
         " position (rejected drafts, retried windows), which needs the full-size sliding-window cache",
     )
+    if config.kv_cache is not None and config.kv_cache.should_record:
+        entries = config.kv_cache.max_entries
+        check(config.lane_count + entries <= LLAMA_MAX_SEQ, "kv_cache.max_entries",
+              f"lane_count + max_entries must be <= {LLAMA_MAX_SEQ} (each entry is a llama.cpp sequence), got"
+              f" {config.lane_count} + {entries}")
     if config.direct_io:
         check(config.mmap is not True, "direct_io", "cannot be combined with mmap: true (pick one load mode)")
         check(not config.mlock, "direct_io", "cannot be combined with mlock: true (pick one load mode)")
@@ -74,12 +81,13 @@ def check_unsupported_fields(config: Any) -> None:
     check(
         not config.cache_idle_slots,
         "cache_idle_slots",
-        "true is not supported yet (idle-slot caching needs the prefix cache, issue 13)",
+        "true is not supported (a finished session's KV is not kept; the prefix cache, kv_cache, keeps"
+        " prompt prefixes instead)",
     )
     kv_cache = config.kv_cache
-    if kv_cache is not None and kv_cache.should_record:
+    if kv_cache is not None and kv_cache.should_record and kv_cache.payload.value not in ("auto", "resident-kv"):
         raise FieldError(
-            "kv_cache.mode",
-            f"'{kv_cache.mode.value}' is not supported yet (the stage prefix cache is issue 13);"
-            " use 'auto' or 'disabled'",
+            "kv_cache.payload",
+            f"'{kv_cache.payload.value}' is not supported: skippy serves attention-only models, whose prefix"
+            " cache keeps resident KV ('auto' or 'resident-kv')",
         )

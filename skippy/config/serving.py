@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from skippy.config.admission import AdmissionOptions, default_queue_capacity, resolve_admission
-from skippy.config.endpoint import normalize_http_addr, normalize_zmq_endpoint
+from skippy.config.affinity import resolve_affinity
+from skippy.config.endpoint import normalize_http_addr, normalize_otlp_url, normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.generation import (
     PrefillChunkOptions,
@@ -31,10 +34,12 @@ from skippy.config.generation import (
     resolve_speculative,
     speculative_problems,
 )
+from skippy.config.link_keys import insecure_problem, secret_key_path, with_keys_dir
 from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
 from skippy.config.stage import StageConfig, StageTopology
 from skippy.config.wire import WireCondition
+from skippy.protocol.messages import WireDtype
 
 __all__ = [
     "AdmissionOptions",
@@ -75,6 +80,7 @@ class OpenAIOptions(ConfigModel):
     model_id: str
     default_max_tokens: int = 16
     admission: AdmissionOptions
+    api_key: str | None = field(default=None, repr=False)  # --openai-api-key (the adapter also reads its env var)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,22 +96,20 @@ class ServingOptions(ConfigModel):
     wire: WireCondition = field(default_factory=WireCondition)
     downstream_connect_timeout_secs: float = 60.0
     telemetry_level: TelemetryLevel = TelemetryLevel.SUMMARY
-    telemetry_queue_capacity: int | None = None  # None: not given (reference default 1024)
-    metrics_otlp_grpc: str | None = None
+    cpu_affinity: tuple[int, ...] = ()  # this stage's CPUs (--cpu-affinity or its --stage-cpus entry); () = not pinned
+    stage_cpus: tuple[tuple[int, ...], ...] = ()  # every stage's CPUs by stage_index (--stage-cpus); () = not given
+    telemetry_queue_capacity: int = 1024  # telemetry events buffered for export (the reference's default)
+    metrics_otlp_grpc: str | None = None  # http://host:port of an OTLP gRPC collector; None: no span export
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
+    insecure_links: bool = False  # --insecure-links: plain links beyond loopback allowed (and logged)
+    link_secret_key: str | None = None  # this process's CURVE secret key file (None: the topology has no keys)
 
 
 def _endpoint_flag(flags: FlagReader, flag: str, *, http: bool) -> str | None:
-    value = flags.text(flag)
-    if value is None:
-        return None
-    try:
-        return normalize_http_addr(value) if http else normalize_zmq_endpoint(value, bind=True)
-    except ValueError as error:
-        raise ConfigError(f"{flag} {error}") from None
+    return flags.endpoint(flag, normalize_http_addr if http else functools.partial(normalize_zmq_endpoint, bind=True))
 
 
 def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> OpenAIOptions | None:
@@ -128,6 +132,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
         admission=resolve_admission(flags, config.lane_count),
+        api_key=flags.text("--openai-api-key"),
     )
 
 
@@ -135,8 +140,9 @@ def _resolve_wire(flags: FlagReader) -> WireCondition:
     delay_flag, mbps_flag = "--downstream-wire-delay-ms", "--downstream-wire-mbps"
     delay = flags.number(delay_flag, 0.0)
     mbps = flags.number(mbps_flag, 0.0, positive=True) if flags.given(mbps_flag) else None
+    dtype = flags.choice("--activation-wire-dtype", WireDtype, WireDtype.F32)
     try:
-        return WireCondition(delay_ms=delay, mbps=mbps)
+        return WireCondition(delay_ms=delay, mbps=mbps, activation_dtype=dtype)
     except FieldError as error:
         raise error.as_flag(delay_flag if error.field == "delay_ms" else mbps_flag) from None
 
@@ -151,10 +157,11 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
     topology_path = flags.text("--topology")
     topology = None
     if topology_path is not None:
-        topology = StageTopology.load(topology_path)
+        topology = with_keys_dir(StageTopology.load(topology_path), topology_path)
         config.check_against(topology, source)
     max_inflight = min(flags.integer("--max-inflight", 4), config.lane_count)
     sync_forward = flags.switch("--no-async-prefill-forward")
+    cpu_affinity, stage_cpus = resolve_affinity(flags, config, topology)
     return ServingOptions(
         config=config,
         topology=topology,
@@ -165,13 +172,21 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         wire=_resolve_wire(flags),
         downstream_connect_timeout_secs=flags.number("--downstream-connect-timeout-secs", 60.0),
         telemetry_level=flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY),
-        telemetry_queue_capacity=flags.optional_integer("--telemetry-queue-capacity"),
-        metrics_otlp_grpc=flags.text("--metrics-otlp-grpc"),
+        cpu_affinity=cpu_affinity,
+        stage_cpus=stage_cpus,
+        telemetry_queue_capacity=flags.integer("--telemetry-queue-capacity", 1024),
+        metrics_otlp_grpc=flags.endpoint("--metrics-otlp-grpc", normalize_otlp_url),
         prefill=resolve_prefill(flags),
         speculative=resolve_speculative(flags),
         openai=_resolve_openai(flags, config, source),
         native_mtp_enabled=config.native_mtp_enabled,
+        insecure_links=flags.switch("--insecure-links"),
+        link_secret_key=_path_text(secret_key_path(topology, config.stage_id, flags.text("--link-secret-key"))),
     )
+
+
+def _path_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def resolve_mtp_source(options: ServingOptions) -> MtpSource:
@@ -194,14 +209,10 @@ def resolve_mtp_source(options: ServingOptions) -> MtpSource:
 
 
 def unsupported_options(options: ServingOptions) -> list[str]:
-    """One line per given flag whose feature is not built yet or cannot work as combined (empty: all fine)."""
-    otlp = "OTLP export: issue 12"
-    given = {
-        "--metrics-otlp-grpc": (options.metrics_otlp_grpc is not None, otlp),
-        "--telemetry-queue-capacity": (options.telemetry_queue_capacity is not None, "telemetry event queue: issue 12"),
-    }
-    lines = [f"{flag} is not supported yet ({why})" for flag, (on, why) in given.items() if on]
-    return lines + speculative_problems(options.speculative)
+    """One line per given flag whose feature is not built yet or cannot work as combined, and plain links
+    beyond loopback without --insecure-links (empty: all fine)."""
+    insecure = insecure_problem(options.topology, options.bind_addr, options.insecure_links)
+    return speculative_problems(options.speculative) + ([insecure] if insecure else [])
 
 
 def refuse_unsupported(options: ServingOptions) -> None:

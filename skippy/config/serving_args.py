@@ -17,7 +17,7 @@ import argparse
 import enum
 import math
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from skippy.config.errors import ConfigError
@@ -44,6 +44,9 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--config", "PATH", "StageConfig JSON file (required)", _S),
     ("--topology", "PATH", "StageTopology JSON file; the config is checked against it", _S),
     ("--bind-addr", "ENDPOINT", "stage socket endpoint (default: the config's bind_addr)", _S),
+    ("--link-secret-key", "PATH", "this stage's CURVE secret key (default: <keys_dir>/<stage_id>.key_secret"
+     " of a topology with keys)", _S),
+    ("--insecure-links", None, "allow plain (unauthenticated) stage links on non-loopback addresses (logged)", _E),
     ("--max-inflight", "N", "in-flight messages per connection (default 4, clamped to lane_count)", _E),
     ("--reply-credit-limit", "N", "deferred prefill ACK window (default max_inflight - 1)", _E),
     ("--async-prefill-forward", None, "forward prefill activations asynchronously (default)", _E),
@@ -51,12 +54,17 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--downstream-wire-delay-ms", "MS", "emulated propagation delay downstream (default 0)", _E),
     ("--downstream-wire-mbps", "MBPS", "emulated downstream bandwidth (default unlimited)", _E),
     ("--downstream-connect-timeout-secs", "SECS", "wait for the downstream stage (default 60)", _E),
+    ("--activation-wire-dtype", "DTYPE", "activations to the next stage: f32 (default, exact) | f16 | q8", _E),
     ("--telemetry-level", "LEVEL", "off | summary | debug (default summary)", _E),
-    ("--telemetry-queue-capacity", "N", "telemetry event queue (not supported yet: issue 12)", _E),
-    ("--metrics-otlp-grpc", "URL", "OTLP gRPC trace endpoint (not supported yet: issue 12)", _E),
+    ("--cpu-affinity", "CPUS", "pin this stage to CPUs, e.g. 0 or 0-3 or 0,2 (default: not pinned)", _E),
+    ("--stage-cpus", "LIST", "pin stage i to the i-th CPU set, e.g. 0,1 or 0-1,2+3 (default: not pinned)", _E),
+    ("--telemetry-queue-capacity", "N", "telemetry events buffered for export; more are dropped and counted (default 1024)",
+     _E),
+    ("--metrics-otlp-grpc", "URL", "export spans to this OTLP gRPC collector, e.g. http://127.0.0.1:4317", _E),
     ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)", _F),
     ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
     ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)", _A),
+    ("--openai-api-key", "KEY", "Bearer key the HTTP API requires (default: $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
     ("--openai-generation-concurrency", "N", "generation permits per pipeline (default lane_count)", _B),
     ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput", _B),
     ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)", _B),
@@ -153,6 +161,16 @@ class FlagReader:
             bound = "> 0" if minimum == 1 else f">= {minimum}"
             raise ConfigError(f"{flag} must be {bound}, got {value}")
         return value
+
+    def endpoint(self, flag: str, normalize: Callable[[str], str]) -> str | None:
+        """A text flag checked and normalised by `normalize` (whose ValueError completes `--flag ...`)."""
+        value = self.text(flag)
+        if value is None:
+            return None
+        try:
+            return normalize(value)
+        except ValueError as error:
+            raise ConfigError(f"{flag} {error}") from None
 
     def optional_integer(self, flag: str, *, minimum: int | None = 1) -> int | None:
         """An integer flag, or None when it is not given."""

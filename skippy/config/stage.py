@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from skippy.config.endpoint import normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.kv_cache import KvCacheConfig, KvCacheMode, KvCachePayload
+from skippy.config.link_keys import LinkClient, check_public_key, check_topology_keys
 from skippy.config.llama_options import SelectedDevice, SplitMode, check_llama_fields, check_unsupported_fields
 from skippy.config.schema import ConfigModel, SignedInt, check, show
 
@@ -226,11 +227,13 @@ class StageTopologyEntry(ConfigModel):
     layer_start: int
     layer_end: int
     load_mode: LoadMode
+    public_key: str | None = None  # CURVE public key (Z85) of the stage's links; see skippy.config.link_keys
 
     def _check(self) -> None:
         _require_text(self, "stage_id", "host")
         _normalize_endpoint(self, "endpoint", bind=False)
         _check_layer_range(self.layer_start, self.layer_end)
+        check_public_key(self.public_key, "public_key")
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,8 @@ class StageTopology(ConfigModel):
     topology_id: str
     model_id: str
     stages: tuple[StageTopologyEntry, ...]
+    clients: tuple[LinkClient, ...] = ()  # non-stage processes allowed on keyed links (broker, tools)
+    keys_dir: str | None = None  # where this machine's secret keys are, relative to the topology file
 
     def _check(self) -> None:
         _require_text(self, "topology_id", "model_id")
@@ -259,6 +264,7 @@ class StageTopology(ConfigModel):
                 f"{at}.layer_start",
                 f"must equal {source}, got {stage.layer_start}",
             )
+        check_topology_keys(self)
 
     def entry(self, stage_id: str) -> StageTopologyEntry:
         """The entry for ``stage_id``; KeyError if absent."""

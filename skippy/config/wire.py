@@ -1,9 +1,12 @@
-"""WireCondition: the emulated network between a stage and its downstream.
+"""WireCondition: the link between a stage and its downstream — emulated delay and activation encoding.
 
 A simulator for WAN experiments (reference notes §5): every downstream write
 is delayed by a fixed propagation delay plus the time to serialise the message
 at ``mbps`` megabits per second (1 Mbps = 125 kB/s).  Both delays are capped
-at one hour.  Jitter and stalls from newer reference versions are not modelled.
+at one hour.  Jitter and stalls from newer reference versions are not modelled
+(real delay, jitter and rate limits between network namespaces: `skippy.netns`).
+``activation_dtype`` is how batches' activations are packed on this link
+(``--activation-wire-dtype``: f32, f16 or q8; see `skippy.protocol.activations`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from skippy.config.schema import ConfigModel, check
+from skippy.protocol.messages import WireDtype
 
 __all__ = ["MAX_WIRE_DELAY_MS", "MAX_WIRE_DELAY_S", "WireCondition"]
 
@@ -22,10 +26,11 @@ _BYTES_PER_SECOND_PER_MBPS = 125_000.0
 
 @dataclass(frozen=True)
 class WireCondition(ConfigModel):
-    """Propagation delay (ms) and optional bandwidth (Mbps) of one link."""
+    """Propagation delay (ms), optional bandwidth (Mbps) and activation encoding of one link."""
 
     delay_ms: float = 0.0
     mbps: float | None = None
+    activation_dtype: WireDtype = WireDtype.F32
 
     def _check(self) -> None:
         check(

@@ -12,22 +12,26 @@ import asyncio
 import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from skippy.driver.prefix_index import CacheOps
 from skippy.driver.scheduler import PlannedWindow
-from skippy.protocol import Predictions, StageTiming, Window
+from skippy.protocol import KeptPrefix, Predictions, PrefixRef, StageTiming, Window
 from skippy.runtime.stage_runtime import SessionWindow
 from skippy.stage.links import DownstreamLink
 from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
 
-# session, pos_start, tokens, outputs, draft, head (see skippy.protocol.Window)
-WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None]
+# session, pos_start, tokens, outputs, draft, head, (restore, record, evict) (see skippy.protocol.Window)
+WindowRecord = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None,
+                     tuple[PrefixRef | None, tuple[PrefixRef, ...], tuple[int, ...]]]
 
 
 class OpRecorder(Protocol):
     def batch(self, windows: list[WindowRecord]) -> None: ...
+    def keep(self, kept: tuple[KeptPrefix, ...], evict: tuple[int, ...]) -> None: ...
     def release(self, session_ids: tuple[int, ...]) -> None: ...
 
 
@@ -81,28 +85,32 @@ class BatchLauncher:
         self.recorder: OpRecorder | None = None
         self._ids = itertools.count(1)
 
-    async def launch(self, plan: list[PlannedWindow]) -> Predictions | None:
-        """Run stage 0's layers on `plan` and send the result on. A single-stage pipeline has its
-        predictions at once and returns them; otherwise they arrive later on stage 0's PULL.
-        Raises what the runtime raises (the caller fails the plan's requests)."""
+    async def launch(self, plan: list[PlannedWindow], ops: Sequence[CacheOps] = ()) -> Predictions | None:
+        """Run stage 0's layers on `plan` (with each window's prefix cache `ops`) and send the result on.
+        A single-stage pipeline has its predictions at once and returns them, and so does a batch
+        none of whose windows is left to send (all missed a restore); otherwise they arrive later on
+        stage 0's PULL. Raises what the runtime raises (the caller fails the plan's requests)."""
         batch_id = next(self._ids)
         for pw in plan:
             pw.seq.in_flight += 1
             if pw.is_prefill:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
-        windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens) for pw in plan]
+        cache = list(ops) or [CacheOps()] * len(plan)
+        windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens, *c)
+                   for pw, c in zip(plan, cache)]
         if self.recorder is not None:
-            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft, pw.head)
-                                 for w, pw in zip(windows, plan)])
+            self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft, pw.head,
+                                  (c.restore, c.record, c.evict)) for w, pw, c in zip(windows, plan, cache)])
         computed = await self.worker.compute(windows, None, [VerifySpec(pw.draft, pw.head) for pw in plan])
-        if self.downstream is None:
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head, *c)
+                     for w, pw, c in zip(windows, plan, cache) if w.session_id not in computed.missed)
+        if self.downstream is None or not wire:
             self._register(batch_id, InFlight(plan, computed.compute_ms))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
-            return Predictions(batch_id, computed.predictions, (timing,))
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head)
-                     for w, pw in zip(windows, plan))
+            return Predictions(batch_id, computed.predictions, (timing,), computed.missed)
         sent, wait_ms = await self.downstream.forward(
-            batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms)
+            batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms,
+            missed=computed.missed)
         # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)
         self._register(batch_id, InFlight(plan, computed.compute_ms, wait_ms, sent))
         return None
@@ -114,6 +122,9 @@ class BatchLauncher:
     def complete(self, batch_id: int) -> InFlight | None:
         return self.inflight.pop(batch_id, None)
 
-    def record_release(self, session_ids: tuple[int, ...]) -> None:
+    def record_release(self, session_ids: tuple[int, ...], kept: tuple[KeptPrefix, ...] = (),
+                       evict: tuple[int, ...] = ()) -> None:
         if self.recorder is not None:
+            if kept or evict:
+                self.recorder.keep(kept, evict)
             self.recorder.release(session_ids)

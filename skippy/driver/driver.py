@@ -27,6 +27,7 @@ from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner
+from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
@@ -36,6 +37,7 @@ from skippy.protocol import (
     ConfigureSession,
     ErrorCode,
     FinishReason,
+    KeptPrefix,
     Message,
     Predictions,
     ReleaseSessions,
@@ -49,6 +51,7 @@ from skippy.stage.handshake import open_downstream
 from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
+from skippy.telemetry.driver import DriverTelemetry
 from skippy.transport import PullQueue
 
 
@@ -79,6 +82,7 @@ class Driver:
         self.worker = RuntimeWorker(runtime, "runtime-stage0")
         self.table = SequenceTable()
         self.launcher = BatchLauncher(self.worker, None, cfg.stage_id)
+        self.prefix = PrefixIndex.for_stage0(options, runtime)
         self.liveness = Liveness(())
         self.speculation = speculation
         self.calibration_waiter: asyncio.Future[Predictions] | None = None
@@ -88,6 +92,7 @@ class Driver:
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
         self.inbound_handler = Inbound(self)
+        self.telemetry = DriverTelemetry(self)  # metrics and spans (skippy.telemetry.driver)
 
     @property
     def stats(self) -> DriverStats:
@@ -109,6 +114,7 @@ class Driver:
             self.downstream, early = await open_downstream(self.ctx, self.options, self.identity, self.inbound,
                                                            self.supervisor.fail)
             self.launcher.downstream = self.downstream
+            self.prefix.set_downstream(self.downstream.ready.cache if self.downstream.ready is not None else None)
             topology = self.options.topology
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
@@ -189,6 +195,7 @@ class Driver:
             self._wakeup.clear()
             await self._flush_releases()
             for seq in self.table.admit(self.runtime.spec.lane_count):
+                self.prefix.admit(seq)
                 await self._configure(seq)
             room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
             streaming = any(s.prefilling and s.in_flight and not s.cancelled for s in self.table.running)
@@ -202,7 +209,7 @@ class Driver:
                 if plan:
                     fault_point("driver.launch")
                     try:
-                        done = await self.launcher.launch(plan)
+                        done = await self.launcher.launch(plan, self.prefix.window_ops(plan))
                     except (RuntimeUsageError, RuntimeError) as exc:
                         for pw in plan:
                             pw.seq.in_flight = 0
@@ -238,14 +245,16 @@ class Driver:
         ids = self.table.take_releases()
         if not ids:
             return
-        await self.worker.call(self._release, ids)
-        self.launcher.record_release(ids)
+        keep, evict = self.prefix.take_kept()  # finished prompts + replies kept as prefix cache entries
+        await self.worker.call(self._release, ids, keep, evict)
+        self.prefix.release(ids)
+        self.launcher.record_release(ids, keep, evict)
         if self.downstream is not None:
-            self.downstream.enqueue(ReleaseSessions(ids))
+            self.downstream.enqueue(ReleaseSessions(ids, keep, evict))
 
-    def _release(self, session_ids: tuple[int, ...]) -> None:
+    def _release(self, session_ids: tuple[int, ...], keep: tuple[KeptPrefix, ...] = (), evict: tuple[int, ...] = ()) -> None:
         """Runtime thread: forget finished sessions in stage 0's runtime and their proposers."""
-        self.worker.release(session_ids)
+        self.worker.release(session_ids, keep, evict)
         if self.speculation is not None:
             self.speculation.release(session_ids)
 
@@ -258,6 +267,7 @@ class Driver:
             self.calibration_waiter.set_result(msg)
             return
         self.launcher.stats.observe(msg)
+        self.telemetry.iteration(entry, msg)
         if self.speculation is not None:
             self.speculation.observe_hops(self.launcher.stats.hop_ms[-1])
         for outcome in postprocess(entry, msg, self.runtime.spec.ctx_size):
@@ -268,10 +278,13 @@ class Driver:
         self._wakeup.set()
 
     def _deliver(self, outcome: Outcome) -> None:
+        self.telemetry.outcome(outcome)
         if self.speculation is not None and outcome.stale_rows:
             self.speculation.stale(outcome.seq.session_id, outcome.stale_rows)
         if self.speculation is not None and outcome.committed:
             self.speculation.committed(outcome.seq.session_id, outcome.proposed, outcome.returned, outcome.committed)
+        if outcome.chain_miss:  # a stage lacked the prefix it restores: prefill it all again
+            self.prefix.chain_miss(outcome.seq)
         for event in outcome.events:
             outcome.seq.handle.put(event)
         if outcome.finish is not None:
@@ -281,7 +294,9 @@ class Driver:
                 code: ErrorCode | None = None) -> None:
         speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
         stats = tuple((f"speculative_{k}", float(v)) for k, v in (speculative or {}).items() if isinstance(v, int | float))
-        if self.table.finish(seq, reason, error, code, stats):
+        if self.table.finish(seq, reason, error, code, (*stats, *self.prefix.stats(seq))):
+            self.prefix.finish(seq, keep=reason in (FinishReason.STOP, FinishReason.LENGTH))
+            self.telemetry.finished(seq, reason, error, speculative)
             self.log.info("request_done", **seq.summary(reason, error), speculative=speculative)
             self._wakeup.set()
 

@@ -31,6 +31,7 @@ class Outcome:
     proposed: int = 0  # draft tokens the window carried
     returned: int = 0  # tokens the final stage sampled (accepted + 1 for a verify window)
     stale_rows: int = 0  # rows of a chained window discarded because the chain broke before it
+    chain_miss: bool = False  # a stage lacked the prefix cache entry the window restores: prefill again
 
 
 def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | None], ctx_size: int) -> Outcome:
@@ -54,6 +55,7 @@ def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | 
 def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcome]:
     """Outcomes for every window of a batch whose predictions (or end of pipeline) came back."""
     tokens = {r.session_id: r.tokens for r in msg.results}
+    missed = set(msg.missed)
     logprobs = {r.session_id: r.logprobs for r in msg.results}
     # the slowest stage's compute per row bounds how large the next prefill chunk may grow
     slowest = max((t.compute_ms / max(1, entry.rows) for t in msg.timings), default=None)
@@ -65,10 +67,12 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
         seq.add_timings(msg.timings)
         if pw.is_prefill:
             seq.planner.observe(observation)
-        if seq.state is SeqState.FINISHED:
-            continue  # a chained window that came back after its request ended
+        if seq.state is SeqState.FINISHED or (pw.is_prefill and pw.attempt != seq.attempt):
+            continue  # a chained window back after its request ended, or a prefill abandoned after a chain miss
         if seq.cancelled:
             outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
+        elif seq.session_id in missed:
+            outcomes.append(Outcome(seq, chain_miss=True))
         elif pw.epoch != seq.epoch:  # chained behind a window that broke the chain: discard
             outcomes.append(Outcome(seq, stale_rows=len(pw.tokens)))
         elif pw.outputs:

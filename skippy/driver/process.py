@@ -91,7 +91,8 @@ class DriverProcess:
         credits = self.driver.downstream.credits.stats if self.driver.downstream is not None else None
         self.log.info("stopped", exit_code=self.supervisor.exit_code, iterations=stats.iterations,
                       max_rows=stats.max_rows, max_sessions=stats.max_sessions, max_in_flight=stats.max_in_flight,
-                      credits=vars(credits) if credits else None)
+                      credits=vars(credits) if credits else None, prefix_cache=self.driver.prefix.snapshot(),
+                      stage_prefix_cache=self.runtime.prefix.summary() if self.runtime.prefix else None)
         return self.supervisor.exit_code
 
     async def _shutdown(self, router: RouterQueue | None, front: Front | None) -> None:

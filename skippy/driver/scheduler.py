@@ -29,6 +29,7 @@ class PlannedWindow:
     head: int | None = None  # a chained verify window: tokens[0] guesses the previous window's bonus token
     epoch: int = 0  # the session's epoch when planned (a chained window of an older epoch is stale)
     next_guess: int | None = None  # the head of the window chained behind this one, if one may follow
+    attempt: int = 0  # the session's prefill attempt when planned (see Sequence.attempt)
 
     @property
     def is_prefill(self) -> bool:
@@ -84,9 +85,10 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
             break
         if seq.cancelled or not seq.prefilling or (only_pipelined_prefill and not seq.in_flight):
             continue
-        n = min(seq.planner.size(), len(seq.prompt) - seq.prefilled, budget)
+        # a chunk ends where the prompt is recorded in the prefix cache (entries are recorded at a window's end)
+        n = min(seq.planner.size(), seq.prefix.chunk_end(seq.prefilled, len(seq.prompt)) - seq.prefilled, budget)
         end = seq.prefilled + n
         outputs = (n - 1,) if end == len(seq.prompt) else ()
-        plan.append(PlannedWindow(seq, seq.prefilled, seq.prompt[seq.prefilled : end], outputs))
+        plan.append(PlannedWindow(seq, seq.prefilled, seq.prompt[seq.prefilled : end], outputs, attempt=seq.attempt))
         budget -= n
     return plan

@@ -17,6 +17,7 @@ import numpy as np
 
 from skippy.driver.events import RequestHandle, TokenEvent
 from skippy.driver.prefill import ChunkPlanner
+from skippy.driver.prefix_index import PrefixState
 from skippy.protocol import ErrorCode, FinishReason, StageTiming
 from skippy.runtime.sampling import SamplingParams
 
@@ -53,6 +54,8 @@ class Sequence:
     chain_pos: int = 0
     chain_k: int = 0  # drafts per chained window
     epoch: int = 0  # bumped when a window breaks the chain: older chained windows are stale
+    prefix: PrefixState = field(default_factory=PrefixState)  # prefix cache: restored, recorded, outcome
+    attempt: int = 0  # bumped when a prefill restarts at 0 (a chain miss): older windows are ignored
 
     @property
     def prefilling(self) -> bool:
@@ -80,6 +83,7 @@ class Sequence:
             prefill_ms=round((first - (self.admitted_at or self.submitted_at)) * 1e3, 3),
             decode_ms=round((now - first) * 1e3, 3),
             stages={k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stage_ms.items()},
+            **self.prefix.summary(len(self.prompt)),
         )
 
 

@@ -40,3 +40,8 @@ class HttpError(Exception):
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> HttpError:
+    """A 400 naming the request field (or part) `param` at fault."""
+    return HttpError(400, f"{param}: {message}", param=param, code=code)

@@ -1,56 +1,120 @@
-"""Prometheus text-format metrics of the HTTP adapter (plus the broker's queue and readiness)."""
+"""The HTTP adapter's Prometheus metrics (prometheus_client), its request spans, and the broker's view.
+
+Requests by route and status, error codes, prompt and completion tokens, time to first token and
+time per output token histograms, speculative counts summed over requests, and the pipeline as the
+broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
+generation is tracked from its first token to its end (`generation_started` / `token` /
+`generation_done`), which also emits its summary span `stage.openai_request_summary`.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from skippy.driver.events import TokenEvent
+from skippy.http.prefix_metrics import PrefixCacheMetrics
+from skippy.protocol import Status
+from skippy.telemetry.process import Telemetry, current, wall_time
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SPECULATIVE_COUNTS = ("windows", "proposed", "accepted", "full_accepts", "early_rejects", "tail_rejects",
                       "stops", "wasted_rows")
+PIPELINE_GAUGES = ("pipeline_ready", "requests_running", "requests_waiting", "generation_concurrency")
 
 
 @dataclass
+class _Generation:
+    started: float  # perf_counter at submit
+    first: float  # perf_counter of the first token
+    prompt_tokens: int
+    kind: str
+    tokens: int = 0
+    last: float = 0.0
+
+
 class Metrics:
-    requests: Counter[tuple[str, int]] = field(default_factory=Counter)  # (route, status)
-    errors: Counter[str] = field(default_factory=Counter)  # by error code
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))
-    ttft_sum: float = 0.0
-    # counts summed over speculative requests
-    speculative: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("requests", *SPECULATIVE_COUNTS), 0.0))
+    def __init__(self, telemetry: Telemetry | None = None) -> None:
+        self.telemetry = telemetry or current()
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("skippy_http_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=registry)
+        self.errors = Counter("skippy_request_errors", "generations that failed, by error code", ["code"], registry=registry)
+        self.prompt_tokens = Counter("skippy_prompt_tokens", "prompt tokens of started generations", registry=registry)
+        self.completion_tokens = Counter("skippy_completion_tokens", "tokens generated", registry=registry)
+        self.ttft = Histogram("skippy_time_to_first_token_seconds", "submit -> first token", registry=registry,
+                              buckets=TTFT_BUCKETS)
+        self.tpot = Histogram("skippy_time_per_output_token_seconds", "per request: (last - first token) / (tokens - 1)",
+                              registry=registry, buckets=TPOT_BUCKETS)
+        self.speculative = {name: Counter(f"skippy_speculative_{name}", f"speculative {name}, summed over requests",
+                                          registry=registry) for name in ("requests", *SPECULATIVE_COUNTS)}
+        self.pipeline = {name: Gauge(f"skippy_{name}", f"the broker's {name}", registry=registry) for name in PIPELINE_GAUGES}
+        self.prefix_cache = PrefixCacheMetrics(registry)
+        self._live: dict[str, _Generation] = {}
+        self.telemetry.attach(registry)
+
+    def count_request(self, route: str, status: int) -> None:
+        self.requests.labels(route, str(status)).inc()
+
+    def requests_total(self) -> int:
+        return int(sum(s.value for m in self.requests.collect() for s in m.samples if s.name.endswith("_total")))
+
+    def count_error(self, code: str) -> None:
+        self.errors.labels(code).inc()
 
     def observe_stats(self, stats: tuple[tuple[str, float], ...]) -> None:
-        """Add a finished request's speculative counts (windows, proposed, accepted, rejects, wasted rows)."""
+        """Add a finished request's speculative counts (windows, proposed, accepted, rejects, wasted rows) and
+        prefix cache numbers."""
         counts = dict(stats)
-        if counts:
-            self.speculative["requests"] += 1
+        self.prefix_cache.observe(counts)
+        if any(name.startswith("speculative_") for name in counts):
+            self.speculative["requests"].inc()
         for name in SPECULATIVE_COUNTS:
-            self.speculative[name] += counts.get(f"speculative_{name}", 0)
+            value = counts.get(f"speculative_{name}", 0)
+            if value > 0:
+                self.speculative[name].inc(value)
 
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttft_sum += seconds
-        for i, bound in enumerate(TTFT_BUCKETS):
-            if seconds <= bound:
-                self.ttft_counts[i] += 1
-        self.ttft_counts[-1] += 1
+    def set_pipeline(self, status: Status | None) -> None:
+        """The broker's view (None: it did not answer)."""
+        values = ((float(status.ready), status.running, status.waiting, status.lane_count) if status is not None
+                  else (0.0, 0, 0, 0))
+        for name, value in zip(PIPELINE_GAUGES, values):
+            self.pipeline[name].set(value)
 
-    def render(self, broker: dict[str, float]) -> str:
-        lines = ["# TYPE skippy_http_requests_total counter"]
-        lines += [f'skippy_http_requests_total{{route="{r}",status="{s}"}} {n}' for (r, s), n in sorted(self.requests.items())]
-        lines.append("# TYPE skippy_request_errors_total counter")
-        lines += [f'skippy_request_errors_total{{code="{c}"}} {n}' for c, n in sorted(self.errors.items())]
-        lines += ["# TYPE skippy_prompt_tokens_total counter", f"skippy_prompt_tokens_total {self.prompt_tokens}",
-                  "# TYPE skippy_completion_tokens_total counter", f"skippy_completion_tokens_total {self.completion_tokens}",
-                  "# TYPE skippy_time_to_first_token_seconds histogram"]
-        for bound, n in zip((*TTFT_BUCKETS, "+Inf"), self.ttft_counts):
-            lines.append(f'skippy_time_to_first_token_seconds_bucket{{le="{bound}"}} {n}')
-        lines += [f"skippy_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
-                  f"skippy_time_to_first_token_seconds_count {self.ttft_counts[-1]}"]
-        for name in ("requests", *SPECULATIVE_COUNTS):
-            lines += [f"# TYPE skippy_speculative_{name}_total counter",
-                      f"skippy_speculative_{name}_total {self.speculative[name]:g}"]
-        for name, value in sorted(broker.items()):
-            lines += [f"# TYPE skippy_{name} gauge", f"skippy_{name} {value:g}"]
-        return "\n".join(lines) + "\n"
+    # -- one generation ---------------------------------------------------------------------------
+    def generation_started(self, rid: str, started: float, prompt_tokens: int, kind: str) -> None:
+        """The first event of generation `rid` (submitted at perf_counter `started`) has arrived."""
+        now = time.perf_counter()
+        self.ttft.observe(now - started)
+        self.prompt_tokens.inc(prompt_tokens)
+        self._live[rid] = _Generation(started, now, prompt_tokens, kind, last=now)
+
+    def token(self, rid: str) -> None:
+        self.completion_tokens.inc()
+        gen = self._live.get(rid)
+        if gen is not None:
+            gen.tokens += 1
+            gen.last = time.perf_counter()
+
+    def generation_done(self, rid: str, last: TokenEvent | None, stopped: bool) -> None:
+        """Generation `rid` ended (`last`: its last event; `stopped`: a stop string ended it)."""
+        gen = self._live.pop(rid, None)
+        if gen is None:
+            return
+        tpot = (gen.last - gen.first) / (gen.tokens - 1) if gen.tokens > 1 else None
+        if tpot is not None:
+            self.tpot.observe(tpot)
+        reason = str(last.finish_reason) if last is not None and last.final else "stop" if stopped else "cancelled"
+        self.telemetry.span("stage.openai_request_summary", wall_time(gen.started), request_id=rid, kind=gen.kind,
+                            finish_reason=reason, prompt_tokens=gen.prompt_tokens, completion_tokens=gen.tokens,
+                            ttft_ms=(gen.first - gen.started) * 1e3, tpot_ms=None if tpot is None else tpot * 1e3)
+
+    def render(self) -> bytes:
+        """This process's /metrics: with an installed telemetry, everything it serves (the adapter's registry
+        and the telemetry's own counters); otherwise (an adapter built in a test) the adapter's registry."""
+        if self.telemetry.installed:
+            return self.telemetry.render()
+        return generate_latest(self.registry)

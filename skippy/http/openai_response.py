@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from skippy.http.prefix_metrics import cached_tokens
 from skippy.protocol import TokenLogprob
 
 OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
@@ -51,22 +52,26 @@ class ResponseShape:
                 "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries], "text_offset": offsets}
 
     def full(self, text: str, finish_reason: str, usage: dict[str, int], entries: list[LogprobEntry],
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             extra: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": self.logprobs(entries)}
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text or None if tool_calls else text}
+            if tool_calls:
+                choice["message"]["tool_calls"] = tool_calls
         else:
             choice["text"] = text
         return {**self._envelope(OBJECT[self.kind]), "choices": [choice], "usage": usage, **(extra or {})}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, entries: list[LogprobEntry] | None = None,
-              role: bool = False, offset: int = 0) -> dict[str, Any]:
+              role: bool = False, offset: int = 0, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason,
                                   "logprobs": self.logprobs(entries or [], offset)}
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if calls:
+                delta["tool_calls"] = calls
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
@@ -85,9 +90,11 @@ def timings(stats: tuple[tuple[str, float], ...]) -> dict[str, Any]:
                         "speculative": spec}}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, stats: tuple[tuple[str, float], ...] = ()) -> dict[str, Any]:
+    """OpenAI usage; `prompt_tokens_details.cached_tokens`: prompt tokens restored from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(dict(stats))}}
 
 
 def logprob_entry(lp: TokenLogprob, piece: Any) -> LogprobEntry:

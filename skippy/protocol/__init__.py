@@ -2,12 +2,17 @@
 
 A message is a ZeroMQ multipart.  Frame 0 is a msgpack map
 ``{"v": PROTOCOL_VERSION, "k": kind, **fields}``; a ``batch`` may add frame 1,
-the raw little-endian float32 activations ``[n_rows, n_embd]`` in C order (the
-windows' rows, concatenated).  :func:`decode` validates everything it returns
-and raises only :class:`ProtocolError`, so a stage can answer a bad peer and
-keep serving.  Every field is always written; unknown header keys are ignored
-(an added field a peer may safely miss needs no version bump), any other change
-bumps ``PROTOCOL_VERSION``.
+its activations ``[n_rows, n_embd]`` (the windows' rows, concatenated) packed as
+its header's ``wire_dtype`` says: raw little-endian float32 in C order (``f32``,
+the default), float16 (``f16``) or per-row int8 with a float32 scale (``q8``);
+see :mod:`skippy.protocol.activations`.  A receiver always gets float32 back.
+:func:`decode` validates everything it returns and raises only
+:class:`ProtocolError`, so a stage can answer a bad peer and keep serving.
+Every field is always written; unknown header keys are ignored (an added field
+a peer may safely miss needs no version bump), any other change bumps
+``PROTOCOL_VERSION``.  ``wire_dtype`` is such an added field: a header without
+it means f32, and a receiver that predates it refuses an f16 or q8 frame by its
+size (it expects ``4 * n_embd`` bytes per row), never misreads it.
 """
 
 from skippy.protocol.codec import (
@@ -21,6 +26,7 @@ from skippy.protocol.codec import (
 )
 from skippy.protocol.messages import (
     Batch,
+    CacheCaps,
     Cancel,
     ConfigureSession,
     Credit,
@@ -29,9 +35,11 @@ from skippy.protocol.messages import (
     FinishReason,
     Heartbeat,
     Hello,
+    KeptPrefix,
     Message,
     MessageKind,
     Predictions,
+    PrefixRef,
     ProtocolError,
     Ready,
     ReleaseSessions,
@@ -45,12 +53,13 @@ from skippy.protocol.messages import (
     TokenEvents,
     TokenLogprob,
     Window,
+    WireDtype,
 )
 
 __all__ = [
-    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "Cancel",
-    "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "Message",
-    "MessageKind", "Predictions", "ProtocolError",
+    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps", "Cancel",
+    "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "KeptPrefix", "Message",
+    "MessageKind", "Predictions", "PrefixRef", "ProtocolError",
     "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
-    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "decode", "encode",
+    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "decode", "encode",
 ]

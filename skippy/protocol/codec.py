@@ -1,7 +1,7 @@
-"""Encoding and validation of protocol messages: msgpack header frame plus, for a batch, raw float32.
+"""Encoding and validation of protocol messages: msgpack header frame plus, for a batch, its activations.
 
 `decode` validates everything it returns and raises only ProtocolError, so a process can answer a
-bad peer and keep serving.
+bad peer and keep serving. How the activations are packed (f32, f16, q8) is in `activations`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import msgpack
 import numpy as np
 
+from skippy.protocol.activations import pack, unpack
 from skippy.protocol.messages import (
     Batch,
+    CacheCaps,
     Cancel,
     ConfigureSession,
     Credit,
@@ -25,9 +27,11 @@ from skippy.protocol.messages import (
     FinishReason,
     Heartbeat,
     Hello,
+    KeptPrefix,
     Message,
     MessageKind,
     Predictions,
+    PrefixRef,
     ProtocolError,
     Ready,
     ReleaseSessions,
@@ -41,12 +45,16 @@ from skippy.protocol.messages import (
     TokenEvents,
     TokenLogprob,
     Window,
+    WireDtype,
 )
 
 if TYPE_CHECKING:
     import zmq
 
-PROTOCOL_VERSION: int = 2  # 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
+# 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
+# 3: prefix cache (Window.restore/record/evict, Batch/Predictions.missed, Ready.cache, ReleaseSessions.keep/evict):
+#    a peer that ignored a restore would compute on an empty KV, so older peers are refused
+PROTOCOL_VERSION: int = 3
 MAX_HEADER_BYTES = 1 << 20
 MAX_WINDOWS = 1024
 MAX_ROWS = 16384
@@ -118,18 +126,22 @@ def _opt(spec: Spec) -> Spec:
 
 
 class _Struct:
-    """A map decoded field by field into ``cls``, then checked as a whole."""
+    """A map decoded field by field into ``cls``, then checked as a whole.
 
-    def __init__(self, cls: type, check: Callable[[Any, str], None] | None = None, **specs: Spec) -> None:
-        self.cls, self.check, self.specs = cls, check, specs
+    Fields named in ``optional`` were added later: a peer that does not send one gets ``cls``'s default.
+    """
+
+    def __init__(self, cls: type, check: Callable[[Any, str], None] | None = None, *, optional: tuple[str, ...] = (),
+                 **specs: Spec) -> None:
+        self.cls, self.check, self.specs, self.optional = cls, check, specs, frozenset(optional)
 
     def __call__(self, value: Any, path: str) -> Any:
         if type(value) is not dict:
             raise _fail(path, "map", value)
-        missing = [name for name in self.specs if name not in value]
+        missing = [name for name in self.specs if name not in value and name not in self.optional]
         if missing:
             raise ProtocolError(ErrorCode.MALFORMED, f"{path}: missing field(s) {', '.join(missing)}")
-        obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items()})
+        obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items() if name in value})
         if self.check is not None:
             self.check(obj, path)
         return obj
@@ -148,6 +160,11 @@ def _check_window(w: Window, path: str) -> None:
         raise ProtocolError(ErrorCode.MALFORMED, f"{path}.draft: a verify window of {w.n_tokens} rows carries"
                             f" n_tokens - 1 draft tokens and wants every row's output, got {len(w.draft)} draft"
                             f" tokens and outputs {list(out)}")
+    if w.restore is not None and w.restore.n_tokens != w.pos_start:
+        raise _fail(f"{path}.restore.n_tokens", f"the window's pos_start {w.pos_start}", w.restore.n_tokens)
+    end = w.pos_start + w.n_tokens
+    if any(r.n_tokens > end for r in w.record):
+        raise _fail(f"{path}.record", f"entries of at most the window's end {end} tokens", [r.n_tokens for r in w.record])
 
 
 def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
@@ -178,8 +195,13 @@ _IDENTITY = _Struct(StageIdentity, _check_identity, stage_id=_str, stage_index=_
 _TIMING = _Struct(StageTiming, stage_id=_str, recv_at=_float, compute_ms=_float, credit_wait_ms=_float,
                   sent_at=_float)
 _TIMINGS = _seq(_TIMING, _MAX_TIMINGS)
+_PREFIX = _Struct(PrefixRef, key=_int(), n_tokens=_int(1, _I31))
+_KEYS = _seq(_int(), MAX_SESSIONS_PER_MESSAGE)
 _WINDOW = _Struct(Window, _check_window, session_id=_SESSION, pos_start=_int(0, _I31), n_tokens=_int(1),
-                  outputs=_seq(_int(), MAX_ROWS), draft=_TOKENS, head=_opt(_int(0, _I31)))
+                  outputs=_seq(_int(), MAX_ROWS), draft=_TOKENS, head=_opt(_int(0, _I31)), restore=_opt(_PREFIX),
+                  record=_seq(_PREFIX, 64), evict=_KEYS)
+_CAPS = _Struct(CacheCaps, cells=_int(), entries=_int(), cell_bytes=_int())
+_KEPT = _Struct(KeptPrefix, session_id=_SESSION, ref=_PREFIX)
 _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
               and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
@@ -192,17 +214,20 @@ _RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logpro
 
 _SCHEMAS: dict[MessageKind, _Struct] = {
     MessageKind.HELLO: _Struct(Hello, sender=_IDENTITY, reply_endpoint=_str),
-    MessageKind.READY: _Struct(Ready, sender=_IDENTITY),
-    MessageKind.BATCH: _Struct(Batch, _check_batch, batch_id=_int(), windows=_seq(_WINDOW, MAX_WINDOWS), timings=_TIMINGS),
+    MessageKind.READY: _Struct(Ready, sender=_IDENTITY, cache=_opt(_CAPS)),
+    MessageKind.BATCH: _Struct(Batch, _check_batch, batch_id=_int(), windows=_seq(_WINDOW, MAX_WINDOWS), timings=_TIMINGS,
+                               wire_dtype=_enum(WireDtype), missed=_SESSIONS, optional=("wire_dtype",)),
     MessageKind.CONFIGURE: _Struct(ConfigureSession, session_id=_SESSION, sampling=_str_keyed_map),
-    MessageKind.RELEASE: _Struct(ReleaseSessions, session_ids=_SESSIONS),
+    MessageKind.RELEASE: _Struct(ReleaseSessions, session_ids=_SESSIONS, keep=_seq(_KEPT, MAX_SESSIONS_PER_MESSAGE),
+                                 evict=_KEYS),
     MessageKind.CREDIT: _Struct(Credit, batch_id=_int(), stage_id=_str),
     MessageKind.PREDICTIONS: _Struct(Predictions, _check_predictions, batch_id=_int(),
-                           results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS),
+                           results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS, missed=_SESSIONS),
     MessageKind.ERROR: _Struct(ErrorReport, code=_enum(ErrorCode), message=_str, stage_id=_str, batch_id=_opt(_int()),
                                session_ids=_SESSIONS),
-    MessageKind.HEARTBEAT: _Struct(Heartbeat, stage_id=_str),
-    MessageKind.WIRE: _Struct(SetWire, delay_ms=_float, mbps=_opt(_float)),
+    MessageKind.HEARTBEAT: _Struct(Heartbeat, stage_id=_str, incarnation=_str, optional=("incarnation",)),
+    MessageKind.WIRE: _Struct(SetWire, delay_ms=_float, mbps=_opt(_float), activation_dtype=_opt(_enum(WireDtype)),
+                              optional=("activation_dtype",)),
     MessageKind.SUBMIT: _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
                       stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
     MessageKind.CANCEL: _Struct(Cancel, request_id=_str),
@@ -232,7 +257,8 @@ def _numpy_scalar(value: Any) -> Any:
 
 
 def encode(msg: Message) -> list[bytes | memoryview]:
-    """Frames for ``msg``; a batch's activations go as a zero-copy view of a '<f4' C array.
+    """Frames for ``msg``; a batch's activations go packed as its ``wire_dtype`` says (f32: a zero-copy
+    view of a '<f4' C array).
 
     Raises TypeError for a non-message and ValueError for a message no peer would accept
     (hidden of the wrong shape, header over MAX_HEADER_BYTES).
@@ -248,7 +274,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         hidden = np.ascontiguousarray(msg.hidden, dtype=_F32)  # no copy when already '<f4' C order
         if hidden.ndim != 2 or hidden.shape[0] != msg.n_rows or hidden.shape[1] < 1:
             raise ValueError(f"batch {msg.batch_id}: hidden has shape {hidden.shape}, expected ({msg.n_rows}, n_embd)")
-        frames.append(memoryview(hidden).cast("B"))  # type: ignore[arg-type]  # ndarray is a buffer
+        frames.append(pack(hidden, msg.wire_dtype))
     return frames
 
 
@@ -273,25 +299,20 @@ def _unpack_header(frame: Any) -> dict[Any, Any]:
 
 
 def _attach_hidden(batch: Batch, frame: Any, n_embd: int | None) -> Batch:
-    n_rows, view = batch.n_rows, None if frame is None else _view(frame, 1)
-    got = "no activation frame" if view is None else f"an activation frame of {view.nbytes} bytes"
-    if n_embd is not None and (view is None or view.nbytes != n_rows * n_embd * 4):
-        raise ProtocolError(ErrorCode.N_EMBD, f"batch: expected {n_rows} rows x n_embd {n_embd} float32, got {got}")
-    if view is None:
+    if frame is None:
+        if n_embd is not None:
+            raise ProtocolError(ErrorCode.N_EMBD, f"batch: expected {batch.n_rows} rows x n_embd {n_embd}"
+                                                  f" {batch.wire_dtype}, got no activation frame")
         return batch
-    if view.nbytes == 0 or view.nbytes % (n_rows * 4):
-        raise ProtocolError(ErrorCode.MALFORMED, f"batch: expected {n_rows} rows x n_embd float32, got {got}")
-    hidden = np.frombuffer(view, dtype=_F32).reshape(n_rows, view.nbytes // (n_rows * 4))
-    hidden.flags.writeable = False
-    return replace(batch, hidden=hidden)
+    return replace(batch, hidden=unpack(_view(frame, 1), batch.n_rows, n_embd, batch.wire_dtype))
 
 
 def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | None = None) -> Message:
     """The message in ``frames``, fully validated; raises only ProtocolError.
 
-    With ``n_embd`` (a stage that expects activations) a batch must carry exactly
-    ``n_rows * n_embd`` floats; without it (stage 0) the width is taken from the frame.
-    The decoded ``hidden`` is a read-only view onto frame 1, not a copy.
+    With ``n_embd`` (a stage that expects activations) a batch must carry exactly ``n_rows`` rows
+    of ``n_embd`` in its ``wire_dtype``; without it (stage 0) the width is taken from the frame.
+    The decoded ``hidden`` is read-only float32: for f32 a view onto frame 1, not a copy.
     """
     if not isinstance(frames, Sequence) or not 1 <= len(frames) <= 2:
         raise _fail("message", "1 or 2 frames", len(frames) if isinstance(frames, Sequence) else frames)

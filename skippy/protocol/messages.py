@@ -66,6 +66,14 @@ class MessageKind(enum.StrEnum):
     STATUS = "status"
 
 
+class WireDtype(enum.StrEnum):
+    """How a batch's activations travel (``Batch.wire_dtype``); see `skippy.protocol.activations`."""
+
+    F32 = "f32"  # float32, bitwise exact
+    F16 = "f16"  # float16, saturating at +-65504
+    Q8 = "q8"  # per-row absmax int8 plus a float32 scale per row
+
+
 class ProtocolError(Exception):
     """An invalid message; ``code`` is one of the first five ErrorCodes."""
 
@@ -90,6 +98,23 @@ class StageIdentity:
 
 
 @dataclass(frozen=True)
+class CacheCaps:
+    """What the prefix caches of a stage and every stage after it can hold, together: the fewest
+    KV cells and entries any of them keeps, and the KV bytes of one cell summed over them."""
+    cells: int
+    entries: int
+    cell_bytes: int
+
+
+@dataclass(frozen=True)
+class PrefixRef:
+    """A prefix cache entry named by stage 0: the first ``n_tokens`` positions of a prompt (``key``
+    is a hash of the model, topology and those tokens)."""
+    key: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
 class Hello:
     """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
     sender: StageIdentity
@@ -98,8 +123,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class Ready:
-    """Downstream -> upstream: the Hello is accepted."""
+    """Downstream -> upstream: the Hello is accepted; ``cache`` is None when a stage from here on
+    keeps no prefix cache (then stage 0 uses none)."""
     sender: StageIdentity
+    cache: CacheCaps | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +139,12 @@ class Window:
     of its session) also carries ``head``, its first row's input: a guess of the previous window's
     last sample. The final stage verifies it only if that guess came true at ``pos_start``;
     otherwise the window is stale and comes back with no tokens.
+
+    Prefix cache operations (stage 0 decides, every stage applies them in this order): ``restore``
+    replaces the session's KV by an entry's ``n_tokens`` positions before the window runs
+    (``pos_start`` equals them); after it runs, the entries ``evict`` names are dropped and the
+    session's first ``n_tokens`` positions are kept as each entry of ``record``. A stage without the
+    restored entry drops the window and reports the session in ``missed``.
     """
     session_id: int
     pos_start: int
@@ -119,6 +152,9 @@ class Window:
     outputs: tuple[int, ...] = ()
     draft: tuple[int, ...] = ()
     head: int | None = None
+    restore: PrefixRef | None = None
+    record: tuple[PrefixRef, ...] = ()
+    evict: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,11 +169,18 @@ class StageTiming:
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0)."""
+    """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0).
+
+    ``wire_dtype`` is how ``hidden`` travels in frame 1 (decoded back to float32 on arrival); a
+    header without it (an older peer) means f32. ``missed``: sessions whose windows a stage on the way
+    dropped because it did not have the prefix cache entry they restore.
+    """
     batch_id: int
     windows: tuple[Window, ...]
     hidden: np.ndarray | None = field(default=None, metadata=_FRAME)
     timings: tuple[StageTiming, ...] = ()
+    wire_dtype: WireDtype = WireDtype.F32
+    missed: tuple[int, ...] = ()
 
     @property
     def n_rows(self) -> int:
@@ -148,7 +191,8 @@ class Batch:
             return NotImplemented
         a, b = self.hidden, other.hidden
         same = a is b or (a is not None and b is not None and np.array_equal(a, b))
-        return same and (self.batch_id, self.windows, self.timings) == (other.batch_id, other.windows, other.timings)
+        return same and ((self.batch_id, self.windows, self.timings, self.wire_dtype, self.missed)
+                     == (other.batch_id, other.windows, other.timings, other.wire_dtype, other.missed))
 
 
 @dataclass(frozen=True)
@@ -159,9 +203,19 @@ class ConfigureSession:
 
 
 @dataclass(frozen=True)
+class KeptPrefix:
+    """A finished session's first ``ref.n_tokens`` positions (its prompt and reply), kept as an entry."""
+    session_id: int
+    ref: PrefixRef
+
+
+@dataclass(frozen=True)
 class ReleaseSessions:
-    """Forget these sessions (KV and sampler state)."""
+    """Forget these sessions (KV and sampler state); first drop the prefix cache entries ``evict``
+    names, then keep each of ``keep`` (a conversation's next turn restores its reply too)."""
     session_ids: tuple[int, ...]
+    keep: tuple[KeptPrefix, ...] = ()
+    evict: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,10 +243,12 @@ class SessionPrediction:
 
 @dataclass(frozen=True)
 class Predictions:
-    """Final stage -> stage 0: the sampled tokens of a batch."""
+    """Final stage -> stage 0: the sampled tokens of a batch; ``missed`` as in Batch (a stage that
+    dropped every window of a batch answers for it itself)."""
     batch_id: int
     results: tuple[SessionPrediction, ...]
     timings: tuple[StageTiming, ...] = ()
+    missed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,15 +263,19 @@ class ErrorReport:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed."""
+    """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed. ``incarnation``
+    names the sending process: another one means the stage restarted (its sessions are gone)."""
     stage_id: str
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)
 class SetWire:
-    """Change the wire condition of a running stage's downstream link (scripts/wire-delay)."""
+    """Change the wire condition of a running stage's downstream link (scripts/wire-delay);
+    ``activation_dtype`` None keeps the link's activation encoding."""
     delay_ms: float
     mbps: float | None = None
+    activation_dtype: WireDtype | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ class LocalChain:
         hidden: np.ndarray | None = None
         for stage in self.stages:
             result = stage.decode(windows, hidden)
+            if result.missed:  # every stage here saw the same operations: an entry cannot be missing
+                raise RuntimeError(f"layers [{stage.layer_start}, {stage.layer_end}): no prefix cache entry to restore"
+                                   f" for sessions {list(result.missed)}")
             hidden = result.hidden
         return result.output_rows
 

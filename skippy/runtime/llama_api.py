@@ -165,6 +165,10 @@ class LlamaContext:
         if not L.llama_memory_seq_rm(self.memory, seq, p0, -1):
             raise RuntimeError(f"llama.cpp refused to trim sequence {seq} to position {p0}")
 
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Give sequence `dst` the cells `src` holds at positions [p0, p1) (shared with the unified KV, not copied)."""
+        L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
     def logits_row(self, index: int, n_vocab: int) -> np.ndarray:
         """A view of the logits of output row `index` (valid until the next decode)."""
         ptr = L.llama_get_logits_ith(self.ptr, index)

@@ -2,6 +2,10 @@
 
 Chain order follows llama.cpp's common sampler: logit bias, penalties, top-k, top-p, min-p,
 temperature, then a seeded draw; temperature <= 0 means greedy (bias and penalties still apply).
+A GBNF `grammar` (structured output, tool calls) constrains every sampled token; it is checked and
+advanced outside the chain (skippy.runtime.grammar) and only with the tokens this chain returns, which
+the final stage returns as committed. Under a grammar a -inf logit bias becomes a very large finite
+penalty, so that the grammar can always be satisfied.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import math
 from dataclasses import dataclass, field
 
 import llama_cpp as L
+import numpy as np
 
 from skippy.runtime.errors import RuntimeUsageError
+from skippy.runtime.grammar import MAX_GRAMMAR_BYTES, GrammarSampler, sample_with_grammar
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
@@ -32,6 +38,7 @@ class SamplingParams:
     seed: int = DEFAULT_SEED
     logit_bias: dict[int, float] = field(default_factory=dict)
     top_logprobs: int | None = None  # None: no logprobs; n: the sampled token's logprob and the top n
+    grammar: str | None = None  # GBNF with a `root` rule that every sampled token must follow
 
     def __post_init__(self) -> None:
         checks = [
@@ -45,6 +52,9 @@ class SamplingParams:
             ("repeat_last_n", self.repeat_last_n >= -1, ">= -1"),
             ("seed", 0 <= self.seed <= 0xFFFFFFFF, "a uint32"),
             ("top_logprobs", self.top_logprobs is None or 0 <= self.top_logprobs <= 20, "in [0, 20]"),
+            ("grammar", self.grammar is None or (isinstance(self.grammar, str)
+                                                 and len(self.grammar.encode()) <= MAX_GRAMMAR_BYTES),
+             f"GBNF text of at most {MAX_GRAMMAR_BYTES} bytes"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -59,9 +69,13 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with nothing that changes logits: the sample is just the first maximal logit."""
-        penalties = self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
-        return self.greedy and not penalties and not self.logit_bias
+        """Greedy with nothing that changes logits or constrains tokens: the sample is the first maximal logit."""
+        return self.greedy and not self.changes_logits and self.grammar is None
+
+    @property
+    def changes_logits(self) -> bool:
+        """Bias or penalties: the chain's logits differ from the model's."""
+        return bool(self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     def to_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -79,18 +93,28 @@ class SamplingParams:
         return cls(**values)  # type: ignore[arg-type]
 
 
-class SamplerChain:
-    """An owned llama.cpp sampler chain for one session."""
+GRAMMAR_BAN = -1e30  # a -inf logit bias under a grammar: banned unless the grammar allows nothing else
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+
+class SamplerChain:
+    """An owned llama.cpp sampler chain for one session (and its grammar, if the params carry one)."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab: ctypes.c_void_p | None = None) -> None:
         for token in params.logit_bias:
             if not 0 <= token < n_vocab:
                 raise RuntimeUsageError(f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1})")
         self.params = params
+        self.n_vocab = n_vocab
+        self.grammar: GrammarSampler | None = None
+        if params.grammar is not None:
+            if vocab is None:
+                raise RuntimeUsageError("a grammar needs the model's vocabulary")
+            self.grammar = GrammarSampler(vocab, params.grammar)
         self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if params.logit_bias:
+            floor = GRAMMAR_BAN if self.grammar is not None else -math.inf
             biases = (L.llama_logit_bias * len(params.logit_bias))(
-                *(L.llama_logit_bias(token=t, bias=b) for t, b in params.logit_bias.items())
+                *(L.llama_logit_bias(token=t, bias=max(b, floor)) for t, b in params.logit_bias.items())
             )
             self._add(L.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
         if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
@@ -119,10 +143,21 @@ class SamplerChain:
         L.llama_sampler_chain_add(self.ptr, sampler)
 
     def sample(self, ctx: ctypes.c_void_p, batch_index: int) -> int:
-        """Sample from the logits of batch row `batch_index` and record the token in the chain's history."""
-        return int(L.llama_sampler_sample(self.ptr, ctx, batch_index))
+        """Sample from the logits of batch row `batch_index` and record the token in the chain's history
+        (and advance the grammar by it)."""
+        if self.grammar is None:
+            return int(L.llama_sampler_sample(self.ptr, ctx, batch_index))
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, batch_index), shape=(self.n_vocab,))
+        greedy_first = self.params.greedy and not self.params.changes_logits
+        token = sample_with_grammar(self.ptr, self.grammar, logits, greedy_first)
+        self.grammar.accept(token)
+        L.llama_sampler_accept(self.ptr, token)
+        return token
 
     def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
+            self.grammar = None
         if self.ptr:
             L.llama_sampler_free(self.ptr)
             self.ptr = None

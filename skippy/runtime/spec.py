@@ -40,6 +40,8 @@ class RuntimeSpec:
     op_offload: bool | None = None
     source_sha256: str | None = None  # the full model's expected digest (checked at load)
     source_bytes: int | None = None  # the full model's expected size (checked at load)
+    prefix_entries: int = 0  # prefix cache entries (kv_cache.max_entries); 0 = no prefix cache
+    prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = as many cells as the lanes
 
     @classmethod
     def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:
@@ -68,6 +70,8 @@ class RuntimeSpec:
             op_offload=config.op_offload,
             source_sha256=config.source_model_sha256,
             source_bytes=config.source_model_bytes,
+            prefix_entries=config.kv_cache.max_entries if config.kv_cache and config.kv_cache.should_record else 0,
+            prefix_max_bytes=config.kv_cache.max_bytes if config.kv_cache else 0,
         )
 
 

@@ -6,7 +6,9 @@ the context's eval callback, which then stops the graph before the stop block an
 projection); the final stage keeps logits only for the rows that ask for them and samples with a
 per-session sampler chain. Each session is one llama.cpp sequence ("lane"); one decode call may
 carry windows from many sessions. Positions are authoritative: a session whose KV runs past a
-window's `pos_start` is trimmed first. Not thread-safe: one worker thread owns a runtime.
+window's `pos_start` is trimmed first. With `prefix_entries` the stage keeps a prefix cache
+(`prefix_cache`): windows may restore, record and evict its entries. Not thread-safe: one worker
+thread owns a runtime.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from skippy.protocol import TokenLogprob
+from skippy.protocol import PrefixRef, TokenLogprob
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.llama_api import (
     BatchBuffers,
@@ -28,6 +30,7 @@ from skippy.runtime.llama_api import (
     tensor_name,
 )
 from skippy.runtime.llama_model import LlamaModel
+from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.sampling import SamplerChain, SamplingParams
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
@@ -42,12 +45,16 @@ class SessionWindow:
     n_tokens: int
     outputs: tuple[int, ...] = ()  # offsets in [0, n_tokens) whose logits the final stage keeps
     tokens: np.ndarray | None = None  # int32[n_tokens]; first stage only
+    restore: PrefixRef | None = None  # prefix cache operations, as in skippy.protocol.Window
+    record: tuple[PrefixRef, ...] = ()
+    evict: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class DecodeResult:
     hidden: np.ndarray | None  # float32[n_rows, n_embd] from a non-final stage
     output_rows: list[list[int]]  # per window, the batch rows whose logits were kept (final stage)
+    missed: tuple[int, ...] = ()  # sessions whose windows were dropped: a restored entry was missing
 
 
 MAX_DRAFT_TOKENS = 16  # longest speculative draft a verify window may carry (sizes the final stage's logits)
@@ -64,17 +71,19 @@ class StageRuntime:
         self.model = LlamaModel(artifact.load_path, load=spec.load)
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
-        n_ctx = spec.ctx_size * spec.lane_count
-        n_batch = spec.n_batch or min(2048, n_ctx)
+        lanes_kv = spec.ctx_size * spec.lane_count
+        n_ctx = lanes_kv * 2 if spec.prefix_entries else lanes_kv  # cache entries get as many cells as the lanes
+        n_seq_max = spec.lane_count + spec.prefix_entries
+        n_batch = spec.n_batch or min(2048, lanes_kv)
         # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
         # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
         # llama.cpp also reserves at least one output row per sequence. A verify window of
         # MAX_DRAFT_TOKENS drafts wants logits on all its rows, for every lane at once.
         wanted = spec.n_outputs_max or (MAX_DRAFT_TOKENS + 1) * spec.lane_count if self.is_final else 1
-        n_outputs_max = max(min(wanted, n_batch), spec.lane_count)
+        n_outputs_max = max(min(wanted, n_batch), n_seq_max)
         self.params = ContextParams(
             n_ctx=n_ctx,
-            n_seq_max=spec.lane_count,
+            n_seq_max=n_seq_max,
             n_batch=n_batch,
             n_ubatch=spec.n_ubatch or min(512, n_batch),
             n_threads=spec.n_threads or default_threads(),
@@ -95,6 +104,11 @@ class StageRuntime:
         self._lanes: dict[int, int] = {}
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
         self._samplers: dict[int, SamplerChain] = {}
+        self.prefix: PrefixCache | None = None
+        if spec.prefix_entries:
+            cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
+            cells = min(lanes_kv, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else lanes_kv
+            self.prefix = PrefixCache(self.ctx, self._lanes, spec.lane_count, spec.prefix_entries, cells, cell_bytes)
 
     # -- eval callback (called by llama.cpp for every graph node; must never raise) ----------------
     def _on_eval(self, tensor: int, ask: bool, _user: ctypes.c_void_p) -> bool:
@@ -131,7 +145,7 @@ class StageRuntime:
 
     def configure_session(self, session_id: int, params: SamplingParams) -> None:
         """Set the sampler for a session (final stage); replaces any earlier one."""
-        chain = SamplerChain(params, self.n_vocab)
+        chain = SamplerChain(params, self.n_vocab, self.model.vocab)
         old = self._samplers.pop(session_id, None)
         if old is not None:
             old.close()
@@ -149,6 +163,8 @@ class StageRuntime:
         if lane is not None:
             self.ctx.seq_rm(lane, 0)
             self._free_lanes.append(lane)
+        if self.prefix is not None:
+            self.prefix.release(session_id)
         chain = self._samplers.pop(session_id, None)
         if chain is not None:
             chain.close()
@@ -196,7 +212,18 @@ class StageRuntime:
         return n_rows
 
     def decode(self, windows: list[SessionWindow], hidden: np.ndarray | None = None) -> DecodeResult:
-        """Run this stage's layers over the windows (rows in window order)."""
+        """Run this stage's layers over the windows (rows in window order), restoring, evicting and
+        recording prefix cache entries as the windows say (a window whose restore misses is dropped)."""
+        if self.prefix is None:
+            return self._decode(windows, hidden)
+        missed = self.prefix.restore(windows, self._lane_for)
+        kept, hidden = keep_rows(windows, hidden, missed) if missed else (windows, hidden)
+        empty = DecodeResult(None if self.is_final else np.empty((0, self.n_embd), np.float32), [])
+        result = self._decode(kept, hidden) if kept else empty
+        self.prefix.finish(windows, missed)
+        return with_missed(result, windows, missed) if missed else result
+
+    def _decode(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> DecodeResult:
         n_rows = self._check_windows(windows, hidden)
         buf = self._buffers
         lanes = np.empty(n_rows, np.int32)
@@ -238,7 +265,7 @@ class StageRuntime:
         chain = self._samplers.get(session_id)
         if chain is None:
             chain = self._samplers[session_id] = SamplerChain(SamplingParams(), self.n_vocab)
-        if chain.params.plain_greedy:
+        if chain.params.plain_greedy:  # never under a grammar: its state must advance with every sample
             # same token as llama.cpp's greedy sampler (first maximum) without building a
             # 262k-entry candidate array per sample (~1 ms each on Gemma)
             return int(np.argmax(self.ctx.logits_row(batch_row, self.n_vocab)))

@@ -1,17 +1,30 @@
-"""Startup handshake between neighbouring stages (Hello -> Ready), and where a stage finds stage 0."""
+"""Handshake between neighbouring stages (Hello -> Ready), and where a stage finds stage 0.
+
+A stage greets its downstream at startup (`open_downstream`) and again whenever its own upstream
+greets it (`greet_again`): a Hello starts the chain below afresh, so stage 0 greeting stage 1 after a
+stage came back reaches every stage, and the Ready it gets back vouches for the whole chain. Each side
+checks the other: the downstream checks its upstream (`check_upstream`: layer contiguity, model
+digest, n_embd); the upstream checks the Ready's sender against the topology (`check_downstream`),
+so a restarted stage serving another model or layer range is refused. `PROCESS_INCARNATION` names
+this process in its heartbeats, so stage 0 tells a restarted stage from one that was only slow.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import time
 from collections.abc import Callable
 
 import zmq.asyncio
 
-from skippy.config import ConfigError, ServingOptions
+from skippy.config import ConfigError, ServingOptions, StageTopology
 from skippy.protocol import ErrorCode, ErrorReport, Hello, Message, ProtocolError, Ready, StageIdentity
 from skippy.stage.links import DownstreamLink
 from skippy.transport import PullQueue
+
+PROCESS_INCARNATION = f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
 class HandshakeError(RuntimeError):
@@ -35,8 +48,22 @@ def check_upstream(upstream: StageIdentity, me: StageIdentity) -> str | None:
     return None
 
 
-async def await_ready(inbound: PullQueue, options: ServingOptions, early: list[Message]) -> Ready:
-    """Wait for the downstream's Ready; anything else that arrives meanwhile is kept in `early`."""
+def check_downstream(downstream: StageIdentity, me: StageIdentity, topology: StageTopology | None) -> str | None:
+    """Why `downstream` (as its Ready names it) cannot follow this stage, or None when it can."""
+    if topology is not None and me.stage_index + 1 < len(topology.stages):
+        want = topology.stages[me.stage_index + 1]
+        if (downstream.stage_id, downstream.layer_start, downstream.layer_end) != (
+                want.stage_id, want.layer_start, want.layer_end):
+            return (f"downstream answered as {downstream.stage_id} with layers [{downstream.layer_start}, "
+                    f"{downstream.layer_end}) but the topology has {want.stage_id} with [{want.layer_start}, "
+                    f"{want.layer_end})")
+    return check_upstream(me, downstream)
+
+
+async def await_ready(inbound: PullQueue, options: ServingOptions, early: list[Message],
+                      me: StageIdentity | None = None) -> Ready:
+    """Wait for the downstream's Ready (checked against `me` and the topology when `me` is given);
+    anything else that arrives meanwhile is kept in `early`."""
     downstream = options.config.downstream
     assert downstream is not None
     timeout = options.downstream_connect_timeout_secs
@@ -53,6 +80,9 @@ async def await_ready(inbound: PullQueue, options: ServingOptions, early: list[M
         except TimeoutError:
             continue
         if isinstance(msg, Ready):
+            problem = check_downstream(msg.sender, me, options.topology) if me is not None else None
+            if problem is not None:
+                raise HandshakeError(f"downstream {downstream.stage_id} at {downstream.endpoint} refused: {problem}")
             return msg
         if isinstance(msg, ErrorReport) and msg.code is ErrorCode.HANDSHAKE:
             raise HandshakeError(f"downstream {downstream.stage_id} at {downstream.endpoint} refused: {msg.message}")
@@ -84,8 +114,8 @@ async def open_downstream(ctx: zmq.asyncio.Context, options: ServingOptions, me:
                           on_failure: Callable[[str], None]) -> tuple[DownstreamLink, list[Message]]:
     """Connect to the configured downstream, greet it and wait for its Ready.
 
-    Returns the link (credits sized by --max-inflight, the wire condition applied) and whatever
-    else arrived on `inbound` meanwhile, for the caller to dispatch.
+    Returns the link (credits sized by --max-inflight, the wire condition applied, `ready` the peer's
+    Ready) and whatever else arrived on `inbound` meanwhile, for the caller to dispatch.
     """
     downstream = options.config.downstream
     assert downstream is not None
@@ -94,8 +124,21 @@ async def open_downstream(ctx: zmq.asyncio.Context, options: ServingOptions, me:
     early: list[Message] = []
     try:
         await link.send(Hello(me, connectable(inbound.endpoint)))
-        await await_ready(inbound, options, early)
+        link.ready = await await_ready(inbound, options, early, me)
     except BaseException:
         link.close()
         raise
     return link, early
+
+
+async def greet_again(link: DownstreamLink, me: StageIdentity, inbound: PullQueue, options: ServingOptions,
+                      early: list[Message]) -> str | None:
+    """Greet the downstream anew (credits reset, Hello) and wait for its Ready (`link.ready`); None when
+    it answered, else why not (refused, or no answer within --downstream-connect-timeout-secs)."""
+    await link.credits.reset()
+    link.enqueue(Hello(me, connectable(inbound.endpoint)))  # not awaited: a PUSH toward a dead peer may block
+    try:
+        link.ready = await await_ready(inbound, options, early, me)
+    except HandshakeError as exc:
+        return str(exc)
+    return None

@@ -3,7 +3,8 @@
 `DownstreamLink` owns the PUSH to the next stage and its `ReplyCredits`. Every message goes out in
 FIFO order through one task; a message waits until `enqueued_at + delay` (so frames in flight
 overlap like a pipe) and then `bytes / (mbps x 125000)` seconds (serialisation). `forward()` is
-the one way a batch leaves a stage: take a credit, stamp this stage's timing, enqueue. A send that
+the one way a batch leaves a stage: take a credit, stamp this stage's timing, pack the activations
+as the link's `activation_dtype` (--activation-wire-dtype), enqueue. A send that
 fails is reported once through `on_failure` (the process's supervisor stops the process with that
 cause); later sends raise `LinkFailed` instead of queueing toward a socket that is gone.
 """
@@ -11,6 +12,7 @@ cause); later sends raise `LinkFailed` instead of queueing toward a socket that 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -21,7 +23,7 @@ import zmq.asyncio
 
 from skippy.config import ConfigError, WireCondition
 from skippy.faults import fault_point
-from skippy.protocol import Batch, Credit, Message, SetWire, StageTiming, Window, encode
+from skippy.protocol import Batch, Credit, Message, Ready, SetWire, StageTiming, Window, encode
 from skippy.stage.credits import ReplyCredits
 from skippy.transport import PushQueue
 
@@ -45,6 +47,7 @@ class DownstreamLink:
         self._failure: str | None = None
         self._last: asyncio.Future[float] | None = None
         self.bytes_sent = 0
+        self.ready: Ready | None = None  # the peer's answer to our Hello (its prefix cache bounds)
 
     def enqueue(self, msg: Message) -> asyncio.Future[float]:
         """Queue a message; the future resolves to the send time in ms once it is on the socket."""
@@ -60,11 +63,13 @@ class DownstreamLink:
 
     async def forward(self, batch_id: int, windows: tuple[Window, ...], hidden: np.ndarray | None,
                       timings: tuple[StageTiming, ...], stage_id: str, recv_at: float,
-                      compute_ms: float) -> tuple[asyncio.Future[float], float]:
-        """Send a computed batch on (waiting for a credit first); returns (send future, credit wait ms)."""
+                      compute_ms: float, *, missed: tuple[int, ...] = ()) -> tuple[asyncio.Future[float], float]:
+        """Send a computed batch on (waiting for a credit first); returns (send future, credit wait ms).
+        `missed`: sessions whose windows were dropped on the way (Batch.missed)."""
         wait_ms = await self.credits.acquire()
         timing = StageTiming(stage_id, recv_at, compute_ms, wait_ms, time.time())
-        return self.enqueue(Batch(batch_id, windows, hidden, (*timings, timing))), wait_ms
+        batch = Batch(batch_id, windows, hidden, (*timings, timing), self.wire.activation_dtype, missed)
+        return self.enqueue(batch), wait_ms
 
     async def _pump(self) -> None:
         while True:
@@ -123,11 +128,13 @@ def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
         log.warning("wire_ignored", error="this stage has no downstream link")
         return
     try:
-        link.wire = WireCondition(delay_ms=msg.delay_ms, mbps=msg.mbps)
+        dtype = msg.activation_dtype or link.wire.activation_dtype
+        link.wire = dataclasses.replace(link.wire, delay_ms=msg.delay_ms, mbps=msg.mbps, activation_dtype=dtype)
     except (ConfigError, ValueError) as exc:
         log.warning("wire_refused", error=str(exc))
         return
-    log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps)
+    log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps,
+             activation_dtype=str(link.wire.activation_dtype))
 
 
 def stop_on_signals(stopped: asyncio.Event) -> None:

@@ -44,13 +44,15 @@ from skippy.protocol import (
     decode,
 )
 from skippy.runtime.errors import RuntimeUsageError
+from skippy.runtime.prefix_cache import chain_caps
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
-from skippy.stage.handshake import check_upstream, open_downstream, stage0_endpoint
+from skippy.stage.handshake import PROCESS_INCARNATION, check_upstream, greet_again, open_downstream, stage0_endpoint
 from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
 from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
+from skippy.telemetry.stage import StageTelemetry
 from skippy.transport import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -77,6 +79,7 @@ class StageServer:
         self.downstream: DownstreamLink | None = None
         self.upstream: PushQueue | None = None
         self.stage0: PushQueue | None = None
+        self.telemetry = StageTelemetry(self)  # metrics and spans (skippy.telemetry.stage)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:
@@ -88,8 +91,9 @@ class StageServer:
             ignore_signals()
             await self._shutdown()
         credits = self.downstream.credits.stats if self.downstream is not None else None
+        prefix = self.runtime.prefix
         self.log.info("stopped", exit_code=self.supervisor.exit_code, **self.counters,
-                      credits=vars(credits) if credits else None)
+                      credits=vars(credits) if credits else None, prefix_cache=prefix.summary() if prefix else None)
         return self.supervisor.exit_code
 
     async def _start(self) -> None:
@@ -138,7 +142,7 @@ class StageServer:
     async def _heartbeats(self) -> None:
         assert self.stage0 is not None
         while True:
-            await self.stage0.send(Heartbeat(self.identity.stage_id))
+            await self.stage0.send(Heartbeat(self.identity.stage_id, PROCESS_INCARNATION))
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     # -- inbound -----------------------------------------------------------------------------
@@ -169,6 +173,9 @@ class StageServer:
     async def _on_hello(self, hello: Hello) -> None:
         reply = PushQueue(self.ctx, hello.reply_endpoint)
         problem = check_upstream(hello.sender, self.identity)
+        early: list[Message] = []
+        if not problem and self.downstream is not None and self.inbound is not None:  # the chain below starts afresh
+            problem = await greet_again(self.downstream, self.identity, self.inbound, self.options, early)
         if problem:
             self.log.error("handshake_refused", upstream=hello.sender.stage_id, error=problem)
             await reply.send(ErrorReport(ErrorCode.HANDSHAKE, problem, self.identity.stage_id))
@@ -178,9 +185,16 @@ class StageServer:
             self.upstream.close(linger_ms=1000)
         self.upstream = reply
         released = await self.worker.call(self.worker.release, self.runtime.active_sessions)
+        prefix = self.runtime.prefix
+        dropped = await self.worker.call(prefix.clear) if prefix is not None else 0  # a new upstream's index is empty
         self.log.info("upstream_accepted", upstream=hello.sender.stage_id, reply_endpoint=hello.reply_endpoint,
-                      released_sessions=released)
-        await reply.send(Ready(self.identity))
+                      released_sessions=released, dropped_prefix_entries=dropped)
+        ready = self.downstream.ready if self.downstream is not None else None
+        caps = chain_caps(prefix.caps if prefix is not None else None, ready.cache if ready is not None else None,
+                          self.downstream is not None)
+        await reply.send(Ready(self.identity, caps))
+        for msg in early:
+            await self._dispatch(msg)
 
     async def _reply_upstream(self, msg: Message) -> None:
         if self.upstream is not None:
@@ -199,7 +213,8 @@ class StageServer:
                         params = SamplingParams.from_dict(msg.sampling)
                         await self.worker.call(self.runtime.configure_session, msg.session_id, params)
                 elif isinstance(msg, ReleaseSessions):
-                    await self.worker.call(self.worker.release, msg.session_ids)
+                    await self.worker.call(self.worker.release, msg.session_ids, msg.keep, msg.evict)
+                    self.telemetry.released(msg.session_ids)
                 if self.downstream is not None:
                     self.downstream.enqueue(msg)
             except RuntimeUsageError as exc:
@@ -216,7 +231,8 @@ class StageServer:
         recv_at = time.time()
         sessions = tuple(w.session_id for w in batch.windows)
         fault_point("stage.batch")
-        windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs) for w in batch.windows]
+        windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs, None, w.restore, w.record, w.evict)
+                   for w in batch.windows]
         try:
             verify = [VerifySpec(w.draft, w.head) for w in batch.windows]
             computed = await self.worker.compute(windows, batch.hidden, verify)
@@ -225,17 +241,23 @@ class StageServer:
             await self._credit_deferred(batch.batch_id)
             return
         wait_ms = send_ms = 0.0
-        if self.downstream is None:
+        missed = (*batch.missed, *computed.missed)
+        kept = tuple(w for w in batch.windows if w.session_id not in computed.missed)
+        if computed.missed:
+            self.log.info("prefix_miss", batch_id=batch.batch_id, session_ids=list(computed.missed))
+        if self.downstream is None or not kept:  # the end of this batch's way: answer stage 0
             assert self.stage0 is not None
             timing = StageTiming(self.identity.stage_id, recv_at, computed.compute_ms, 0.0, time.time())
-            await self.stage0.send(Predictions(batch.batch_id, computed.predictions, (*batch.timings, timing)))
+            await self.stage0.send(Predictions(batch.batch_id, computed.predictions, (*batch.timings, timing), missed))
         else:
-            sent, wait_ms = await self.downstream.forward(batch.batch_id, batch.windows, computed.hidden, batch.timings,
-                                                          self.identity.stage_id, recv_at, computed.compute_ms)
+            sent, wait_ms = await self.downstream.forward(batch.batch_id, kept, computed.hidden, batch.timings,
+                                                          self.identity.stage_id, recv_at, computed.compute_ms,
+                                                          missed=missed)
             if not self.options.async_prefill_forward:
                 send_ms = await sent
         await self._credit_deferred(batch.batch_id)
         self._count(batch)
+        self.telemetry.batch(batch, computed, recv_at, wait_ms, send_ms)
         credits = self.downstream.credits.stats if self.downstream is not None else None
         self.log.debug(
             "batch", batch_id=batch.batch_id, rows=batch.n_rows, sessions=len(sessions),

@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 
 import numpy as np
 
-from skippy.protocol import SessionPrediction
+from skippy.protocol import KeptPrefix, SessionPrediction
 from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
 from skippy.stage.predict import Frontier, VerifySpec, predict
 
@@ -33,6 +33,7 @@ class Computed:
     predictions: tuple[SessionPrediction, ...]
     started_at: float  # wall clock (time.time()) when compute began
     compute_ms: float
+    missed: tuple[int, ...] = ()  # sessions whose windows were dropped (a prefix cache entry was missing)
 
 
 class RuntimeWorker:
@@ -49,18 +50,21 @@ class RuntimeWorker:
                       verify: Sequence[VerifySpec] = ()) -> Computed:
         """Run the layers; at the final stage sample every window (verify windows as `verify` says)."""
         started_at, start = time.time(), time.perf_counter()
-        out, predictions = await self.call(self._compute, windows, hidden, verify)
-        return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3)
+        out, predictions, missed = await self.call(self._compute, windows, hidden, verify)
+        return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3, missed)
 
-    def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None,
-                 verify: Sequence[VerifySpec]) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...]]:
+    def _compute(self, windows: list[SessionWindow], hidden: np.ndarray | None, verify: Sequence[VerifySpec]
+                 ) -> tuple[np.ndarray | None, tuple[SessionPrediction, ...], tuple[int, ...]]:
         result = self.runtime.decode(windows, hidden)
         if not self.runtime.is_final:
-            return result.hidden, ()
-        return None, predict(self.runtime, windows, result, verify, self.frontier)
+            return result.hidden, (), result.missed
+        return None, predict(self.runtime, windows, result, verify, self.frontier), result.missed
 
-    def release(self, session_ids: Sequence[int]) -> int:
-        """Forget these sessions (runtime thread only); returns how many were held."""
+    def release(self, session_ids: Sequence[int], keep: Sequence[KeptPrefix] = (), evict: Sequence[int] = ()) -> int:
+        """Forget these sessions (runtime thread only), first evicting and keeping prefix cache entries as
+        ReleaseSessions says; returns how many were held."""
+        if self.runtime.prefix is not None:
+            self.runtime.prefix.keep(keep, evict)
         held = set(self.runtime.active_sessions)
         for session in session_ids:
             self.runtime.release_session(session)

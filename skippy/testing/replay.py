@@ -3,7 +3,9 @@
 llama.cpp is not batch-invariant, so a pipeline's tokens are only bitwise comparable with an unsplit
 model that decodes the *same batches*. `replay_op_log` re-runs a driver's `OpLog` (every batch and
 release exactly as the stages applied them, recorded when a test installs one) on a `LocalChain`
-and returns the tokens sampled per session. `greedy_with_margins` runs one prompt alone and also
+and returns the tokens sampled per session. Batches carry their prefix cache operations (restore,
+evict, record), so the chain's own prefix cache (a RuntimeSpec with the same `prefix_entries`) makes
+the same cache decisions on the same batches. `greedy_with_margins` runs one prompt alone and also
 returns each step's top-2 logit margin, so a batched-vs-alone comparison can stop where the margin
 is too thin to be meaningful.
 """
@@ -15,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from skippy.driver.batches import WindowRecord
+from skippy.protocol import KeptPrefix
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import DecodeResult, SessionWindow
@@ -24,8 +28,11 @@ from skippy.stage.predict import Frontier, VerifySpec, predict
 class OpLog(list[tuple[str, Any]]):
     """A driver OpRecorder that keeps every op in stage order: `driver.recorder = OpLog()` (tests only)."""
 
-    def batch(self, windows: list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None]]) -> None:
+    def batch(self, windows: list[WindowRecord]) -> None:
         self.append(("batch", windows))
+
+    def keep(self, kept: tuple[KeptPrefix, ...], evict: tuple[int, ...]) -> None:
+        self.append(("keep", (kept, evict)))
 
     def release(self, session_ids: tuple[int, ...]) -> None:
         self.append(("release", session_ids))
@@ -34,12 +41,14 @@ class OpLog(list[tuple[str, Any]]):
 def replay_op_log(
     chain: LocalChain, op_log: Iterable[tuple[str, Any]], sampling: Mapping[int, SamplingParams] | None = None
 ) -> dict[int, list[int]]:
-    """Apply ("batch", windows) / ("release", ids) ops to `chain`; returns the tokens sampled per session.
+    """Apply ("batch", windows) / ("keep", (kept, evict)) / ("release", ids) ops to `chain`; returns the tokens
+    sampled per session. A "keep" (prefix cache entries kept from sessions about to be released) goes to
+    every stage's prefix cache.
 
-    A batch window is `(session_id, pos_start, tokens, outputs, draft, head)`; output rows are sampled
-    with the session's sampler (greedy unless `sampling` names one), in batch order, by the final
-    stage's own `predict`: a verify window stops at the first sample that differs from its draft, a
-    stale chained window samples nothing.
+    A batch window is `(session_id, pos_start, tokens, outputs, draft, head, (restore, record, evict))`;
+    output rows are sampled with the session's sampler (greedy unless `sampling` names one), in batch
+    order, by the final stage's own `predict`: a verify window stops at the first sample that differs
+    from its draft, a stale chained window samples nothing.
     Sessions still open at the end are released, so the chain can be reused.
     """
     produced: dict[int, list[int]] = {}
@@ -49,10 +58,10 @@ def replay_op_log(
     for kind, payload in op_log:
         if kind == "batch":
             windows = [
-                SessionWindow(int(sid), int(pos), len(tokens), tuple(outputs), np.asarray(tokens, np.int32))
-                for sid, pos, tokens, outputs, _, _ in payload
+                SessionWindow(int(sid), int(pos), len(tokens), tuple(outputs), np.asarray(tokens, np.int32), *cache)
+                for sid, pos, tokens, outputs, _, _, cache in payload
             ]
-            verify = [VerifySpec(tuple(draft), head) for *_, draft, head in payload]
+            verify = [VerifySpec(tuple(draft), head) for *_, draft, head, _ in payload]
             for w in windows:
                 if sampling and w.session_id in sampling and w.session_id not in configured:
                     chain.final.configure_session(w.session_id, sampling[w.session_id])
@@ -61,6 +70,10 @@ def replay_op_log(
             result = DecodeResult(None, chain.decode(windows))
             for prediction in predict(chain.final, windows, result, verify, frontier):
                 produced.setdefault(prediction.session_id, []).extend(prediction.tokens)
+        elif kind == "keep":
+            for stage in chain.stages:
+                if stage.prefix is not None:
+                    stage.prefix.keep(*payload)
         elif kind == "release":
             for sid in payload:
                 chain.release(int(sid))

@@ -115,10 +115,6 @@ def test_slice_command_writes_an_artifact_slice_that_loads(tiny_llama: Path, tmp
 
 NATIVE_MTP = "native MTP drafting is not supported"
 UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the one-line refusal
-    "otlp": (["--metrics-otlp-grpc", "http://127.0.0.1:4317"],
-             "--metrics-otlp-grpc is not supported yet (OTLP export: issue 12)"),
-    "telemetry-queue": (["--telemetry-queue-capacity", "64"],
-                        "--telemetry-queue-capacity is not supported yet (telemetry event queue"),
     "plan-native-mtp": (["--openai-speculative-config", "{mtp}"],
                         f"--openai-speculative-config: {{mtp}} sets native_mtp.enabled; {NATIVE_MTP}"),
     "native-mtp-draft": (["--openai-native-mtp-draft-model-path", "mtp.gguf"],

@@ -120,21 +120,19 @@ def test_bad_stage0_flags(serve: Serve, front: list[str], flags: str, expected: 
     assert str(info.value).startswith(expected) and "\n" not in str(info.value)
 
 
-# -- flags whose feature is not built yet -----------------------------------------------
+# -- telemetry flags (issue 12: once refused, now built) ------------------------------------
 
 
-UNSUPPORTED = [
-    (["--metrics-otlp-grpc", "http://127.0.0.1:4317"], "(OTLP export: issue 12)"),
-    (["--telemetry-queue-capacity", "1024"], "(telemetry event queue: issue 12)"),
-]
-
-
-@pytest.mark.parametrize(("flags", "why"), UNSUPPORTED, ids=[f[0] for f, _ in UNSUPPORTED])
-def test_unsupported_flag_resolves_but_is_refused(serve: Serve, flags: list[str], why: str) -> None:
-    options = serve(*flags)  # resolution succeeds: the value is checked and visible
-    assert unsupported_options(options) == [f"{flags[0]} is not supported yet {why}"]
-    with pytest.raises(ConfigError, match=f"^{flags[0]} is not supported yet"):
-        refuse_unsupported(options)
+@pytest.mark.parametrize(("flags", "field", "value"), [
+    (["--metrics-otlp-grpc", "http://127.0.0.1:4317"], "metrics_otlp_grpc", "http://127.0.0.1:4317"),
+    (["--metrics-otlp-grpc", "127.0.0.1:4317"], "metrics_otlp_grpc", "http://127.0.0.1:4317"),  # bare host:port
+    (["--telemetry-queue-capacity", "64"], "telemetry_queue_capacity", 64),
+], ids=["otlp-url", "otlp-host-port", "queue-capacity"])
+def test_telemetry_flags_resolve_and_are_supported(serve: Serve, flags: list[str], field: str, value: object) -> None:
+    options = serve(*flags)
+    assert getattr(options, field) == value
+    assert unsupported_options(options) == []
+    refuse_unsupported(options)
 
 
 def test_defaults_are_supported(serve: Serve) -> None:

@@ -35,7 +35,7 @@ def test_defaults_without_openai(serve: Serve) -> None:
     assert options.wire == WireCondition() and options.wire.is_ideal
     assert options.downstream_connect_timeout_secs == 60.0
     assert options.telemetry_level is TelemetryLevel.SUMMARY
-    assert options.telemetry_queue_capacity is None
+    assert options.telemetry_queue_capacity == 1024
     assert options.metrics_otlp_grpc is None
     assert options.prefill == PrefillChunkOptions()
     assert options.speculative == SpeculativeOptions()
@@ -111,6 +111,8 @@ def test_async_flag_wins_when_both_given(serve: Serve) -> None:
         ),
         (["--bind-addr", "nowhere"], "--bind-addr must be host:port, got 'nowhere'"),
         (["--metrics-otlp-grpc", ""], "--metrics-otlp-grpc must be a non-empty string"),
+        (["--metrics-otlp-grpc", "grpc://x:4317"], "--metrics-otlp-grpc must be http://host:port or https://host:port"),
+        (["--metrics-otlp-grpc", "127.0.0.1"], "--metrics-otlp-grpc must be host:port, got '127.0.0.1'"),
         (["--telemetry-queue-capacity", "0"], "--telemetry-queue-capacity must be > 0, got 0"),
     ],
 )

@@ -45,6 +45,12 @@ def test_kv_cache_defaults() -> None:
     assert KvCacheConfig(mode="record").should_record  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("mode", ["record", "lookup-record"])
+def test_kv_cache_modes_that_keep_prefixes_are_accepted(stage_dict: dict[str, Any], mode: str) -> None:
+    config = StageConfig.from_dict({**stage_dict, "kv_cache": {"mode": mode, "payload": "resident-kv"}})
+    assert config.kv_cache is not None and config.kv_cache.should_record
+
+
 def test_model_path_default_marker_is_stored(stage_dict: dict[str, Any]) -> None:
     assert StageConfig.from_dict({**stage_dict, "model_path": "default"}).model_path == "default"
 
@@ -108,9 +114,12 @@ def test_peer_endpoint_bare_host_port_normalised() -> None:
         ({"swa_full": False}, "swa_full", "false is not supported: positions are authoritative"),
         ({"projector_path": "/m/mmproj.gguf"}, "projector_path", "multimodal projectors are not supported"),
         ({"resident_tensor_names": ["blk.0.attn_q.weight"]}, "resident_tensor_names", "layer-package graph"),
-        ({"cache_idle_slots": True}, "cache_idle_slots", "true is not supported yet"),
-        ({"kv_cache": {"mode": "record"}}, "kv_cache.mode", "'record' is not supported yet"),
-        ({"kv_cache": {"mode": "lookup-record"}}, "kv_cache.mode", "'lookup-record' is not supported yet"),
+        ({"cache_idle_slots": True}, "cache_idle_slots", "true is not supported (a finished session's KV"),
+        ({"kv_cache": {"mode": "record", "payload": "full-state"}}, "kv_cache.payload", "'full-state' is not"),
+        ({"kv_cache": {"mode": "lookup-record", "payload": "kv-recurrent"}}, "kv_cache.payload",
+         "'kv-recurrent' is not supported"),
+        ({"kv_cache": {"mode": "lookup-record", "max_entries": 253}}, "kv_cache.max_entries",
+         "lane_count + max_entries must be <= 256"),
         ({"direct_io": True, "mmap": True}, "direct_io", "cannot be combined with mmap: true"),
         ({"direct_io": True, "mlock": True}, "direct_io", "cannot be combined with mlock: true"),
         ({"split_mode": "graph"}, "split_mode", "must be one of 'auto', 'none', 'layer', 'row', 'tensor'"),

@@ -154,7 +154,7 @@ def test_unknown_route_is_404(server: SkippyServer) -> None:
 def test_get_on_post_route_is_405(server: SkippyServer) -> None:
     resp = server.request("GET", "/v1/chat/completions")
     assert_envelope(resp, 405, code="method_not_allowed")
-    assert resp.headers.get("allow") == "POST"
+    assert resp.headers.get("allow") == "OPTIONS, POST"  # every route answers CORS preflights
     assert server.request("POST", "/health", body=b"{}").status == 405
 
 

@@ -1,6 +1,6 @@
-"""A stage dies under `skippy up`: the open stream ends with an error, /readyz and new requests say
-503 naming the stage, and `skippy up` reports the dead child by name, exits non-zero and leaves no
-process behind.
+"""A stage dies under `skippy up --max-stage-restarts 0`: the open stream ends with an error, /readyz and
+new requests say 503 naming the stage, and `skippy up` reports the dead child by name, exits non-zero
+and leaves no process behind. (By default `skippy up` restarts the stage: tests/chaos/test_up_restart.py.)
 
 `skippy up` stops everything within one supervision poll of a child dying, which would take the
 adapter down before /readyz could be asked. So the test freezes the supervisor (SIGSTOP) before
@@ -27,7 +27,7 @@ DEADLINE_S = 30.0
 
 
 def test_killed_stage_fails_stream_readyz_and_up(start_up: Callable[..., Any], tiny_llama: Path) -> None:
-    with start_up("up-kill", tiny_llama, "--ctx-size", "2048") as server:
+    with start_up("up-kill", tiny_llama, "--ctx-size", "2048", "--max-stage-restarts", "0") as server:
         client = server.client(timeout=DEADLINE_S)
         (stage1,) = server.stage_pids("stage1")
         stream = client.chat.completions.create(model=server.model_id, max_tokens=LONG, stream=True,
@@ -76,6 +76,6 @@ def test_killed_stage_fails_stream_readyz_and_up(start_up: Callable[..., Any], t
             pytest.fail(f"skippy up did not exit after stage1 died\n{server.log_tail()}")
         assert code != 0
         stderr = server.stderr_path.read_text()
-        assert "stage1 exited with code -9" in stderr, stderr
+        assert "stage1 exited with code -9" in stderr and "not restarting: restarts are off" in stderr, stderr
         assert not leftover_processes(server.run_dir)
         client.close()

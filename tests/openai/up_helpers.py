@@ -57,7 +57,7 @@ class SkippyServer:
         return port
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key="x", max_retries=0, **{"timeout": 60.0, **kwargs})
+        return openai.OpenAI(base_url=self.base_url, max_retries=0, **{"api_key": "x", "timeout": 60.0, **kwargs})
 
     def request(self, method: str, path: str, body: bytes | str | dict[str, Any] | list[Any] | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 30.0) -> RawResponse:

@@ -55,7 +55,7 @@ class Pipeline:
 
     def __init__(self, directory: Path, model: str | Path, splits: Sequence[int], *, lane_count: int = 4,
                  ctx_size: int = 256, stage_flags: Sequence[str] = (), env: dict[str, str] | None = None,
-                 include_stage0: bool = False) -> None:
+                 include_stage0: bool = False, extra: dict[str, object] | None = None) -> None:
         self.directory = directory
         self.model = model
         self.splits = list(splits)
@@ -64,7 +64,7 @@ class Pipeline:
         self.n_layer = n_layer_of(model)
         self.topology, self.configs = write_local_topology(
             directory, model, self.n_layer, self.splits, lane_count=lane_count, ctx_size=ctx_size,
-            extra={"n_threads": N_THREADS},
+            extra={"n_threads": N_THREADS, **(extra or {})},
         )
         self.run_dir = directory / "run"
         self.stages = StageProcesses(self.topology, self.configs, self.run_dir, flags=list(stage_flags),

@@ -19,6 +19,7 @@ from skippy.protocol import (
     MAX_WINDOWS,
     PROTOCOL_VERSION,
     Batch,
+    CacheCaps,
     ConfigureSession,
     Credit,
     ErrorCode,
@@ -28,6 +29,7 @@ from skippy.protocol import (
     Hello,
     Message,
     Predictions,
+    PrefixRef,
     ProtocolError,
     Ready,
     ReleaseSessions,
@@ -45,6 +47,7 @@ TIMING = StageTiming("s1", 1_700_000_000.25, 3.5, 0.0, 1_700_000_000.5)
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 7, "logit_bias": {13: -math.inf, 42: 1.5}}
 HIDDEN = np.arange(3 * 640, dtype=np.float32).reshape(3, 640)
 WINDOWS = (Window(7, 0, 2, outputs=(1,)), Window(9, 12, 1, outputs=(0,)))
+NO_CACHE_OPS = {"restore": None, "record": [], "evict": []}  # a window's prefix cache fields, empty
 
 EXAMPLES: dict[str, Message] = {
     "hello": Hello(IDENTITY, "tcp://127.0.0.1:5555"),
@@ -58,6 +61,10 @@ EXAMPLES: dict[str, Message] = {
     "error": ErrorReport("n_embd", "bad width", "s1", 2, (7, 9)),
     "error_bare": ErrorReport(ErrorCode.BATCH_FAILED, "boom", "s2"),
     "heartbeat": Heartbeat("s1"),
+    "ready_cache": Ready(IDENTITY, CacheCaps(4096, 16, 18432)),
+    "batch_prefix_cache": Batch(4, (Window(7, 64, 2, (1,), restore=PrefixRef(2**63 - 1, 64), record=(PrefixRef(5, 66),)),
+                                    Window(9, 12, 1, (0,), evict=(5, 6))), missed=(3,)),
+    "predictions_missed": Predictions(4, (SessionPrediction(9, (1,)),), (TIMING,), missed=(7,)),
 }
 
 
@@ -200,10 +207,10 @@ def test_missing_and_mistyped_fields() -> None:
 @pytest.mark.parametrize(
     ("name", "field", "value"),
     [
-        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": [], "draft": [], "head": None}
-                                     for i in range(MAX_WINDOWS + 1)]),
+        ("batch_tokens", "windows", [{"session_id": i, "pos_start": 0, "n_tokens": 1, "outputs": [], "draft": [], "head": None,
+                                      **NO_CACHE_OPS} for i in range(MAX_WINDOWS + 1)]),
         ("batch_tokens", "windows", [{"session_id": 1, "pos_start": 0, "n_tokens": MAX_ROWS + 1, "outputs": [],
-                                      "draft": [], "head": None}]),
+                                      "draft": [], "head": None, **NO_CACHE_OPS}]),
         ("release", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
         ("error", "session_ids", list(range(MAX_SESSIONS_PER_MESSAGE + 1))),
     ],
@@ -344,3 +351,14 @@ def test_codes_and_reasons_decode_as_enums() -> None:
     header = header_of(TokenEvents("r", (), "error", "boom", "pipeline_failed"))
     assert "one of" in rejects([pack({**header, "code": "teapot"})], "malformed")
     assert "one of stop, length" in rejects([pack({**header, "finish_reason": "done"})], "malformed")
+
+
+def test_prefix_cache_operations_must_fit_their_window() -> None:
+    window = Window(7, 64, 2, (1,), restore=PrefixRef(5, 64))
+    header = header_of(Batch(1, (window,)))
+    bad_restore = {**header["windows"][0], "restore": {"key": 5, "n_tokens": 60}}
+    assert "restore.n_tokens" in rejects([pack({**header, "windows": [bad_restore]})], "malformed")
+    bad_record = {**header["windows"][0], "record": [{"key": 6, "n_tokens": 67}]}
+    assert "record" in rejects([pack({**header, "windows": [bad_record]})], "malformed")
+    missing = {k: v for k, v in header["windows"][0].items() if k != "restore"}  # a peer that predates the cache
+    assert "missing field(s) restore" in rejects([pack({**header, "windows": [missing]})], "malformed")

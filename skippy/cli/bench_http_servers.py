@@ -1,0 +1,119 @@
+"""`skippy bench http`, the servers: start `skippy up`, llama-cpp-python's OpenAI server and llama.cpp's own
+`llama-server` on the same GGUF and the same cores, wait until each answers, and stop them.
+
+Each server runs in its own process group with its log in the bench's temp dir. skippy is ready when
+`skippy up` prints its ready line; the llama.cpp servers when their HTTP endpoint answers 200
+(llama-server's /health answers 503 while the model loads). `stop` sends SIGINT, waits, then SIGKILLs
+the process group.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from skippy.cli.bench_http_load import Server
+
+__all__ = ["LLAMA_SERVER_SLOT_CTX", "llama_server_args", "start_llama_cpp_python", "start_llama_server", "start_skippy", "stop"]
+
+READY = re.compile(r"skippy ready: (http://\S+)/v1 \(model (\S+)\)")
+LLAMA_SERVER_SLOT_CTX = 512  # context per llama-server slot, as skippy up's default --ctx-size per lane
+
+
+def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
+    assert stream is not None
+    for line in iter(stream.readline, b""):
+        lines.put(line)
+
+
+def start_skippy(model: str, split: str, run_dir: Path, lanes: int) -> Server:
+    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
+           "--lane-count", str(lanes), "--openai-generation-concurrency", str(lanes), "--bind", "127.0.0.1:0",
+           "--run-dir", str(run_dir)]
+    with open(run_dir.parent / "skippy-up.stderr", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out
+    threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + 300
+    server = Server("skippy", proc, "", 0, None)
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            match = READY.search(lines.get(timeout=0.5).decode())
+        except queue.Empty:
+            continue
+        if match:
+            host, port = match.group(1).removeprefix("http://").rsplit(":", 1)
+            server.host, server.port, server.model = host, int(port), match.group(2)
+            return server
+    stop(server)
+    raise SystemExit(f"bench: skippy up did not get ready (see {run_dir.parent / 'skippy-up.stderr'})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_http(name: str, cmd: list[str], port: int, log_path: Path, ready_path: str, timeout_s: float = 180) -> Server:
+    """Start `cmd` (serving on 127.0.0.1:`port`); wait until GET `ready_path` answers 200."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(name, proc, "127.0.0.1", port, None)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", ready_path)
+            if conn.getresponse().status == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.3)
+    stop(server)
+    raise SystemExit(f"bench: {name} did not get ready (see {log_path})")
+
+
+def start_llama_cpp_python(model: Path, log_path: Path, threads: int) -> Server:
+    """llama-cpp-python's server; `--interrupt_requests False`, else a new request ends the running stream."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port",
+           str(port), "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads),
+           "--interrupt_requests", "False"]
+    return _start_http("llama-cpp-python", cmd, port, log_path, "/v1/models")
+
+
+def llama_server_args(parallel: int, threads: int) -> list[str]:
+    """llama-server's flags besides model and address: N slots of LLAMA_SERVER_SLOT_CTX tokens, `threads` threads."""
+    return ["--parallel", str(parallel), "-c", str(parallel * LLAMA_SERVER_SLOT_CTX), "-t", str(threads),
+            "-tb", str(threads)]
+
+
+def start_llama_server(binary: Path, model: Path, log_path: Path, parallel: int, threads: int) -> Server:
+    """llama.cpp's llama-server (continuous batching over `parallel` slots)."""
+    port = _free_port()
+    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+           *llama_server_args(parallel, threads)]
+    return _start_http("llama-server", cmd, port, log_path, "/health")
+
+
+def stop(server: Server, timeout_s: float = 30.0) -> int | None:
+    """SIGINT, wait; then SIGKILL the process group."""
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGINT)
+        try:
+            server.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+    return server.proc.returncode

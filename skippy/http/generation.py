@@ -1,0 +1,206 @@
+"""The generation routes (/v1/chat/completions, /v1/completions): request -> token ids for the broker ->
+text, stream chunks, tool calls and usage back.
+
+It applies the chat template, tokenizes, checks the sampling grammar against the vocabulary,
+detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
+reads tool calls out of the text (skippy.http.tool_output) and maps broker errors to HTTP:
+queue_full and admission_timeout -> 429 with Retry-After, unavailable -> 503, pipeline_failed -> 502.
+A client that disconnects has its generation cancelled at once, which frees its lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from skippy.config import prompt_length_error
+from skippy.driver.client import DriverClient
+from skippy.driver.events import DriverUnavailable, TokenEvent
+from skippy.http.chat_template import ChatTemplate
+from skippy.http.errors import HttpError, invalid
+from skippy.http.metrics import Metrics
+from skippy.http.openai_request import GenerationRequest, parse_generation
+from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
+from skippy.http.routing import Request, Response, StreamResponse, json_response
+from skippy.http.sse import SSE_DONE, sse_event
+from skippy.http.stops import StopMatcher
+from skippy.http.tokenize import check_tokens
+from skippy.http.tool_output import CallDelta, ToolCallReader, merge_calls
+from skippy.log import get_logger
+from skippy.protocol import Status
+from skippy.runtime.errors import RuntimeUsageError
+from skippy.runtime.grammar import check_grammar
+from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+STATUS_BY_CODE = {"queue_full": 429, "admission_timeout": 429, "unavailable": 503, "pipeline_failed": 502,
+                  "bad_request": 400, "context_length_exceeded": 400}
+TYPE_BY_STATUS = {429: "rate_limit_error", 503: "service_unavailable", 502: "server_error", 400: "invalid_request_error"}
+
+
+def event_error(event: TokenEvent) -> HttpError:
+    code = event.code or "pipeline_failed"
+    status = STATUS_BY_CODE.get(code, 502)
+    headers = [("retry-after", "1")] if status == 429 else []
+    return HttpError(status, event.error or "generation failed", type=TYPE_BY_STATUS.get(status, "server_error"),
+                     code=code, headers=headers)
+
+
+@dataclass
+class Piece:
+    text: str
+    entries: list[LogprobEntry]
+    n_tokens: int = 1  # generated tokens this piece accounts for
+    finish_reason: str | None = None
+    stats: tuple[tuple[str, float], ...] = ()  # on the last piece: the request's numbers from stage 0
+    calls: list[CallDelta] = field(default_factory=list)  # tool-call deltas (chat with tools)
+
+
+async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> AsyncIterator[Piece]:
+    """The pieces with the text that forms a tool call moved into call deltas."""
+    async for piece in pieces:
+        piece.text, piece.calls = reader.push(piece.text)
+        if piece.finish_reason is not None:
+            tail, calls, piece.finish_reason = reader.finish(piece.finish_reason)
+            piece.text += tail
+            piece.calls += calls
+        yield piece
+
+
+@dataclass
+class Generation:
+    broker: DriverClient
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    model_id: str
+    default_max_tokens: int
+    metrics: Metrics
+    status: Callable[[], Awaitable[Status]]
+    log: Any = field(default_factory=get_logger)
+
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        if req.kind == "chat":
+            return self.tokenizer.encode(self.template.apply(req.messages), add_special=True, parse_special=True)
+        if req.prompt_ids is not None:
+            return check_tokens(self.tokenizer, req.prompt_ids, "prompt")
+        return self.tokenizer.encode(req.prompt_text or "", add_special=True)
+
+    def _check(self, req: GenerationRequest) -> None:
+        bad = [t for t in req.sampling.logit_bias if not 0 <= t < self.tokenizer.n_vocab]
+        if bad:
+            raise HttpError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary", param="logit_bias")
+        if req.sampling.grammar is not None:
+            try:
+                check_grammar(self.tokenizer.vocab, req.sampling.grammar)
+            except RuntimeUsageError as exc:
+                param = "tools" if req.tools is not None else "response_format"
+                raise invalid(param, str(exc), "unsupported_schema") from None
+
+    async def __call__(self, request: Request, kind: str) -> Response | StreamResponse:
+        req = parse_generation(request.json(), kind, self.model_id)
+        self._check(req)
+        ids = self._prompt_ids(req)
+        try:
+            ctx = (await self.status()).ctx_size
+        except DriverUnavailable as exc:
+            raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
+        if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
+            raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
+        unfit = prompt_length_error(len(ids), ctx)
+        if unfit is not None:
+            raise HttpError(400, unfit.message, param="messages" if kind == "chat" else "prompt", code=unfit.code)
+        max_tokens = min(req.max_tokens or self.default_max_tokens, ctx - len(ids))
+        stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
+        rid = uuid.uuid4().hex
+        started = time.perf_counter()
+        handle = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, request_id=rid)
+        events = handle.__aiter__()
+        try:
+            first = await events.__anext__()
+        except BaseException:
+            await self.broker.cancel(rid)
+            raise
+        if first.finish_reason == "error":
+            self.metrics.count_error(first.code or "pipeline_failed")
+            raise event_error(first)
+        self.metrics.generation_started(rid, started, len(ids), kind)
+        shape = ResponseShape(kind, self.model_id, rid)
+        pieces = self._pieces(rid, first, events, req)
+        if req.tools is not None:
+            pieces = read_calls(pieces, ToolCallReader(req.tools.forced))
+        self.log.info("generation_started", request_id=request.request_id, generation_id=rid, kind=kind,
+                      prompt_tokens=len(ids), max_tokens=max_tokens, stream=req.stream,
+                      grammar=req.sampling.grammar is not None)
+        if req.stream:
+            return StreamResponse(self._stream(shape, pieces, req, len(ids)))
+        return await self._complete(shape, pieces, len(ids))
+
+    async def _pieces(self, rid: str, first: TokenEvent, events: AsyncIterator[TokenEvent],
+                      req: GenerationRequest) -> AsyncIterator[Piece]:
+        """Text deltas (stop strings held back and enforced) ending with one that has finish_reason."""
+        decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
+        event: TokenEvent | None = first
+        finished = False
+        try:
+            while event is not None:
+                if event.final:
+                    finished = True
+                    if event.finish_reason == "error":
+                        raise event_error(event)
+                    self.metrics.observe_stats(event.stats)
+                    yield Piece(stops.push(decoder.flush()) + stops.flush(), [], 0, event.finish_reason, event.stats)
+                    return
+                assert event.token is not None
+                self.metrics.token(rid)
+                entries = [logprob_entry(event.logprob, self.tokenizer.piece)] if event.logprob else []
+                text = stops.push(decoder.push(event.token))
+                if stops.stopped:
+                    yield Piece(text, entries, 1, "stop")
+                    return
+                yield Piece(text, entries)
+                event = await events.__anext__()
+        finally:
+            self.metrics.generation_done(rid, event, stops.stopped)
+            if not finished:  # stop string, client gone, or error: free the lane now
+                await asyncio.shield(self.broker.cancel(rid))
+
+    async def _complete(self, shape: ResponseShape, pieces: AsyncIterator[Piece], n_prompt: int) -> Response:
+        texts, entries, calls, n_tokens, finish = [], [], [], 0, "stop"
+        stats: tuple[tuple[str, float], ...] = ()
+        async for piece in pieces:
+            texts.append(piece.text)
+            entries += piece.entries
+            calls += piece.calls
+            n_tokens += piece.n_tokens
+            finish = piece.finish_reason or finish
+            stats = piece.stats or stats
+        return json_response(shape.full("".join(texts), finish, usage(n_prompt, n_tokens, stats), entries, timings(stats),
+                                        merge_calls(calls)))
+
+    async def _stream(self, shape: ResponseShape, pieces: AsyncIterator[Piece], req: GenerationRequest,
+                      n_prompt: int) -> AsyncIterator[bytes]:
+        if shape.kind == "chat":
+            yield sse_event(shape.chunk("", role=True))
+        offset = n_tokens = 0
+        stats: tuple[tuple[str, float], ...] = ()
+        try:
+            async for piece in pieces:
+                n_tokens += piece.n_tokens
+                stats = piece.stats or stats
+                if piece.text or piece.entries or piece.calls:
+                    calls = [c.to_json() for c in piece.calls]
+                    text = piece.text if piece.text or not calls else None
+                    yield sse_event(shape.chunk(text, entries=piece.entries, offset=offset, calls=calls))
+                    offset += len(piece.text)
+                if piece.finish_reason is not None:
+                    last = shape.chunk(None if shape.kind == "chat" else "", piece.finish_reason)
+                    yield sse_event({**last, **timings(piece.stats)})
+            if req.include_usage:
+                yield sse_event(shape.usage_chunk(usage(n_prompt, n_tokens, stats)))
+        except HttpError as exc:
+            yield sse_event(json.loads(exc.body()))
+        yield SSE_DONE

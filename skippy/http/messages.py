@@ -1,0 +1,102 @@
+"""OpenAI chat `messages` -> the ChatMessages the chat template renders (400s name the offending part).
+
+Roles system, developer, user, assistant and tool. Content is a string, null, or a list of text parts;
+image, audio and file parts are refused (this server has no multimodal projector). An assistant turn's
+`tool_calls` are rendered in the call format of skippy.http.tools, and `tool` results (consecutive ones
+merged) go back as one user turn of `<tool_response>` blocks, so any chat template can carry them.
+A message's `name` is accepted and not rendered (llama.cpp's templates have no place for it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from skippy.http.chat_template import ChatMessage
+from skippy.http.errors import invalid
+from skippy.http.tools import CLOSE, OPEN
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+KEYS = {"system": {"content", "name"}, "developer": {"content", "name"}, "user": {"content", "name"},
+        "assistant": {"content", "name", "tool_calls", "refusal"}, "tool": {"content", "tool_call_id"}}
+
+
+def _text(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(param, f"expected a string or a list of text parts, got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("image_url", "input_audio", "file"):
+            raise invalid(f"{param}[{j}]", f"{kind} parts need a multimodal projector; this server takes text only")
+        if kind not in ("text", "refusal") or not isinstance(part.get(kind), str):
+            raise invalid(f"{param}[{j}]", "expected a text part {\"type\": \"text\", \"text\": ...}")
+        texts.append(part[kind])
+    return "".join(texts)
+
+
+def _calls(calls: Any, param: str) -> str:
+    """An assistant turn's tool calls in the call format the model is told about."""
+    if not isinstance(calls, list):
+        raise invalid(param, "expected a list of tool calls")
+    rendered = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise invalid(f"{param}[{j}]", 'expected {"type": "function", "function": {"name": ..., "arguments": "..."}}')
+        try:
+            arguments = json.loads(fn["arguments"])
+        except ValueError:
+            raise invalid(f"{param}[{j}].function.arguments", "is not valid JSON") from None
+        rendered.append(OPEN + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + CLOSE)
+    return "\n".join(rendered)
+
+
+def _message(message: Any, i: int) -> ChatMessage:
+    param = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise invalid(param, "expected an object with role and content")
+    role = message.get("role")
+    if role not in ROLES:
+        hint = " (function messages are deprecated: use tool)" if role == "function" else ""
+        raise invalid(f"{param}.role", f"expected one of {sorted(ROLES)}, got {role!r}{hint}")
+    unknown = sorted(k for k in set(message) - KEYS[role] - {"role"} if message[k] is not None)
+    if unknown:
+        raise invalid(f"{param}.{unknown[0]}", f"not supported on a {role} message")
+    content = _text(message.get("content"), f"{param}.content")
+    if role == "assistant" and message.get("tool_calls"):
+        content = "\n".join(p for p in (content, _calls(message["tool_calls"], f"{param}.tool_calls")) if p)
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise invalid(f"{param}.tool_call_id", "expected the id of the call this answers")
+        content = f"<tool_response>\n{content}\n</tool_response>"
+    return ChatMessage(role, content)
+
+
+def parse_messages(value: Any) -> list[ChatMessage]:
+    """The request's messages, tool results merged into user turns."""
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "expected a non-empty list of messages")
+    out: list[ChatMessage] = []
+    for i, raw in enumerate(value):
+        msg = _message(raw, i)
+        if msg.role != "tool":
+            out.append(msg)
+        elif out and out[-1].role == "user" and out[-1].content.endswith("</tool_response>"):
+            out[-1] = ChatMessage("user", f"{out[-1].content}\n{msg.content}")
+        else:
+            out.append(ChatMessage("user", msg.content))
+    return out
+
+
+def with_system(messages: list[ChatMessage], block: str) -> list[ChatMessage]:
+    """`block` appended to the leading system (or developer) message, or as a new system message."""
+    if messages and messages[0].role in ("system", "developer"):
+        first = messages[0]
+        return [ChatMessage(first.role, f"{first.content}\n\n{block}" if first.content else block), *messages[1:]]
+    return [ChatMessage("system", block), *messages]

@@ -1,0 +1,170 @@
+"""`skippy up` brings a dead stage back: bounded exponential backoff, a give-up limit, counts in /metrics.
+
+When a stage after stage 0 exits while `skippy up` runs, `StageRestarter` starts it again with the
+same config and flags after `backoff(streak)` seconds (0.5, 1, 2, 4, 8, 8, ... s); `streak` counts
+deaths in a row and starts afresh once the stage has stayed up `stable_after_s`. After
+`max_restarts` deaths in a row it gives up and `skippy up` stops everything, as it does at once for
+stage 0, the broker or the adapter. Stage 0 notices the new process by its heartbeats, greets the
+chain again and serves once the Ready comes back (skippy.driver.inbound); the other stages keep
+running. Restarts run on one long-lived thread: a child gets SIGTERM when the thread that started it
+exits (PR_SET_PDEATHSIG), so that thread lives as long as the children it starts may.
+
+Every restart is recorded in `<run_dir>/restarts.json` (total restarts, the last one's duration from
+death to ready, exit codes); the adapter reads it at each scrape (`RestartsCollector`) and serves
+`skippy_stage_restarts_total{stage}` and `skippy_stage_last_restart_seconds{stage}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from skippy.launcher import READY_TIMEOUT_S, LaunchError, StageProcesses
+
+RESTARTS_FILE = "restarts.json"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 5  # deaths in a row of one stage that are restarted; 0: never restart
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    stable_after_s: float = 60.0  # a stage up this long starts its streak afresh
+    ready_timeout_s: float = READY_TIMEOUT_S
+
+    def backoff(self, streak: int) -> float:
+        """Seconds before restart number `streak` (1-based) of a streak."""
+        return min(self.max_backoff_s, self.initial_backoff_s * 2 ** max(0, streak - 1))
+
+
+@dataclass
+class StageRestarts:
+    """One stage's record (the JSON in restarts.json, plus the bookkeeping of its streak)."""
+
+    restarts: int = 0
+    last_restart_seconds: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+    streak: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class StageRestarter:
+    """Restarts the stages (after stage 0) of `stages` when they die; `restart` is `supervise`'s hook."""
+
+    def __init__(self, stages: StageProcesses, policy: RestartPolicy, state_path: Path) -> None:
+        self.stages = stages
+        self.policy = policy
+        self.state_path = state_path
+        self.records = {s.stage_id: StageRestarts() for s in stages.topology.stages[1:]}
+        self._jobs: queue.Queue[tuple[str, float, float] | None] = queue.Queue()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="stage-restarter", daemon=True)
+        self._thread.start()
+        self._write_state()
+
+    def restart(self, name: str, code: int) -> bool:
+        """Child `name` exited with `code`: True when it will be restarted (after its backoff)."""
+        record = self.records.get(name)
+        if record is None or self._closed.is_set():
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if now - record.started_at >= self.policy.stable_after_s:
+                record.streak = 0
+            record.streak += 1
+            record.exit_codes.append(code)
+            streak = record.streak
+        log = self.stages.log_path(name)
+        if streak > self.policy.max_restarts:
+            why = "restarts are off (--max-stage-restarts 0)" if self.policy.max_restarts == 0 else (
+                f"it died {streak} times in a row (--max-stage-restarts {self.policy.max_restarts})")
+            _say(f"{name} exited with code {code} (log {log}); not restarting: {why}")
+            return False
+        delay = self.policy.backoff(streak)
+        _say(f"{name} exited with code {code} (log {log}); restarting it in {delay:g} s "
+             f"({streak} of at most {self.policy.max_restarts} in a row)")
+        self._jobs.put((name, delay, now))
+        return True
+
+    def close(self) -> None:
+        """No more restarts (call before the children are stopped); a launch under way is abandoned."""
+        self._closed.set()
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            name, delay, died_at = job
+            if self._closed.wait(delay):
+                return
+            index = next(i for i, s in enumerate(self.stages.topology.stages) if s.stage_id == name)
+            try:
+                self.stages.start_stage(index, self.policy.ready_timeout_s)
+            except LaunchError as exc:  # its exit (killed here if it hangs) comes back through `restart`
+                proc = self.stages.procs.get(name)
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                if not self._closed.is_set():
+                    _say(f"restarting {name} failed: {exc}")
+                continue
+            self._started(name, time.monotonic() - died_at)
+
+    def _started(self, name: str, took_s: float) -> None:
+        with self._lock:
+            record = self.records[name]
+            record.restarts += 1
+            record.last_restart_seconds = round(took_s, 3)
+            record.started_at = time.monotonic()
+        self._write_state()
+        _say(f"{name} restarted (restart {record.restarts}, {took_s:.2f} s after it died)")
+
+    def _write_state(self) -> None:
+        with self._lock:
+            state = {stage: {k: v for k, v in asdict(r).items() if k not in ("streak", "started_at")}
+                     for stage, r in self.records.items()}
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_path)
+
+
+def _say(line: str) -> None:
+    print(f"skippy up: {line}", file=sys.stderr, flush=True)
+
+
+def read_restarts(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of a restarts.json (none when it is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+class RestartsCollector(Collector):
+    """Prometheus families read from a run's restarts.json at each scrape."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        restarts = CounterMetricFamily("skippy_stage_restarts", "stage processes restarted by skippy up",
+                                       labels=["stage"])
+        took = GaugeMetricFamily("skippy_stage_last_restart_seconds",
+                                 "a stage's last restart: from its death to its ready line", labels=["stage"])
+        for stage, record in sorted(read_restarts(self.path).items()):
+            restarts.add_metric([stage], float(record.get("restarts", 0)))
+            if isinstance(record.get("last_restart_seconds"), int | float):
+                took.add_metric([stage], float(record["last_restart_seconds"]))
+        yield restarts
+        yield took

@@ -1,0 +1,63 @@
+"""`GET /dashboard` on the adapter: a live page of the whole pipeline, and the JSON it polls.
+
+The page is static HTML + JS shipped in this package (skippy/telemetry/static; no CDN, no build
+step). It polls `GET /dashboard/data` (every second, `?interval=MS` to change) and computes rates
+between two polls: each stage's utilisation (compute seconds per second), tokens per second,
+TTFT and TPOT of the requests that finished in between, the speculative accept rate; plus
+micro-batches in flight and queue depths as read. `/dashboard/data` scrapes every process listed
+in the run's metrics-targets.json (skippy.telemetry.targets) and adds the adapter's own numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+
+from skippy.http.routing import Request, Response, Router
+from skippy.telemetry.scrape import Sample, parse, scrape, summarise
+from skippy.telemetry.targets import read_targets
+
+__all__ = ["Dashboard"]
+
+SCRAPE_TIMEOUT_S = 1.0
+_STATIC = {"/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
+           "/dashboard/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+           "/dashboard/dashboard.css": ("dashboard.css", "text/css; charset=utf-8")}
+
+
+def _static(name: str) -> bytes:
+    return resources.files("skippy.telemetry").joinpath("static", name).read_bytes()
+
+
+class Dashboard:
+    def __init__(self, own_metrics: Callable[[], Awaitable[bytes]], targets: Path | None = None,
+                 own_url: str | None = None) -> None:
+        """`own_metrics`: this process's /metrics text; `targets`: the run's metrics-targets.json (None:
+        only this process); `own_url`: this process's /metrics URL (listed there, not scraped again)."""
+        self.own_metrics = own_metrics
+        self.targets = targets
+        self.own_url = own_url
+        self.files = {path: (_static(name), kind) for path, (name, kind) in _STATIC.items()}
+
+    def add_routes(self, router: Router) -> None:
+        for path in self.files:
+            router.add("GET", path, self.static)
+        router.add("GET", "/dashboard/data", self.data)
+
+    async def static(self, request: Request) -> Response:
+        body, kind = self.files[request.path]
+        return Response(200, body, [("cache-control", "no-cache")], content_type=kind)
+
+    async def collect(self) -> list[tuple[str, str, list[Sample] | None]]:
+        """Every process's samples: this one's, then each listed target's (None: it did not answer)."""
+        own = ("adapter", self.own_url or "", parse((await self.own_metrics()).decode()))
+        others = [(name, url) for name, url in read_targets(self.targets) if url != self.own_url] if self.targets else []
+        got = await asyncio.gather(*(asyncio.to_thread(scrape, url, SCRAPE_TIMEOUT_S) for _name, url in others))
+        return [own, *((name, url, samples) for (name, url), samples in zip(others, got))]
+
+    async def data(self, _request: Request) -> Response:
+        body = json.dumps(summarise(await self.collect())).encode()
+        return Response(200, body, [("cache-control", "no-store")])

@@ -1,0 +1,137 @@
+"""Stage 0's driver numbers: Prometheus metrics of the scheduler and the whole pipeline, and its spans.
+
+The driver is where the pipeline's timings meet: every batch comes back with each stage's compute
+and credit wait (`StageTiming`), so `skippy_pipeline_stage_compute_seconds_total{stage_id}` shows
+every stage's utilisation from stage 0 alone. Stage 0's own batches feed the same `StageMetrics`
+as every other stage. Hooks: `iteration` when a batch's predictions are back, `outcome` for each
+request's share of it, `finished` when a request ends. Spans: summary `stage.openai_prefill` (a
+request's first token) and `stage.openai_generation_summary` (its totals); debug
+`stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0's compute) and
+`stage.openai_decode_token` (phase cold, warmup, steady).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from skippy.protocol import FinishReason, Predictions
+from skippy.telemetry.process import Telemetry, current, wall_time
+from skippy.telemetry.stage import SECONDS_BUCKETS, StageMetrics, activation_bytes
+
+if TYPE_CHECKING:
+    from skippy.driver.batches import InFlight
+    from skippy.driver.driver import Driver
+    from skippy.driver.postprocess import Outcome
+    from skippy.driver.sequence import Sequence
+
+__all__ = ["DriverTelemetry"]
+
+WARMUP_TOKENS = 4  # decode tokens after the first that count as warm-up in stage.openai_decode_token
+
+
+class DriverTelemetry:
+    def __init__(self, driver: Driver, telemetry: Telemetry | None = None) -> None:
+        self.driver = driver
+        self.telemetry = telemetry or current()
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        table, launcher = driver.table, driver.launcher
+        self.stage = StageMetrics(
+            registry, driver.identity.stage_id, queue_depth=lambda: len(table.waiting),
+            kv_cells=lambda: sum(seq.length for seq in list(table.running)), sessions=lambda: len(table.running),
+            credits_outstanding=lambda: (link.credits.stats.outstanding if (link := driver.downstream) is not None else 0))
+        for name, doc, read in (
+                ("skippy_driver_sessions_running", "requests holding a session on every stage", lambda: len(table.running)),
+                ("skippy_driver_sessions_waiting", "requests waiting for a free lane", lambda: len(table.waiting)),
+                ("skippy_driver_micro_batches_in_flight", "micro-batches between stage 0 and the predictions' return",
+                 lambda: len(launcher.inflight)),
+                ("skippy_driver_micro_batches_limit", "micro-batches kept in flight at most", lambda: driver.max_iterations)):
+            Gauge(name, doc, registry=registry).set_function(read)
+        self.prefill_tokens = Counter("skippy_driver_prefill_tokens", "prompt tokens run through the pipeline", registry=registry)
+        self.decode_tokens = Counter("skippy_driver_decode_tokens", "tokens generated and delivered", registry=registry)
+        self.iterations = Counter("skippy_driver_iterations", "micro-batches completed", registry=registry)
+        self.requests = Counter("skippy_driver_requests", "requests finished, by finish reason", ["finish_reason"],
+                                registry=registry)
+        self.proposed = Counter("skippy_driver_speculative_proposed", "draft tokens sent in verify windows", registry=registry)
+        self.accepted = Counter("skippy_driver_speculative_accepted", "draft tokens the final stage accepted",
+                                registry=registry)
+        self.stage_compute = Counter("skippy_pipeline_stage_compute_seconds", "each stage's compute, from batch timings",
+                                     ["stage_id"], registry=registry)
+        self.stage_wait = Counter("skippy_pipeline_stage_credit_wait_seconds", "each stage's credit waits, from batch timings",
+                                  ["stage_id"], registry=registry)
+        self.hops = Histogram("skippy_pipeline_hop_seconds", "send -> receive between consecutive stages", ["hop"],
+                              registry=registry, buckets=SECONDS_BUCKETS)
+        self._last_token: dict[int, float] = {}  # session -> wall time of its last delivered token
+        self.telemetry.attach(registry)
+        self.telemetry.span("stage.scheduler_start", self.telemetry.started_at, max_iterations_in_flight=driver.max_iterations,
+                            max_active_sequences=driver.runtime.spec.lane_count, n_batch=driver.runtime.params.n_batch)
+
+    def iteration(self, entry: InFlight, msg: Predictions) -> None:
+        """A micro-batch's predictions are back (stage 0's compute, every stage's timings)."""
+        rows = entry.rows
+        link = self.driver.downstream
+        out = activation_bytes(rows, link.wire.activation_dtype, self.driver.identity.n_embd) if link is not None else 0
+        self.stage.observe(rows, entry.compute_ms, entry.credit_wait_ms, 0, out)
+        self.iterations.inc()
+        prefill = sum(len(pw.tokens) for pw in entry.plan if pw.is_prefill)
+        if prefill:
+            self.prefill_tokens.inc(prefill)
+        for t in msg.timings:
+            self.stage_compute.labels(t.stage_id).inc(t.compute_ms / 1e3)
+            if t.credit_wait_ms > 0:
+                self.stage_wait.labels(t.stage_id).inc(t.credit_wait_ms / 1e3)
+        for a, b in zip(msg.timings, msg.timings[1:]):
+            self.hops.labels(f"{a.stage_id}->{b.stage_id}").observe(max(0.0, b.recv_at - a.sent_at))
+        if not self.telemetry.debug_spans or not msg.timings:
+            return
+        first = msg.timings[0]
+        self.telemetry.span("stage.binary_llama_decode", first.recv_at, first.recv_at + first.compute_ms / 1e3, debug=True,
+                            batch_id=msg.batch_id, decode_batch_size=rows, stage0_compute_ms=first.compute_ms)
+        stage_ms = {f"stage_compute_ms.{t.stage_id}": t.compute_ms for t in msg.timings}
+        self.telemetry.span("stage.scheduler_iteration", first.recv_at, debug=True, batch_id=msg.batch_id, rows=rows,
+                            sessions=len(entry.plan), prefill_rows=prefill, credit_wait_ms=entry.credit_wait_ms,
+                            forward_write_ms=entry.write_ms(), in_flight=len(self.driver.launcher.inflight) + 1,
+                            extra=stage_ms)
+
+    def outcome(self, outcome: Outcome) -> None:
+        """One request's share of a returned batch: its delivered tokens and speculative counts."""
+        seq = outcome.seq
+        delivered = sum(1 for e in outcome.events if e.token is not None)
+        if delivered:
+            self.decode_tokens.inc(delivered)
+        if outcome.proposed:
+            self.proposed.inc(outcome.proposed)
+            self.accepted.inc(min(outcome.proposed, max(0, outcome.returned - 1)))
+        if not outcome.committed:
+            return
+        now = time.time()
+        first = len(seq.generated) == len(outcome.committed)
+        if first and seq.first_token_at is not None:
+            self.telemetry.span("stage.openai_prefill", wall_time(seq.admitted_at or seq.submitted_at),
+                                wall_time(seq.first_token_at), request_id=seq.request_id, session_id=seq.session_id,
+                                prompt_tokens=len(seq.prompt),
+                                queue_ms=((seq.admitted_at or seq.submitted_at) - seq.submitted_at) * 1e3)
+        elif self.telemetry.debug_spans:
+            before = len(seq.generated) - len(outcome.committed)
+            phase = "cold" if before == 1 else "warmup" if before <= WARMUP_TOKENS else "steady"
+            self.telemetry.span("stage.openai_decode_token", self._last_token.get(seq.session_id, now), now, debug=True,
+                                request_id=seq.request_id, session_id=seq.session_id, tokens=len(outcome.committed),
+                                generated_tokens=len(seq.generated), phase=phase)
+        self._last_token[seq.session_id] = now
+
+    def finished(self, seq: Sequence, reason: FinishReason, error: str | None, speculative: dict[str, Any] | None) -> None:
+        """A request ended: its totals as one summary span."""
+        self._last_token.pop(seq.session_id, None)
+        self.requests.labels(str(reason)).inc()
+        if not self.telemetry.spans:
+            return
+        now = time.perf_counter()
+        first = seq.first_token_at or now
+        stages = {f"stage_compute_ms.{k}": round(d.get("compute_ms", 0.0), 3) for k, d in seq.stage_ms.items()}
+        spec = {f"speculative.{k}": v for k, v in (speculative or {}).items() if isinstance(v, int | float | str)}
+        self.telemetry.span("stage.openai_generation_summary", wall_time(seq.submitted_at), request_id=seq.request_id,
+                            session_id=seq.session_id, finish_reason=str(reason), error=error, prompt_tokens=len(seq.prompt),
+                            generated_tokens=len(seq.generated), ttft_ms=(first - seq.submitted_at) * 1e3,
+                            decode_ms=(now - first) * 1e3, extra={**stages, **spec})

@@ -1,0 +1,85 @@
+"""skippy.curve.guard without stage processes: the ZAP answers, fail-closed sockets, no plain fallback,
+and the queues of skippy.transport over CURVE on a secured context (ipc, as the tests' pipelines)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+from zmq.utils import z85
+
+from skippy.curve.guard import LinkKeyError, LinkKeys, configure_socket, guard_of, secure, secured_context
+from skippy.protocol import Heartbeat
+from skippy.transport import PullQueue, PushQueue
+
+SERVER, CLIENT, STRANGER = (zmq.curve_keypair() for _ in range(3))
+
+
+def keys(pair: tuple[bytes, bytes], name: str, servers: dict[str, bytes] | None = None) -> LinkKeys:
+    return LinkKeys(name, pair[0], pair[1], servers or {}, {SERVER[0]: "stage1", CLIENT[0]: "client"})
+
+
+def zap_request(mechanism: bytes, *credentials: bytes) -> list[bytes]:
+    return [b"peer", b"", b"1.0", b"7", b"skippy", b"127.0.0.1", b"", mechanism, *credentials]
+
+
+def test_zap_answers() -> None:
+    ctx = zmq.Context()
+    try:
+        guard = secure(ctx, keys(SERVER, "stage1"))
+        assert guard_of(ctx) is guard
+        assert guard.answer(zap_request(b"CURVE", z85.decode(CLIENT[0])))[4:7] == [b"200", b"OK", b"client"]
+        assert guard.answer(zap_request(b"CURVE", z85.decode(STRANGER[0])))[4] == b"400"
+        assert guard.answer(zap_request(b"NULL"))[4] == b"400"
+        assert guard.answer(zap_request(b"CURVE", b"short"))[4] == b"400"  # not a 32-byte key
+        assert guard.answer([b"peer", b"", b"1.0"])[4] == b"400"  # malformed
+        assert (guard.accepted, guard.refused) == (1, 4)
+        with pytest.raises(RuntimeError, match="already secured"):
+            secure(ctx, keys(SERVER, "stage1"))
+    finally:
+        ctx.term()
+
+
+def test_sockets_of_a_secured_context() -> None:
+    ctx = zmq.Context()
+    try:
+        secure(ctx, keys(CLIENT, "client", {"ipc:///known.sock": SERVER[0]}))
+        sock = ctx.socket(zmq.PUSH)
+        try:
+            with pytest.raises(LinkKeyError, match="no public key for ipc:///other.sock"):
+                configure_socket(ctx, sock, "ipc:///other.sock", server=False)  # never a plain fallback
+            configure_socket(ctx, sock, "ipc:///known.sock", server=False)
+            assert sock.getsockopt(zmq.MECHANISM) == zmq.CURVE and not sock.getsockopt(zmq.CURVE_SERVER)
+        finally:
+            sock.close(0)
+        server = ctx.socket(zmq.PULL)
+        try:
+            configure_socket(ctx, server, "ipc:///bound.sock", server=True)
+            assert server.getsockopt(zmq.CURVE_SERVER) and server.getsockopt(zmq.ZAP_ENFORCE_DOMAIN) == 1
+        finally:
+            server.close(0)
+    finally:
+        ctx.term()
+
+
+def test_queues_over_curve(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/s.sock"
+
+    async def body() -> Heartbeat:
+        with secured_context(keys(SERVER, "stage1")) as server_ctx, \
+                secured_context(keys(CLIENT, "client", {endpoint: SERVER[0]})) as client_ctx:
+            pull = PullQueue(server_ctx, endpoint)
+            push = PushQueue(client_ctx, endpoint)
+            try:
+                await push.send(Heartbeat("client", "x"))
+                msg = await asyncio.wait_for(pull.recv(), 30.0)
+                assert isinstance(msg, Heartbeat)
+                return msg
+            finally:
+                push.close()
+                pull.close()
+
+    assert asyncio.run(body()) == Heartbeat("client", "x")

@@ -1,0 +1,71 @@
+"""The restart policy of `skippy up` without processes: backoff bounds, streaks, give-up, the metrics file."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from skippy.restarts import RestartPolicy, RestartsCollector, StageRestarter, read_restarts
+
+
+class FakeStages:
+    """What StageRestarter uses of StageProcesses: the topology, log paths, start_stage, procs."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.topology = SimpleNamespace(stages=[SimpleNamespace(stage_id=f"stage{i}") for i in range(3)])
+        self.run_dir = run_dir
+        self.procs: dict[str, Any] = {}
+        self.started: list[int] = []
+        self.started_event = threading.Event()
+
+    def log_path(self, name: str) -> Path:
+        return self.run_dir / f"{name}.log"
+
+    def start_stage(self, index: int, timeout_s: float) -> None:
+        self.started.append(index)
+        self.started_event.set()
+
+
+def test_backoff_doubles_up_to_its_bound() -> None:
+    policy = RestartPolicy(initial_backoff_s=0.5, max_backoff_s=8.0)
+    assert [policy.backoff(n) for n in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+def test_restarts_stages_after_stage0_until_the_streak_limit(tmp_path: Path) -> None:
+    stages = FakeStages(tmp_path)
+    state = tmp_path / "restarts.json"
+    restarter = StageRestarter(stages, RestartPolicy(max_restarts=2, initial_backoff_s=0.0), state)  # type: ignore[arg-type]
+    try:
+        assert read_restarts(state) == {"stage1": {"restarts": 0, "last_restart_seconds": None, "exit_codes": []},
+                                        "stage2": {"restarts": 0, "last_restart_seconds": None, "exit_codes": []}}
+        assert not restarter.restart("stage0", -9)  # stage 0 is not restarted: everything stops
+        assert not restarter.restart("broker", 1)
+        assert restarter.restart("stage2", -9)
+        assert stages.started_event.wait(30.0)
+        deadline = time.monotonic() + 30.0
+        while read_restarts(state)["stage2"]["restarts"] != 1:  # the state file is written after the start
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # poll interval of a bounded poll
+        assert stages.started == [2]
+        assert read_restarts(state)["stage2"]["exit_codes"] == [-9]
+        assert restarter.restart("stage2", -9)  # second in a row: still within max_restarts=2
+        assert not restarter.restart("stage2", -9)  # third in a row: give up
+    finally:
+        restarter.close()
+    assert not restarter.restart("stage1", -9)  # closed: no more restarts
+
+
+def test_collector_serves_the_restarts_file(tmp_path: Path) -> None:
+    path = tmp_path / "restarts.json"
+    registry = CollectorRegistry()
+    registry.register(RestartsCollector(path))
+    assert b"skippy_stage_restarts_total{" not in generate_latest(registry)  # no file yet: no samples
+    path.write_text('{"stage1": {"restarts": 2, "last_restart_seconds": 1.5, "exit_codes": [-9, -9]}}')
+    text = generate_latest(registry).decode()
+    assert 'skippy_stage_restarts_total{stage="stage1"} 2.0' in text
+    assert 'skippy_stage_last_restart_seconds{stage="stage1"} 1.5' in text

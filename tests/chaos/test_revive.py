@@ -1,0 +1,157 @@
+"""A stage that comes back: stage 0 greets the chain again, waits for its Ready, and serves again.
+
+- A killed stage fails the requests in flight naming it; once it is started again stage 0 greets it
+  (`stage_greeted`), serving resumes only on the Ready (`stage_back`), and a new request gives the
+  unsplit model's tokens (no session of before survives anywhere) without restarting any other stage.
+- A stage restarted faster than the heartbeat bound is still noticed: its heartbeats carry another
+  process incarnation, so the requests it lost fail at once instead of hanging.
+- The final stage of three restarted: stage 1 greets it again before answering stage 0.
+- A stage restarted with another model or another layer range is refused (logged on both sides) and
+  the pipeline stays unavailable; the right stage is accepted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
+from revive_helpers import (
+    decoding,
+    driver_log,
+    edited_json,
+    events_named,
+    failed_naming,
+    restart_stage,
+    serving,
+    start_rogue,
+    until,
+)
+
+from skippy.driver.events import DriverUnavailable
+
+MAX_TOKENS = 10
+
+
+def test_killed_stage_comes_back_and_serves_exactly(tiny_model: Callable[..., Path],
+                                                   make_pipeline: Callable[..., Pipeline]) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=512)
+    prompt = random_prompt(9, 42, 400)
+    expected = reference_generate(pipe, [prompt], MAX_TOKENS)[0]
+    logged: dict[str, list[dict[str, Any]]] = {}
+
+    async def body() -> tuple[list[int], str | None, list[int]]:
+        with driver_log(pipe.directory / "driver.log") as events:
+            async with running_driver(pipe) as driver:
+                watched = await decoding(driver, 2)
+                pipe.stages.kill("stage1")
+                await failed_naming(watched, "stage1")
+                with pytest.raises(DriverUnavailable, match="stage1"):
+                    driver.submit([5, 6, 7], max_tokens=2)
+                await restart_stage(pipe, 1)
+                await until(lambda: serving(driver), "serving again")
+                held = list(driver.runtime.active_sessions)
+                tokens, final = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60.0)
+            logged.update((name, events(name)) for name in ("stage_greeted", "stage_back"))
+            return tokens, final.finish_reason, held
+
+    tokens, reason, held = run(body())
+    assert (reason, tokens) == ("length", expected)
+    assert held == []  # the failed requests' sessions were dropped at stage 0 too
+    assert [e["stage"] for e in logged["stage_greeted"]][-1:] == ["stage1"]
+    assert [e["stage"] for e in logged["stage_back"]] == ["stage1"]
+    assert len(events_named(pipe, "stage1", "upstream_accepted")) == 2  # the first process, then the new one
+
+
+def test_a_fast_restart_is_told_by_its_incarnation(tiny_model: Callable[..., Path],
+                                                   make_pipeline: Callable[..., Pipeline]) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=512)
+
+    async def body() -> tuple[list[str | None], str | None]:
+        async with running_driver(pipe, dead_after_s=600.0) as driver:  # silence alone would take 10 minutes
+            watched = await decoding(driver, 2)
+            pipe.stages.kill("stage1")
+            await restart_stage(pipe, 1)
+            finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), 30.0)
+            await until(lambda: serving(driver), "serving again")
+            _, final = await asyncio.wait_for(driver.submit([5, 6, 7, 8], max_tokens=4).collect(), 60.0)
+            return [f.error for f in finals], final.finish_reason
+
+    errors, reason = run(body())
+    assert all(e is not None and "stage stage1 restarted" in e for e in errors), errors
+    assert reason == "length"
+
+
+def test_final_stage_of_three_restarted_is_greeted_through_the_chain(tiny_model: Callable[..., Path],
+                                                                     make_pipeline: Callable[..., Pipeline]) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [2, 4], lane_count=2, ctx_size=512)
+    prompt = random_prompt(7, 43, 400)
+    expected = reference_generate(pipe, [prompt], MAX_TOKENS)[0]
+
+    async def body() -> tuple[list[int], str | None]:
+        async with running_driver(pipe) as driver:
+            watched = await decoding(driver, 2)
+            pipe.stages.kill("stage2")
+            await failed_naming(watched, "stage2")
+            await restart_stage(pipe, 2)
+            await until(lambda: serving(driver), "serving again")
+            tokens, final = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60.0)
+            return tokens, final.finish_reason
+
+    tokens, reason = run(body())
+    assert (reason, tokens) == ("length", expected)
+    assert pipe.stages.procs["stage1"].poll() is None  # stage 1 was not restarted
+    # stage 1 greeted the new stage 2 before answering stage 0 (startup greeting, then the revival's)
+    assert [e["upstream"] for e in events_named(pipe, "stage2", "upstream_accepted")] == ["stage1"] * 3
+    assert len(events_named(pipe, "stage1", "upstream_accepted")) == 2
+
+
+def test_restarted_stage_with_another_model_or_range_is_refused(tiny_model: Callable[..., Path],
+                                                                make_pipeline: Callable[..., Pipeline]) -> None:
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=256)
+    other_model = tiny_model("llama", seed=1)  # same shapes and vocabulary, other weights: another digest
+    config, topology = pipe.configs[1], pipe.topology
+    rogue_model = edited_json(config, pipe.directory / "rogue-model.json",
+                              lambda c: c.update(model_path=str(other_model)))
+
+    def move_split(data: dict[str, Any]) -> None:
+        if "stages" in data:
+            data["stages"][0]["layer_end"] = data["stages"][1]["layer_start"] = 2
+        else:
+            data["layer_start"] = 2
+
+    rogue_topology = edited_json(topology, pipe.directory / "rogue-topology.json", move_split)
+    rogue_range = edited_json(config, pipe.directory / "rogue-range.json", move_split)
+
+    async def refused(driver: Any, name: str) -> str:
+        await until(lambda: bool(events_named(pipe, name, "handshake_refused")), f"{name} refused")
+        with pytest.raises(DriverUnavailable, match="stage1"):
+            driver.submit([5, 6, 7], max_tokens=2)
+        pipe.stages.kill(name)
+        return str(events_named(pipe, name, "handshake_refused")[0]["error"])
+
+    refusals: list[dict[str, Any]] = []
+
+    async def body() -> tuple[str, str, str | None]:
+        with driver_log(pipe.directory / "driver.log") as events:
+            async with running_driver(pipe) as driver:
+                pipe.stages.kill("stage1")
+                await until(lambda: driver.liveness.dead == "stage1", "stage1 dead")
+                await start_rogue(pipe, "rogue-model", rogue_model, topology)
+                model_error = await refused(driver, "rogue-model")
+                await start_rogue(pipe, "rogue-range", rogue_range, rogue_topology)
+                range_error = await refused(driver, "rogue-range")
+                await restart_stage(pipe, 1)
+                await until(lambda: serving(driver), "serving again")
+                _, final = await asyncio.wait_for(driver.submit([5, 6, 7, 8], max_tokens=4).collect(), 60.0)
+            refusals.extend(events("stage_refused"))
+            return model_error, range_error, final.finish_reason
+
+    model_error, range_error, reason = run(body())
+    assert "serves model" in model_error, model_error
+    assert "upstream stage0 ends at layer 3 but stage stage1 starts at layer 2" in range_error, range_error
+    assert reason == "length"
+    assert len(refusals) >= 2 and all(e["stage"] == "stage1" for e in refusals), refusals

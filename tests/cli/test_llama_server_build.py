@@ -1,0 +1,85 @@
+"""The llama-server build for `skippy bench http`: its CMake flags (the wheel's, AMX off on x86-64), its
+cache key, reuse of a finished build without running anything, and a failed step named with its log's
+tail. No real build runs here (that takes minutes); a fake `cmake` on PATH stands in."""
+
+from __future__ import annotations
+
+import os
+import platform
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skippy.cli import llama_server_build as build
+from skippy.cli.bench_http_report import table
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKIPPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    return tmp_path
+
+
+def test_flags_are_the_wheels_plus_a_server_only_build(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build.cmake_args()
+    wanted = {"-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF"}
+    assert wanted <= set(args)
+    if platform.machine() == "x86_64":
+        assert f"-DCMAKE_C_FLAGS={build.NO_AMX}" in args and f"-DCMAKE_CXX_FLAGS={build.NO_AMX}" in args
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on '-DCMAKE_C_FLAGS=-O2'")
+    args = build.cmake_args()
+    assert args[:2] == ["-DGGML_CUDA=on", "-DCMAKE_C_FLAGS=-O2"]
+    assert not any(a.startswith("-DCMAKE_CXX_FLAGS") for a in args)  # the user's flags are left alone, as setup does
+
+
+def test_the_cache_key_follows_version_and_flags(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = build.build_dir()
+    assert plain.parent == cache and plain.name.startswith(f"llama-server-{build.llama_version()}-")
+    assert build.build_dir() == plain
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=on")
+    assert build.build_dir() != plain
+
+
+def test_a_finished_build_is_reused_without_running_anything(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    binary = build.build_dir() / "build" / "bin" / "llama-server"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    (build.build_dir() / "built").write_text("flags\n")
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a finished build must not run anything")
+
+    monkeypatch.setattr(build.subprocess, "Popen", no_run)
+    assert build.ensure_llama_server_binary() == binary
+
+
+def test_a_failed_step_is_named_with_the_tail_of_its_log(cache: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    fake = tools / "cmake"
+    fake.write_text("#!/bin/sh\necho '[1/3] Building CXX object x.o'\necho 'CMake Error: no compiler here' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    sources = tmp_path / "llama.cpp"
+    sources.mkdir()
+    monkeypatch.setattr(build, "_sources", lambda root, log: sources)
+    with pytest.raises(build.LlamaServerBuildError) as info:
+        build.ensure_llama_server_binary()
+    message = str(info.value)
+    assert "failed at 'configure (cmake)' (exit 3" in message and "CMake Error: no compiler here" in message
+    assert not (build.build_dir() / "built").exists()
+
+
+def test_the_table_marks_each_peers_targets() -> None:
+    def level(c: int, tok_s: float) -> dict[str, Any]:
+        return {"concurrency": c, "tok_s": tok_s, "ttft_p50_ms": 1, "ttft_p95_ms": 2, "tpot_p50_ms": 3, "tpot_p95_ms": 4,
+                "status_429": 0}
+
+    results = {"skippy": [level(1, 9.0), level(8, 80.0)], "llama-server": [level(1, 10.0), level(8, 100.0)]}
+    lines = table(results, "llama-server").splitlines()
+    assert "tok/s ls" in lines[0]
+    assert lines[1].split()[3:6] == ["0.90", ">=0.9", "ok"] and lines[2].split()[3:6] == ["0.80", ">=0.85", "NO"]

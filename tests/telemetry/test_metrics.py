@@ -1,0 +1,135 @@
+"""Prometheus metrics and their readers: a process's /metrics (registries + telemetry counters), the
+run directory's targets file, and the dashboard's summary of every process's samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from skippy.config import TelemetryLevel
+from skippy.http.metrics import Metrics
+from skippy.telemetry.options import TelemetryOptions
+from skippy.telemetry.process import Telemetry, metrics_host
+from skippy.telemetry.scrape import parse, scrape, summarise
+from skippy.telemetry.stage import StageMetrics
+from skippy.telemetry.targets import TARGETS_FILE, read_targets, record_target
+
+
+def stage_metrics(registry: CollectorRegistry, stage_id: str, depth: list[int]) -> StageMetrics:
+    return StageMetrics(registry, stage_id, queue_depth=lambda: depth[0], kv_cells=lambda: 40, sessions=lambda: 2,
+                        credits_outstanding=lambda: 1)
+
+
+def samples_of(text: bytes) -> dict[str, float]:
+    return {s.name + str(sorted(s.labels.items())): s.value for s in parse(text.decode())}
+
+
+def test_stage_metrics_count_batches_and_read_gauges_when_scraped() -> None:
+    registry, depth = CollectorRegistry(), [3]
+    metrics = stage_metrics(registry, "stage1", depth)
+    metrics.observe(rows=8, compute_ms=20.0, credit_wait_ms=5.0, bytes_in=2048, bytes_out=0)
+    metrics.observe(rows=1, compute_ms=2.0, credit_wait_ms=0.0, bytes_in=256, bytes_out=0)
+    depth[0] = 7
+    got = {s.name: s.value for s in parse(_render(registry)) if "le" not in s.labels and s.labels.get("direction") != "out"}
+    assert got["skippy_stage_batch_rows_count"] == 2 and got["skippy_stage_batch_rows_sum"] == 9
+    assert got["skippy_stage_compute_seconds_sum"] == pytest.approx(0.022)
+    assert got["skippy_stage_credit_waits_total"] == 1 and got["skippy_stage_credit_wait_seconds_total"] == pytest.approx(0.005)
+    assert got["skippy_stage_activation_bytes_total"] == 2304
+    assert (got["skippy_stage_queue_depth"], got["skippy_stage_kv_cells"], got["skippy_stage_sessions"]) == (7, 40, 2)
+
+
+def _render(registry: CollectorRegistry) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
+
+
+def test_process_serves_attached_registries_and_its_telemetry_counters() -> None:
+    telemetry = Telemetry(TelemetryOptions(TelemetryLevel.DEBUG, 64), "stage")
+    registry = CollectorRegistry()
+    stage_metrics(registry, "stage1", [0])
+    telemetry.attach(registry)  # not installed: kept to itself
+    assert b"skippy_stage_batch_rows" not in telemetry.render()
+    telemetry.installed = True
+    telemetry.attach(registry)
+    url = telemetry.serve_metrics("127.0.0.1")
+    try:
+        served = {s.name: s for s in scrape(url) or []}
+        assert "skippy_stage_batch_rows_count" in served
+        assert served["skippy_telemetry_queue_capacity"].value == 64
+        assert served["skippy_telemetry_events_dropped_total"].value == 0
+        assert served["skippy_telemetry_info"].labels == {"role": "stage", "level": "debug", "otlp_endpoint": ""}
+    finally:
+        telemetry.close()
+    assert scrape(url, timeout_s=2.0) is None  # stopped serving
+
+
+def test_spans_need_an_endpoint_and_a_level() -> None:
+    assert not Telemetry(TelemetryOptions(TelemetryLevel.DEBUG)).spans  # no collector: nothing queued
+    quiet = Telemetry(TelemetryOptions(TelemetryLevel.OFF, otlp_endpoint="http://127.0.0.1:9"))
+    assert quiet.queue is None
+    summary = Telemetry(TelemetryOptions(TelemetryLevel.SUMMARY, otlp_endpoint="http://127.0.0.1:9"))
+    try:
+        assert summary.spans and not summary.debug_spans
+        summary.span("x", 0.0, 1.0, debug=True)
+        assert summary.queue is not None and summary.queue.queued == 0
+    finally:
+        summary.close()
+
+
+def test_adapter_metrics_keep_their_names() -> None:
+    metrics = Metrics(Telemetry())
+    metrics.count_request("/v1/completions", 200)
+    metrics.generation_started("r1", 0.0, prompt_tokens=5, kind="completion")
+    for _ in range(3):
+        metrics.token("r1")
+    metrics.generation_done("r1", None, stopped=True)
+    metrics.observe_stats((("speculative_proposed", 4.0), ("speculative_accepted", 3.0)))
+    got = samples_of(metrics.render())
+    assert got["skippy_http_requests_total[('route', '/v1/completions'), ('status', '200')]"] == 1
+    assert got["skippy_prompt_tokens_total[]"] == 5 and got["skippy_completion_tokens_total[]"] == 3
+    assert got["skippy_time_to_first_token_seconds_count[]"] == 1
+    assert got["skippy_time_per_output_token_seconds_count[]"] == 1
+    assert got["skippy_speculative_requests_total[]"] == 1 and got["skippy_speculative_accepted_total[]"] == 3
+    assert metrics.requests_total() == 1
+
+
+def test_targets_file_lists_each_process_once(tmp_path: Path) -> None:
+    record_target(tmp_path, "stage1", {"metrics_url": "http://127.0.0.1:4000/metrics"})
+    record_target(tmp_path, "broker", {"endpoint": "ipc:///x"})  # no metrics URL: not listed
+    record_target(tmp_path, "adapter", {"metrics_url": "http://127.0.0.1:9337/metrics"})
+    record_target(tmp_path, "stage1", {"metrics_url": "http://127.0.0.1:4001/metrics"})  # restarted: replaced
+    assert read_targets(tmp_path / TARGETS_FILE) == [("adapter", "http://127.0.0.1:9337/metrics"),
+                                                    ("stage1", "http://127.0.0.1:4001/metrics")]
+    assert read_targets(tmp_path / "missing.json") == []
+
+
+@pytest.mark.parametrize(("endpoint", "host"), [(None, "127.0.0.1"), ("ipc:///run/s.sock", "127.0.0.1"),
+                                                ("tcp://10.0.0.5:9000", "10.0.0.5"), ("tcp://*:9000", "0.0.0.0"),
+                                                ("tcp://[::1]:9000", "::1")])
+def test_metrics_host_follows_the_stage_endpoint(endpoint: str | None, host: str) -> None:
+    assert metrics_host(endpoint) == host
+
+
+def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
+    driver = CollectorRegistry()
+    stage_metrics(driver, "stage0", [0]).observe(4, 10.0, 0.0, 0, 1024)
+    text = _render(driver) + (
+        '# TYPE skippy_pipeline_stage_compute_seconds counter\n'
+        'skippy_pipeline_stage_compute_seconds_total{stage_id="stage0"} 0.01\n'
+        'skippy_pipeline_stage_compute_seconds_total{stage_id="stage1"} 0.5\n'
+        '# TYPE skippy_driver_sessions_running gauge\nskippy_driver_sessions_running 2\n')
+    adapter = '# TYPE skippy_completion_tokens counter\nskippy_completion_tokens_total 12\n'
+    summary = summarise([("adapter", "a", parse(adapter)), ("stage0", "s0", parse(text)), ("stage1", "s1", None)])
+    assert summary["adapter"]["completion_tokens"] == 12
+    assert summary["driver"]["running"] == 2 and summary["broker"] is None
+    assert summary["stages"]["stage0"]["compute_seconds"] == pytest.approx(0.01)
+    assert summary["stages"]["stage0"]["scraped"] == 1 and summary["stages"]["stage0"]["bytes_out"] == 1024
+    assert summary["stages"]["stage1"] == {"compute_seconds": 0.5, "scraped": 0.0}  # not scraped: the driver's view
+    assert [p["up"] for p in summary["processes"]] == [True, True, False]
+
+
+def test_scrape_of_a_process_that_does_not_answer_is_none() -> None:
+    assert scrape("http://127.0.0.1:9/metrics", timeout_s=2.0) is None
