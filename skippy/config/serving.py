@@ -39,7 +39,7 @@ from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
 from skippy.config.stage import StageConfig, StageTopology
 from skippy.config.wire import WireCondition
-from skippy.protocol.messages import WireDtype
+from skippy.protocol.kinds import WireDtype
 
 __all__ = [
     "AdmissionOptions",

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from skippy.config.schema import ConfigModel, check
-from skippy.protocol.messages import WireDtype
+from skippy.protocol.kinds import WireDtype
 
 __all__ = ["MAX_WIRE_DELAY_MS", "MAX_WIRE_DELAY_S", "WireCondition"]
 

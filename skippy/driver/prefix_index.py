@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 _KEY_MASK = 2**63 - 1
 
 
+class Entry(NamedTuple):
+    tokens: np.ndarray
+    kind: str  # what was recorded: "prompt" (a prompt's end), "grid" (a shared-prefix grid point), "reply"
+
+
 class CacheOps(NamedTuple):
     """One window's prefix cache operations (see skippy.protocol.Window)."""
 
@@ -59,6 +64,7 @@ class PrefixState:
     """A request's prefix cache state: what it restores and records, and what happened."""
 
     status: str = "disabled"  # disabled | miss | hit | chain_miss (a stage lacked the entry: full prefill)
+    hit_kind: str | None = None  # the restored entry's kind (Entry.kind)
     restore: PrefixRef | None = None  # restored by the session's next window
     restored: int | None = None  # the key this attempt restored
     matched: int = 0  # prompt tokens restored instead of prefilled
@@ -72,7 +78,8 @@ class PrefixState:
         return next((p for p in self.points if p > prefilled), prompt_len)
 
     def summary(self, prompt_len: int) -> dict[str, Any]:
-        return {"kv_status": self.status, "cached_prompt_tokens": self.matched, "matched_prefix_tokens": self.matched,
+        return {"kv_status": self.status, "hit_kind": self.hit_kind, "cached_prompt_tokens": self.matched,
+                "matched_prefix_tokens": self.matched,
                 "suffix_prefill_tokens": prompt_len - self.matched, "chain_misses": self.chain_misses,
                 "prefix_evictions": self.evictions}
 
@@ -89,7 +96,7 @@ class PrefixIndex:
         self.own = own
         self.caps: CacheCaps | None = own if self.config is not None else None
         self.ledger = CellLedger()
-        self._entries: OrderedDict[int, np.ndarray] = OrderedDict()  # key -> tokens; least recently used first
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
         self._pins: Counter[int] = Counter()  # entries sessions wait to restore
         self._forgotten: list[int] = []  # dropped from the index, still to be evicted on the stages
         self._to_keep: list[tuple[int, np.ndarray]] = []  # finished sessions' prompt + reply, kept at release
@@ -128,11 +135,12 @@ class PrefixIndex:
         state, prompt = seq.prefix, seq.prompt
         state.status = "miss"
         if self.config.should_lookup:
-            best = max((k for k, t in self._entries.items() if self.config.min_tokens <= len(t) < len(prompt)
-                        and np.array_equal(prompt[: len(t)], t)), key=lambda k: len(self._entries[k]), default=None)
+            best = max((k for k, (t, _) in self._entries.items() if self.config.min_tokens <= len(t) < len(prompt)
+                        and np.array_equal(prompt[: len(t)], t)), key=lambda k: len(self._entries[k].tokens), default=None)
             if best is not None:
-                n = len(self._entries[best])
+                n = len(self._entries[best].tokens)
                 state.status, state.restore, state.matched = "hit", PrefixRef(best, n), n
+                state.hit_kind = self._entries[best].kind
                 self._pins[best] += 1
                 seq.prefilled = n
                 self.counters["hits"] += 1
@@ -190,7 +198,9 @@ class PrefixIndex:
 
     def _record_prefix(self, session: int, tokens: np.ndarray, evict: list[int], seq: Sequence | None
                        ) -> PrefixRef | None:
-        """Record the session's first len(tokens) positions if the bounds allow (evicting into `evict`)."""
+        """Record the session's first len(tokens) positions if the bounds allow (evicting into `evict`);
+        `seq` when a prefill window records it, None when a finished request's reply is kept."""
+
         assert self.caps is not None
         key, end = self.key(tokens), len(tokens)
         if key in self._entries or end < (self.config.min_tokens if self.config else 0):
@@ -206,7 +216,8 @@ class PrefixIndex:
             evict.append(old)
         self.counters["evictions"] += len(fit)
         self.ledger.record(session, key, end)
-        self._entries[key] = tokens.copy()
+        kind = "reply" if seq is None else "prompt" if end == len(seq.prompt) else "grid"
+        self._entries[key] = Entry(tokens.copy(), kind)
         if seq is not None:
             seq.prefix.evictions += len(fit)
             seq.prefix.recorded.append(key)
@@ -222,6 +233,7 @@ class PrefixIndex:
         if state.restore is not None:
             self._unpin(state.restore.key)
         state.status, state.restore, state.restored, state.matched, state.recorded = "chain_miss", None, None, 0, []
+        state.hit_kind = None
         state.chain_misses += 1
         self.counters["chain_misses"] += 1
         get_logger().warning("prefix_chain_miss", request_id=seq.request_id, session_id=seq.session_id)

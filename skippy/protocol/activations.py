@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from skippy.protocol.messages import ErrorCode, ProtocolError, WireDtype
+from skippy.protocol.kinds import ErrorCode, WireDtype
+from skippy.protocol.messages import ProtocolError
 
 __all__ = ["pack", "row_bytes", "unpack"]
 

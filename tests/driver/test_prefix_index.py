@@ -78,7 +78,7 @@ def test_a_longer_prompt_restores_the_longest_whole_entry() -> None:
     first = prompt(100)
     served(index, first)
     follow = admitted(index, np.concatenate([first, prompt(30, seed=1)]))
-    assert (follow.prefix.status, follow.prefix.matched, follow.prefilled) == ("hit", 100, 100)
+    assert (follow.prefix.status, follow.prefix.hit_kind, follow.prefix.matched, follow.prefilled) == ("hit", "prompt", 100, 100)
     plan = plan_iteration([follow], 10_000, 1)
     ops = index.window_ops(plan)
     assert plan[0].pos_start == 100 and ops[0].restore == PrefixRef(index.key(first), 100)
@@ -90,7 +90,7 @@ def test_the_same_prompt_again_hits_below_its_end() -> None:
     tokens = prompt(100)
     served(index, tokens)
     again = admitted(index, tokens)
-    assert again.prefix.matched == 64  # the whole prompt cannot be restored: its last token must run
+    assert (again.prefix.matched, again.prefix.hit_kind) == (64, "grid")  # its last token must run
     assert again.prefix.points == ()  # every point is recorded already
 
 
@@ -144,7 +144,7 @@ def test_a_finished_request_keeps_its_prompt_and_reply_at_release() -> None:
     assert kept == (KeptPrefix(seq.session_id, PrefixRef(index.key(tokens), 103)),) and evict == ()
     assert index.cells == 103
     follow = admitted(index, np.concatenate([tokens, [10], prompt(20, seed=5)]))
-    assert follow.prefix.matched == 103
+    assert (follow.prefix.matched, follow.prefix.hit_kind) == (103, "reply")
 
 
 def test_nothing_is_kept_after_a_failure_or_when_the_kv_runs_past_the_reply() -> None:
