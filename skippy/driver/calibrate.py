@@ -24,6 +24,7 @@ from skippy.runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from skippy.driver.driver import Driver
+    from skippy.driver.speculative.engine import Speculation
 
 CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions count up from 1)
 
@@ -31,6 +32,17 @@ CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions co
 def _calibration_sequence(driver: Driver) -> Sequence:
     return Sequence("calibration", CALIBRATION_SESSION, np.zeros(0, np.int32), SamplingParams(), 1, frozenset(),
                     ChunkPlanner(driver.prefill), RequestHandle("calibration"))
+
+
+async def calibrate_speculation(driver: Driver, speculation: Speculation) -> None:
+    """Give the cost-model verify window its decode cost table and the pipeline's hops."""
+    cost = await calibrate_rows(driver, speculation.max_k + 1)
+    topology = driver.options.topology
+    n_stages = len(topology.stages) if topology else 1 + (driver.downstream is not None)
+    hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
+    speculation.use_cost_model(cost, hops, driver.options.wire.delay_ms)
+    driver.log.info("window_cost_calibrated", cost_ms=[round(c, 2) for c in cost[1:]], hops=hops,
+                    hop_ms=driver.options.wire.delay_ms)
 
 
 async def calibrate_rows(driver: Driver, max_rows: int, repeats: int = 3, timeout_s: float = 60.0) -> list[float]:

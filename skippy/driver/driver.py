@@ -20,8 +20,9 @@ import numpy as np
 import zmq.asyncio
 
 from skippy.config import ServingOptions, prompt_length_error
+from skippy.config.affinity import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
-from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_rows
+from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_speculation
 from skippy.driver.events import DriverUnavailable, RequestHandle
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
@@ -55,15 +56,6 @@ from skippy.telemetry.driver import DriverTelemetry
 from skippy.transport import PullQueue
 
 
-def micro_batches(options: ServingOptions) -> int:
-    """Iterations kept in flight by default: one per host. Stages sharing a host share its cores, so
-    overlapping their compute only shrinks batches (measured on 2 cores, Gemma 3, 8 streams over 2
-    stages: 182 tok/s with one batch in flight vs 96 tok/s with two)."""
-    if options.topology is None:
-        return 1
-    return len({stage.host or stage.stage_id for stage in options.topology.stages})
-
-
 class Driver:
     def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None,
                  supervisor: Supervisor | None = None, dead_after_s: float = DEAD_AFTER_S,
@@ -72,7 +64,10 @@ class Driver:
         self.options = options
         self.runtime = runtime
         self.identity = StageIdentity(cfg.stage_id, 0, cfg.layer_start, cfg.layer_end, runtime.model_digest, runtime.n_embd)
-        self.max_iterations = max_iterations_in_flight or micro_batches(options)
+        # micro-batches in flight: one per group of stages computing without sharing a core (a host, or
+        # disjoint --stage-cpus). Sharing cores, overlap only shrinks batches (2 cores, Gemma 3, 8 streams
+        # over 2 stages: 182 tok/s with one batch in flight vs 96 with two).
+        self.max_iterations = max_iterations_in_flight or stage_groups(options.topology, options.stage_cpus)
         self.prefill = options.prefill
         self.dead_after_s = dead_after_s
         self.log = get_logger()
@@ -120,18 +115,10 @@ class Driver:
             self.liveness = Liveness(watched, self.dead_after_s)
         self.supervisor.spawn("receive loop", self.inbound_handler.run(early))
         if self.speculation is not None and self.speculation.calibrate:
-            await self._calibrate(self.speculation)
+            await calibrate_speculation(self, self.speculation)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
         self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
-
-    async def _calibrate(self, speculation: Speculation) -> None:
-        cost = await calibrate_rows(self, speculation.max_k + 1)
-        n_stages = len(self.options.topology.stages) if self.options.topology else 1 + (self.downstream is not None)
-        hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
-        speculation.use_cost_model(cost, hops, self.options.wire.delay_ms)
-        self.log.info("window_cost_calibrated", cost_ms=[round(c, 2) for c in cost[1:]], hops=hops,
-                      hop_ms=self.options.wire.delay_ms)
 
     async def release_now(self, session_ids: tuple[int, ...]) -> None:
         """Forget sessions on every stage now (the calibration session)."""

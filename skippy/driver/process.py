@@ -75,7 +75,7 @@ class DriverProcess:
             cfg = self.driver.options.config
             announce_ready(self.log, layer_start=cfg.layer_start, layer_end=cfg.layer_end,
                           endpoint=self.driver.inbound.endpoint, request_endpoint=router.endpoint,
-                          n_embd=self.runtime.n_embd, final=self.runtime.is_final,
+                          n_embd=self.runtime.n_embd, final=self.runtime.is_final, eval_callback=self.runtime.eval_callback,
                           max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict())
             self.supervisor.spawn("request endpoint", self._serve(router))
             if self.driver.options.openai is not None and self.start_front is not None:

@@ -124,7 +124,8 @@ class LlamaContext:
     rows; full-size SWA cells let a session be trimmed back anywhere.
     """
 
-    def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: object | None = None) -> None:
+    def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: object | None = None,
+                 eval_user_data: ctypes.c_void_p | None = None) -> None:
         cp = L.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_seq_max = params.n_seq_max
@@ -145,6 +146,7 @@ class LlamaContext:
             cp.op_offload = params.op_offload
         if eval_callback is not None:
             cp.cb_eval = eval_callback
+            cp.cb_eval_user_data = eval_user_data
         clear_llama_log()
         ptr = L.llama_init_from_model(model.ptr, cp)
         if not ptr:

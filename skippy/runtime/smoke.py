@@ -61,6 +61,10 @@ def run_child(model: str, n_tokens: int) -> int:
     info = L.llama_print_system_info().decode()
     print(f"smoke: {path.name}: {PROMPT.decode()!r} -> {text!r}")
     print(f"smoke: llama.cpp system info: {info.strip()}")
+    from skippy.runtime.capture import native_capture_library
+
+    library = native_capture_library()  # built here once, so no stage compiles it at startup
+    print(f"smoke: stage eval callback: {f'native ({library})' if library else 'python (no C compiler found)'}")
     return 0
 
 

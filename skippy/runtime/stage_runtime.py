@@ -2,32 +2,29 @@
 
 The first stage takes token ids, later stages take the previous stage's hidden states as embedding
 input. A non-final stage returns the hidden state of its last layer for every input row (read with
-the context's eval callback, which then stops the graph before the stop block and the vocabulary
-projection); the final stage keeps logits only for the rows that ask for them and samples with a
-per-session sampler chain. Each session is one llama.cpp sequence ("lane"); one decode call may
-carry windows from many sessions. Positions are authoritative: a session whose KV runs past a
-window's `pos_start` is trimmed first. With `prefix_entries` the stage keeps a prefix cache
-(`prefix_cache`): windows may restore, record and evict its entries. Not thread-safe: one worker
-thread owns a runtime.
+the context's eval callback, compiled C where a compiler is at hand (skippy.runtime.capture), which
+stops the graph before the stop block and the vocabulary projection); the final stage keeps logits
+only for the rows that ask for them and samples with a per-session sampler chain. Each session is
+one llama.cpp sequence ("lane"); one decode call may carry windows from many sessions. Positions
+are authoritative: a session whose KV runs past a window's `pos_start` is trimmed first. With
+`prefix_entries` the stage keeps a prefix cache (`prefix_cache`): windows may restore, record and
+evict its entries. Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
-import llama_cpp as L
 import numpy as np
 
 from skippy.protocol import PrefixRef, TokenLogprob
+from skippy.runtime.capture import eval_capture
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.llama_api import (
     BatchBuffers,
     ContextParams,
     LlamaContext,
-    copy_tensor,
     default_threads,
-    tensor_name,
 )
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, with_missed
@@ -95,11 +92,11 @@ class StageRuntime:
             op_offload=spec.op_offload,
         )
         # The real last layer of a non-final slice; the stop block after it never runs.
-        self._capture_name = f"l_out-{spec.layer_end - spec.layer_start - 1}".encode()
-        self._capture: np.ndarray | None = None
-        self._captured = 0
-        callback = None if self.is_final else L.ggml_backend_sched_eval_callback(self._on_eval)
-        self.ctx = LlamaContext(self.model, self.params, callback)
+        # The real last layer of a non-final slice; the stop block after it never runs.
+        self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
+        self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
+        hook = self._capture_hook
+        self.ctx = LlamaContext(self.model, self.params, *((hook.callback, hook.user_data) if hook else ()))
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
@@ -109,19 +106,6 @@ class StageRuntime:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
             cells = min(lanes_kv, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else lanes_kv
             self.prefix = PrefixCache(self.ctx, self._lanes, spec.lane_count, spec.prefix_entries, cells, cell_bytes)
-
-    # -- eval callback (called by llama.cpp for every graph node; must never raise) ----------------
-    def _on_eval(self, tensor: int, ask: bool, _user: ctypes.c_void_p) -> bool:
-        if tensor_name(tensor) != self._capture_name:
-            return not ask  # not wanted; when observing, keep going
-        if ask:
-            return True
-        try:
-            assert self._capture is not None
-            self._captured += copy_tensor(tensor, self._capture.reshape(-1)[self._captured :])
-        except Exception:  # noqa: BLE001 - a raise here would unwind through C; mark the capture bad
-            self._captured = -1
-        return False  # stop: the stop block and the vocabulary projection are not needed
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -249,12 +233,14 @@ class StageRuntime:
         if self.is_final:
             self.ctx.decode(batch)
             return DecodeResult(hidden=None, output_rows=output_rows)
-        self._capture = np.empty((n_rows, self.n_embd), np.float32)
-        self._captured = 0
+        hidden_out = np.empty((n_rows, self.n_embd), np.float32)
+        assert self._capture_hook is not None
+        self._capture_hook.arm(hidden_out)
         self.ctx.decode(batch)
-        if self._captured != n_rows * self.n_embd:
-            raise RuntimeError(f"captured {self._captured} floats of layer output, expected {n_rows * self.n_embd}")
-        return DecodeResult(hidden=self._capture, output_rows=output_rows)
+        captured = self._capture_hook.floats()
+        if captured != n_rows * self.n_embd:
+            raise RuntimeError(f"captured {captured} floats of layer output, expected {n_rows * self.n_embd}")
+        return DecodeResult(hidden=hidden_out, output_rows=output_rows)
 
     def logits(self, batch_row: int) -> np.ndarray:
         """A copy of the logits of an output row of the last decode (final stage)."""

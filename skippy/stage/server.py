@@ -114,6 +114,7 @@ class StageServer:
             reply_credit_limit=self.options.reply_credit_limit, async_prefill_forward=self.options.async_prefill_forward,
             wire_delay_ms=self.options.wire.delay_ms, wire_mbps=self.options.wire.mbps,
             weight_buffers_mib=self.runtime.model.buffers, amx_avoided=self.runtime.model.amx_avoided,
+            eval_callback=self.runtime.eval_callback,
         )
         self.supervisor.spawn("receive loop", self._recv_loop())
         self.supervisor.spawn("work loop", self._work_loop())

@@ -80,3 +80,15 @@ def test_stage_groups(make_topology: Callable[..., dict[str, Any]]) -> None:
     assert stage_groups(topology, [(0,), (1,), ()]) == 1  # an unpinned stage overlaps both
     hosts = StageTopology.from_dict({**data, "stages": [{**s, "host": f"h{i}"} for i, s in enumerate(data["stages"])]})
     assert stage_groups(hosts) == 3
+
+
+def test_the_driver_keeps_one_micro_batch_per_group_of_pinned_stages(
+        serve: Callable[..., Any], write_json: Callable[[str, Any], Path], make_topology: Callable[..., dict[str, Any]]) -> None:
+    def micro_batches(*flags: str) -> int:  # what the driver keeps in flight
+        options = serve("--topology", topology, *flags)
+        return stage_groups(options.topology, options.stage_cpus)
+
+    topology = str(write_json("topo.json", make_topology(2)))
+    assert micro_batches() == 1  # sharing every core: one batch in flight
+    assert micro_batches("--stage-cpus", "0,1") == 2
+    assert micro_batches("--stage-cpus", "0-1,1") == 1
