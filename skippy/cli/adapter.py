@@ -10,11 +10,13 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from skippy.config import ConfigError
+from skippy.config.serving import parse_cors_origins
 from skippy.driver.client import DriverClient
 from skippy.http.adapter import OpenAIAdapter
 from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
-from skippy.http.cors import CorsPolicy, parse_origins
+from skippy.http.cors import CorsPolicy
 from skippy.http.server import HttpServer
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
@@ -34,6 +36,16 @@ def split_host_port(text: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def cors_origins(text: str) -> tuple[str, ...]:
+    """`--cors-origins`: checked as `skippy up --openai-cors-origins` is (blank: none)."""
+    if not text.strip():
+        return ()
+    try:
+        return parse_cors_origins(text, "--cors-origins")
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("adapter", help="serve the OpenAI HTTP API in front of a broker")
     p.add_argument("--broker", required=True, help="the broker's endpoint, e.g. ipc:///run/broker.sock")
@@ -41,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
     p.add_argument("--default-max-tokens", type=int, default=16)
-    p.add_argument("--cors-origins", default="", metavar="LIST",
-                   help="origins browsers may call from, comma separated, or * (default: none)")
+    p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
+                   help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
     add_telemetry_arguments(p)
     p.add_argument("--metrics-targets", type=Path, default=None, metavar="PATH",
                    help="the run's metrics-targets.json: /dashboard shows every process listed there")
@@ -60,7 +72,7 @@ async def serve(args: argparse.Namespace) -> int:
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
     broker = DriverClient(args.broker)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
-                            CorsPolicy(parse_origins(args.cors_origins)), api_key_from(args.openai_api_key))
+                            CorsPolicy(args.cors_origins), api_key_from(args.openai_api_key))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))
     host, port = args.bind

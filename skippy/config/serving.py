@@ -8,6 +8,7 @@ typed, validated :class:`ServingOptions`, applying the reference
 resolved by ``admission``; stage 0's generation options (prefill chunking,
 speculative decoding) by ``generation``, with or without the OpenAI front.
 ``resolve_mtp_source`` decides where native-MTP drafts come from.
+``parse_cors_origins`` checks the origins the adapter sends CORS headers to.
 
 Flags whose feature is not built yet still resolve (so their values are
 checked and visible), but ``refuse_unsupported`` fails a process that would
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import enum
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,7 @@ __all__ = [
     "TelemetryLevel",
     "add_serving_arguments",
     "default_queue_capacity",
+    "parse_cors_origins",
     "parse_serving_args",
     "refuse_unsupported",
     "resolve_mtp_source",
@@ -81,6 +84,7 @@ class OpenAIOptions(ConfigModel):
     default_max_tokens: int = 16
     admission: AdmissionOptions
     api_key: str | None = field(default=None, repr=False)  # --openai-api-key (the adapter also reads its env var)
+    cors_origins: tuple[str, ...] = ()  # --openai-cors-origins: () = no CORS headers, preflights without them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +116,29 @@ def _endpoint_flag(flags: FlagReader, flag: str, *, http: bool) -> str | None:
     return flags.endpoint(flag, normalize_http_addr if http else functools.partial(normalize_zmq_endpoint, bind=True))
 
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9]([a-z0-9.-]*[a-z0-9])?)(:(?P<port>[0-9]{1,5}))?")
+
+
+def parse_cors_origins(text: str, flag: str) -> tuple[str, ...]:
+    """A comma-separated origin list -> origins as browsers send them in `Origin`: scheme://host[:port],
+    lower-cased, a trailing / dropped, duplicates once; `*` allows any origin. Raises ConfigError naming
+    `flag` for anything else (a path, a missing scheme, a bad port) and for a list without origins."""
+    origins: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        origin = part.lower().removesuffix("/")
+        if not part:
+            continue
+        match = _ORIGIN.fullmatch(origin)
+        if origin != "*" and (match is None or not 0 < int(match["port"] or 1) < 65536):
+            raise ConfigError(f"{flag} must list origins as scheme://host[:port] (e.g. http://localhost:3000)"
+                              f" or *, comma separated, got {part!r}")
+        if origin not in origins:
+            origins.append(origin)
+    if not origins:
+        raise ConfigError(f"{flag} must list at least one origin (scheme://host[:port] or *), got {text!r}")
+    return tuple(origins)
+
+
 def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> OpenAIOptions | None:
     bind_addr = _endpoint_flag(flags, "--openai-bind-addr", http=True)
     if bind_addr is None:
@@ -133,7 +160,13 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
         admission=resolve_admission(flags, config.lane_count),
         api_key=flags.text("--openai-api-key"),
+        cors_origins=_cors_origins(flags),
     )
+
+
+def _cors_origins(flags: FlagReader) -> tuple[str, ...]:
+    text = flags.text("--openai-cors-origins")
+    return () if text is None else parse_cors_origins(text, "--openai-cors-origins")
 
 
 def _resolve_wire(flags: FlagReader) -> WireCondition:

@@ -65,6 +65,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
     ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)", _A),
     ("--openai-api-key", "KEY", "Bearer key the HTTP API requires (default: $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
+    ("--openai-cors-origins", "LIST", "origins browsers may call the HTTP API from, comma separated"
+     " scheme://host[:port], or * for any (default: none, no CORS headers)", _A),
     ("--openai-generation-concurrency", "N", "generation permits per pipeline (default lane_count)", _B),
     ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput", _B),
     ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)", _B),

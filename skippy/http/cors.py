@@ -1,7 +1,8 @@
 """CORS for the adapter's routes: preflight answers and `Access-Control-*` headers for allowed origins.
 
-Allowed origins are configured (`skippy adapter --cors-origins`); none by default, so a browser page
-on another origin cannot read responses unless the operator allows it. `*` allows any origin. Every
+Allowed origins are configured (`skippy adapter --cors-origins`, which `skippy up` and stage 0's front
+pass from `--openai-cors-origins`, both checked by skippy.config.serving.parse_cors_origins); none by
+default, so a browser page on another origin cannot read responses unless the operator allows it. `*` allows any origin. Every
 route answers `OPTIONS` (204 with `Allow`); the CORS headers are added only when the request's
 `Origin` is allowed, to preflights (methods, the requested headers, max age) and to every response of
 the route, errors included, so a browser client can read a 400 or 429.

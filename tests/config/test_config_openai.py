@@ -3,8 +3,13 @@ front is allowed, and front flags given without it.  Its admission options: test
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from config_helpers import OPENAI, Serve, ServeError
+
+from skippy.cli.adapter import cors_origins as adapter_cors_origins
+from skippy.cli.front import cors_flags
 
 
 def test_openai_defaults(serve: Serve) -> None:
@@ -51,10 +56,51 @@ def test_openai_only_on_stage_zero(serve_error: ServeError) -> None:
         ["--openai-adaptive-generation-concurrency"],
         ["--openai-model-id", "x"],
         ["--openai-default-max-tokens", "9"],
+        ["--openai-cors-origins", "http://ui.example"],
     ],
 )
 def test_front_flags_need_the_front(serve_error: ServeError, flags: list[str]) -> None:
-    """Admission, model id and default max tokens act only through a front: never accepted and dropped."""
+    """Admission, model id, default max tokens and CORS act only through a front: never accepted and dropped."""
     message = serve_error(*flags)
     assert message.startswith(f"{flags[0]} needs --openai-bind-addr (or give it to skippy up")
 
+
+
+def test_cors_origins_default_to_none(serve: Serve) -> None:
+    openai = serve(*OPENAI).openai
+    assert openai is not None and openai.cors_origins == ()
+
+
+def test_cors_origins_resolved(serve: Serve) -> None:
+    """Origins as browsers send them: lower-cased, a trailing / dropped, each once; `*` for any."""
+    given = " http://UI.example:3000/ ,https://app.example, http://[::1]:8080,*,http://ui.example:3000"
+    openai = serve(*OPENAI, "--openai-cors-origins", given).openai
+    assert openai is not None
+    assert openai.cors_origins == ("http://ui.example:3000", "https://app.example", "http://[::1]:8080", "*")
+
+
+@pytest.mark.parametrize("bad", ["ui.example", "http://ui.example/app", "http://ui.example:0", "http://ui.example:99999",
+                                 "http://", "http://ui example", "http://ui.example?x=1", "localhost:3000", "**"])
+def test_bad_cors_origin_refused_naming_the_flag(serve_error: ServeError, bad: str) -> None:
+    message = serve_error(*OPENAI, "--openai-cors-origins", f"http://fine.example,{bad}")
+    assert message == ("--openai-cors-origins must list origins as scheme://host[:port] (e.g. http://localhost:3000)"
+                       f" or *, comma separated, got {bad!r}")
+
+
+@pytest.mark.parametrize("empty", [",", " , "])
+def test_cors_origins_without_an_origin_refused(serve_error: ServeError, empty: str) -> None:
+    assert serve_error(*OPENAI, "--openai-cors-origins", empty).startswith(
+        "--openai-cors-origins must list at least one origin")
+
+
+def test_blank_cors_origins_refused(serve_error: ServeError) -> None:
+    assert serve_error(*OPENAI, "--openai-cors-origins", " ").startswith(
+        "--openai-cors-origins must be a non-empty string")
+
+
+def test_adapter_cors_origins_checked_alike() -> None:
+    """`skippy adapter --cors-origins`, which the front is given, is checked by the same rule."""
+    assert adapter_cors_origins("") == () and adapter_cors_origins("http://a.example/,*") == ("http://a.example", "*")
+    with pytest.raises(argparse.ArgumentTypeError, match="^--cors-origins must list origins as scheme://host"):
+        adapter_cors_origins("a.example")
+    assert cors_flags(()) == [] and cors_flags(("http://a.example", "*")) == ["--cors-origins", "http://a.example,*"]

@@ -34,8 +34,6 @@ def stage_pid(config: Path) -> int:
     return int(out[0])
 
 
-@pytest.mark.xfail(reason="failed twice under heavy CPU load (4-7 other jobs on 2 cores), passes alone;"
-                          " open: find the timing assumption", strict=False)
 def test_skippy_up_runs_each_stage_in_its_host(netns_hosts: MakeHosts, tiny_model: Callable[..., Path],
                                                tmp_path_factory: pytest.TempPathFactory, skippy_cache_dir: Path) -> None:
     hosts = netns_hosts(3, LinkConditions(delay_ms=5.0))

@@ -1,8 +1,10 @@
 """The reference's stage-0 surface: `skippy stage --config stage0 --topology T --openai-bind-addr ...`
-serves the OpenAI API for an already running pipeline (stage 0 starts broker + adapter as children)."""
+serves the OpenAI API for an already running pipeline (stage 0 starts broker + adapter as children),
+with the adapter's flags (here `--openai-cors-origins`) handed to it as `skippy up` hands them."""
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import time
 from collections.abc import Callable
@@ -14,6 +16,20 @@ import pytest
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 
 
+def preflight_allow_origin(url: str, origin: str) -> str | None:
+    """Access-Control-Allow-Origin of a CORS preflight to /v1/chat/completions from `origin`."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("OPTIONS", "/v1/chat/completions", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 204
+        return resp.getheader("access-control-allow-origin")
+    finally:
+        conn.close()
+
+
 def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path], tmp_path: Path,
                                                 skippy_cache_dir: Path) -> None:
     topology, configs = write_local_topology(tmp_path / "t", tiny_model("llama"), 6, [3], lane_count=2,
@@ -23,7 +39,8 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
     try:
         stages.start()  # stage 1 only
         stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
-                                        "--openai-bind-addr", "127.0.0.1:0", "--openai-generation-concurrency", "1"])
+                                        "--openai-bind-addr", "127.0.0.1:0", "--openai-generation-concurrency", "1",
+                                        "--openai-cors-origins", "http://ui.example"])
         stage0_log = stages.log_path("stage0")
         deadline = time.monotonic() + 60
         while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
@@ -39,6 +56,8 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
             client.completions.create(model="other", prompt="x", max_tokens=1)
         assert (unknown.value.code, unknown.value.param) == ("model_not_found", "model")
         client.close()
+        for origin, allowed in (("http://ui.example", "http://ui.example"), ("http://other.example", None)):
+            assert preflight_allow_origin(url, origin) == allowed
     finally:
         codes = stages.stop()
     assert codes == {"stage1": 0, "stage0": 0}
