@@ -12,8 +12,10 @@ CURVE server admitting the topology's keys and every connect a CURVE client.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -102,16 +104,42 @@ class PushQueue:
         """Send frames already encoded (by `protocol.encode`)."""
         return await _send_frames(self._socket, frames)
 
+    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> asyncio.Future[int]:
+        """Hand frames to ZeroMQ now (pyzmq sends at once unless the socket is full, then in order);
+        the future resolves to the bytes sent once they are on the socket."""
+        parts, copy, nbytes = _multipart(frames)
+        sending = cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy))
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def sent(future: asyncio.Future[Any]) -> None:
+            if done.done():
+                return
+            if future.cancelled():
+                done.cancel()
+            elif future.exception() is not None:
+                done.set_exception(future.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(nbytes)
+
+        sending.add_done_callback(sent)
+        return done
+
     def close(self, linger_ms: int = 0) -> None:
         """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""
         self._socket.close(linger=linger_ms)
 
 
-async def _send_frames(socket: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], prefix: bytes = b"") -> int:
+def _multipart(frames: Sequence[bytes | memoryview]) -> tuple[list[bytes | memoryview], bool, int]:
+    """(frames, copy?, bytes): a large activation frame goes zero-copy."""
     sizes = [memoryview(f).nbytes for f in frames]
     zero_copy = len(sizes) > 1 and sizes[1] > ZERO_COPY_MIN_BYTES
-    await socket.send_multipart([prefix, *frames] if prefix else list(frames), copy=not zero_copy)
-    return sum(sizes)
+    return list(frames), not zero_copy, sum(sizes)
+
+
+async def _send_frames(socket: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], prefix: bytes = b"") -> int:
+    parts, copy, nbytes = _multipart(frames)
+    await socket.send_multipart([prefix, *parts] if prefix else parts, copy=copy)
+    return nbytes
 
 
 async def _recv(socket: zmq.asyncio.Socket) -> list[zmq.Frame]:
