@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -110,14 +111,15 @@ def run_http_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-bench-http-") as tmp:
         try:
             print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
-            servers.append(start_skippy(args.model, args.split, Path(tmp) / "run", lanes))
+            servers.append(start_skippy(args.model, args.split, Path(tmp) / "run", lanes, shlex.split(args.skippy_flags)))
             servers += [_start_peer(p, model, Path(tmp), lanes, threads) for p in peers]
             results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
         finally:
             codes = {s.name: stop(s) for s in servers}
             print(f"bench: stopped {codes}", file=sys.stderr)
     header = (f"model {model.name}; skippy: 2 stages split at {args.split}, {lanes} lanes, generation concurrency"
-              f" {lanes}, each stage on all {threads} CPUs; {_peer_facts(peers, lanes, threads)}\n"
+              f" {lanes}, each stage on all {threads} CPUs{', ' + args.skippy_flags if args.skippy_flags else ''};"
+              f" {_peer_facts(peers, lanes, threads)}\n"
               f"prompt {prompt_tokens} tokens{' (numbered: no prefix cache)' if args.unique_prompts else ''},"
               f" max_tokens {args.max_tokens}, temperature 0, EOG ids {banned} banned by logit_bias;"
               f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown\n"
@@ -140,6 +142,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
     p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"servers to compare against (default {','.join(PEERS)})")
+    p.add_argument("--skippy-flags", default="", help="more flags for skippy up, e.g. '--no-prefix-cache'")
     p.add_argument("--unique-prompts", action="store_true", help="prefix each prompt with a counter (no prefix cache)")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-http.json and bench-http.png go")
     p.set_defaults(run=run_http_bench)

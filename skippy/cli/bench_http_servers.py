@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -36,10 +37,10 @@ def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
         lines.put(line)
 
 
-def start_skippy(model: str, split: str, run_dir: Path, lanes: int) -> Server:
+def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Sequence[str] = ()) -> Server:
     cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
            "--lane-count", str(lanes), "--openai-generation-concurrency", str(lanes), "--bind", "127.0.0.1:0",
-           "--run-dir", str(run_dir)]
+           "--run-dir", str(run_dir), *flags]
     with open(run_dir.parent / "skippy-up.stderr", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from skippy.cli.bench_timeline import recorded, timeline_table, token_segments
 from skippy.config import parse_serving_args
 from skippy.driver.driver import Driver
 from skippy.launcher import StageProcesses, write_local_topology
@@ -89,19 +90,25 @@ async def pipeline_rate(driver: Driver, prompts: list[list[int]], max_tokens: in
     return rate, tpot, (compute[-1] - compute[0]) / max(1, counts[0] - 1)
 
 
-async def single_stream(unsplit: LocalChain, driver: Driver, tokens: int, rounds: int) -> tuple[float, float, float]:
+async def single_stream(unsplit: LocalChain, driver: Driver, tokens: int, rounds: int
+                        ) -> tuple[float, float, float, str]:
     """Alternating rounds of one stream, unsplit then pipeline: (unsplit tok/s, pipeline tok/s, pipeline ms per
-    token outside the stages' compute), each a median over rounds; the pipeline's rate is the unsplit median
-    times the median of the rounds' ratios, so slow spells of the machine hit both sides of a pair alike."""
+    token outside the stages' compute, one token's timeline), each a median over rounds; the pipeline's rate
+    is the unsplit median times the median of the rounds' ratios, so slow spells of the machine hit both
+    sides of a pair alike."""
     unsplit_batch_rate(unsplit, _prompts(1), 8)
     await pipeline_rate(driver, _prompts(1), 8)
     pairs: list[tuple[float, float, float]] = []
+    steps: list[tuple[float, ...]] = []
     for _ in range(rounds):
         u = unsplit_batch_rate(unsplit, _prompts(1), tokens)
-        p, tpot, compute_ms = await pipeline_rate(driver, _prompts(1), tokens)
+        with recorded(driver) as messages:
+            p, tpot, compute_ms = await pipeline_rate(driver, _prompts(1), tokens)
+        steps += token_segments(messages[2:])  # after the prompt's batch and the first decode
         pairs.append((u, p, tpot - compute_ms))
     u1 = statistics.median(u for u, _, _ in pairs)
-    return u1, u1 * statistics.median(p / u for u, p, _ in pairs), statistics.median(o for _, _, o in pairs)
+    timeline = timeline_table(steps, 1e3 / u1)
+    return u1, u1 * statistics.median(p / u for u, p, _ in pairs), statistics.median(o for _, _, o in pairs), timeline
 
 
 _ECHO = """
@@ -199,7 +206,7 @@ async def long_prompt_ttft(model: Path, split: int, delay_ms: float, rounds: int
 
 
 async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads: int | None,
-                 rounds: int) -> list[Row]:
+                 rounds: int) -> tuple[list[Row], str]:
     n_layer = read_model_info(model).n_layer
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="skippy-bench-") as tmp:
@@ -215,7 +222,7 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
             try:
                 # single stream, unsplit vs 2 stages, alternating (after a warm-up of both: first decodes
                 # page in weights and allocate graphs); per-token overhead vs a raw round trip
-                u1, p1, overhead = await single_stream(unsplit, driver, tokens, rounds)
+                u1, p1, overhead, timeline = await single_stream(unsplit, driver, tokens, rounds)
                 rows.append((f"single-stream decode tok/s (median of {rounds} pairs)", u1, p1, ">= 0.95"))
                 raw = await raw_round_trip_ms(d, runtime.n_embd, other_process=False)
                 rows.append(("per-token overhead vs raw round trip, one process (ms)", raw, overhead, "<= 2x"))
@@ -243,7 +250,7 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
     ttft0, ttft_d = await long_prompt_ttft(model, split, delay_ms, max(3, rounds // 2))
     rows.append((f"TTFT 1,500-token prompt, 0 vs {delay_ms:g} ms/hop: +{ttft_d - ttft0:.0f} ms"
                  f" = {(ttft_d - ttft0) / delay_ms:.1f} hops", ttft0, ttft_d, "<= ~1 hop above"))
-    return rows
+    return rows, timeline
 
 
 def run_pipeline_bench(args: argparse.Namespace) -> int:
@@ -255,12 +262,15 @@ def run_pipeline_bench(args: argparse.Namespace) -> int:
 
         where, rows = asyncio.run(pin_rows(model, args.split, args.tokens, args.delay_ms, args.rounds))
         print(where)
+        timeline = ""
     else:
-        rows = asyncio.run(_bench(model, args.split, args.tokens, args.delay_ms, args.threads, args.rounds))
+        rows, timeline = asyncio.run(_bench(model, args.split, args.tokens, args.delay_ms, args.threads, args.rounds))
     width = max(52, *(len(row[0]) + 2 for row in rows))
     print(f"{'measure':<{width}}{'reference':>12}{'pipeline':>12}{'ratio':>9}  target")
     for name, ref, got, target in rows:
         print(f"{name:<{width}}{ref:>12.2f}{got:>12.2f}{got / ref:>9.3f}  {target}")
+    if timeline:
+        print(timeline)
     return 0
 
 

@@ -135,10 +135,8 @@ class PrefixIndex:
         state, prompt = seq.prefix, seq.prompt
         state.status = "miss"
         if self.config.should_lookup:
-            best = max((k for k, (t, _) in self._entries.items() if self.config.min_tokens <= len(t) < len(prompt)
-                        and np.array_equal(prompt[: len(t)], t)), key=lambda k: len(self._entries[k].tokens), default=None)
+            best, n = self._longest_match(prompt)
             if best is not None:
-                n = len(self._entries[best].tokens)
                 state.status, state.restore, state.matched = "hit", PrefixRef(best, n), n
                 state.hit_kind = self._entries[best].kind
                 self._pins[best] += 1
@@ -148,6 +146,20 @@ class PrefixIndex:
             else:
                 self.counters["lookup_misses"] += 1
         state.points = self._points(prompt, state.matched)
+
+    def _longest_match(self, prompt: np.ndarray) -> tuple[int | None, int]:
+        """(key, n): the entry whose tokens share the longest prefix with the prompt, n >= min_tokens of them
+        and at most all but the prompt's last token (it must run to give logits); a restore copies the
+        entry's first n positions (their KV depends on those tokens only). The most recent wins a tie."""
+        assert self.config is not None
+        best, best_n, limit = None, 0, len(prompt) - 1
+        for key, entry in self._entries.items():
+            n = min(len(entry.tokens), limit)
+            same = entry.tokens[:n] == prompt[:n]
+            shared = n if same.all() else int(np.argmin(same))
+            if shared >= max(best_n, self.config.min_tokens, 1):
+                best, best_n = key, shared
+        return best, best_n
 
     def _points(self, prompt: np.ndarray, start: int) -> tuple[int, ...]:
         """The prompt's end and its grid points: the largest multiples of the stride at least one stride

@@ -49,8 +49,9 @@ class CacheCaps:
 
 @dataclass(frozen=True)
 class PrefixRef:
-    """A prefix cache entry named by stage 0: the first ``n_tokens`` positions of a prompt (``key``
-    is a hash of the model, topology and those tokens)."""
+    """A prefix cache entry named by stage 0 (``key``: a hash of the model, topology and the entry's
+    tokens). Recording: the entry is the session's first ``n_tokens`` positions. Restoring: copy the
+    entry's first ``n_tokens`` positions (an entry at least that long; stage 0 checked the tokens)."""
     key: int
     n_tokens: int
 

@@ -127,7 +127,7 @@ class PrefixCache:
 
     def has(self, ref: PrefixRef) -> bool:
         entry = self._entries.get(ref.key)
-        return entry is not None and entry[1] == ref.n_tokens
+        return entry is not None and entry[1] >= ref.n_tokens  # a restore may take the first n of an entry
 
     # -- a batch: restores before the decode, evictions and records after it ---------------------
     def restore(self, windows: Sequence[SessionWindow], lane_for: Callable[[int], int]) -> list[int]:

@@ -85,13 +85,26 @@ def test_a_longer_prompt_restores_the_longest_whole_entry() -> None:
     assert follow.prefix.restore is None and not index._pins  # launched: the entry is no longer pinned
 
 
-def test_the_same_prompt_again_hits_below_its_end() -> None:
+def test_the_same_prompt_again_restores_all_but_its_last_token() -> None:
     index = PrefixIndex(CONFIG, "model|topo", CAPS)
     tokens = prompt(100)
     served(index, tokens)
     again = admitted(index, tokens)
-    assert (again.prefix.matched, again.prefix.hit_kind) == (64, "grid")  # its last token must run
+    # the first 99 positions of the prompt's own entry; its last token must run to give logits
+    assert (again.prefix.matched, again.prefix.hit_kind) == (99, "prompt")
+    assert again.prefix.restore == PrefixRef(index.key(tokens), 99)
     assert again.prefix.points == ()  # every point is recorded already
+
+
+def test_a_prompt_that_leaves_an_entry_midway_restores_the_shared_part() -> None:
+    index = PrefixIndex(CONFIG, "model|topo", CAPS)
+    first = prompt(100)
+    served(index, first)
+    fork = np.concatenate([first[:80], prompt(40, seed=7)])
+    assert fork[80] != first[80]
+    follow = admitted(index, fork)
+    assert (follow.prefix.matched, follow.prefix.restore) == (80, PrefixRef(index.key(first), 80))
+    assert follow.prefilled == 80
 
 
 def test_short_prompts_and_another_model_do_not_hit() -> None:

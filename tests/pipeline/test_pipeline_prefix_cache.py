@@ -181,3 +181,22 @@ def test_a_miss_at_one_stage_falls_back_to_a_full_prefill(
         chain.close()
     compared, problem = check_against_alone(tokens, alone, margins, MIN_MARGIN)
     assert problem is None and compared > 0, (tokens, alone, margins)
+
+
+def test_a_repeated_prompt_and_a_fork_restore_the_first_part_of_an_entry(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
+    """The same prompt again restores all but its last token from its own entry; a prompt that leaves it
+    midway restores the shared part; every stage copies just those positions, as the unsplit replay does."""
+    pipe = cached_pipeline(make_pipeline, tiny_model("gemma3"), SPLITS["3stage"], shared_prefix_record_limit=0)
+    first = random_prompt(80, 40, 400)
+    fork = first[:60] + random_prompt(20, 41, 400)
+    assert fork[60] != first[60]
+
+    async def body() -> tuple[list[tuple[int, list[int], dict[str, float]]], list[tuple[str, Any]]]:
+        async with running_driver(pipe) as driver:
+            return [await ask(driver, p) for p in (first, first, fork)], list(driver.recorder or ())
+
+    turns, op_log = run(body())
+    assert [t[2]["prefix_cache_cached_tokens"] for t in turns] == [0, 79, 60]
+    replayed = replay(pipe, op_log)
+    assert all(replayed[sid] == tokens for sid, tokens, _ in turns)
