@@ -69,8 +69,10 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with nothing that changes logits or constrains tokens: the sample is the first maximal logit."""
-        return self.greedy and not self.changes_logits and self.grammar is None
+        """Greedy with no penalties and no grammar (a logit bias at most): the chain keeps no state, and
+        the sample is the first maximal biased logit (`biased_argmax`)."""
+        return self.greedy and self.grammar is None and not (
+            self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty)
 
     @property
     def changes_logits(self) -> bool:
@@ -91,6 +93,17 @@ class SamplingParams:
         if "logit_bias" in values:
             values["logit_bias"] = {int(k): float(v) for k, v in dict(values["logit_bias"]).items()}  # type: ignore[call-overload]
         return cls(**values)  # type: ignore[arg-type]
+
+
+def biased_argmax(logits: np.ndarray, bias: dict[int, float]) -> int:
+    """llama.cpp's greedy chain with a logit-bias sampler (bias added in float32, first maximum), without
+    its 262k-entry candidate array per sample (1-2.5 ms each on Gemma)."""
+    if not bias:
+        return int(np.argmax(logits))
+    biased = logits.astype(np.float32, copy=True)
+    ids = np.fromiter(bias, np.int64, len(bias))
+    biased[ids] += np.fromiter(bias.values(), np.float32, len(bias))
+    return int(np.argmax(biased))
 
 
 GRAMMAR_BAN = -1e30  # a -inf logit bias under a grammar: banned unless the grammar allows nothing else

@@ -169,19 +169,34 @@ def test_logit_bias_outside_the_vocabulary_is_rejected(token: object, unsplit_ch
     chain.release(0)
 
 
+def biases(logits: np.ndarray) -> list[dict[int, float]]:
+    """No bias; the top token banned; the top token lowered onto the runner-up (a tie: the first index
+    wins); a low token lifted above the top; several at once."""
+    order = np.argsort(-logits, kind="stable")
+    top, second, low = int(order[0]), int(order[1]), int(order[-1])
+    gap = float(np.float32(logits[second]) - np.float32(logits[top]))
+    return [{}, {top: -math.inf}, {top: gap}, {low: float(logits[top] - logits[low]) + 1.0},
+            {top: -100.0, second: -100.0, low: 0.5}]
+
+
 def test_plain_greedy_fast_path_equals_llama_cpp_greedy_sampler(unsplit_chain: Callable[[str], LocalChain]) -> None:
-    """StageRuntime.sample takes argmax for plain greedy; llama.cpp's greedy chain must agree."""
+    """StageRuntime.sample takes the (biased) argmax for greedy without penalties or grammar; llama.cpp's
+    greedy chain with a logit-bias sampler must agree, row by row, bias by bias."""
     from skippy.runtime.sampling import SamplerChain
 
     chain = unsplit_chain("gemma3")
     stage = chain.final
     try:
         rows = chain.decode([window(0, 0, PROMPT, "all")])[0]
-        reference = SamplerChain(SamplingParams(temperature=0.0), stage.n_vocab)
-        try:
-            for row in rows:
-                assert stage.sample(0, row) == reference.sample(stage.ctx.ptr, row)
-        finally:
-            reference.close()
+        for row in rows:
+            for bias in biases(stage.logits(row)):
+                params = SamplingParams(temperature=0.0, logit_bias=bias)
+                assert params.plain_greedy
+                stage.configure_session(0, params)
+                reference = SamplerChain(params, stage.n_vocab)
+                try:
+                    assert stage.sample(0, row) == reference.sample(stage.ctx.ptr, row), bias
+                finally:
+                    reference.close()
     finally:
         chain.release(0)
