@@ -146,7 +146,7 @@ def _stage0_back(server: SkippyServer) -> int:
     return sum(1 for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "stage_back")
 
 
-def _kill_and_wait(server: SkippyServer, stage: str, number: int, started: float) -> Restart:
+def kill_and_wait_back(server: SkippyServer, stage: str, number: int, started: float) -> Restart:
     """Kill `stage`; wait for skippy up's restart, for stage 0 to have greeted the chain again (a restart
     faster than the heartbeat bound leaves /readyz at 200 throughout), for /readyz; then a probe request."""
     back = _stage0_back(server)
@@ -185,7 +185,7 @@ def run_chaos(server: SkippyServer, *, stage: str, stages: list[str], duration_s
         before = {name: rss_mib(pid) for name, pid in pids.items()}
         for number in range(1, kills + 1):
             stop.wait(max(0.0, started + duration_s * number / (kills + 1) - time.monotonic()))
-            figures.restarts.append(_kill_and_wait(server, stage, number, started))
+            figures.restarts.append(kill_and_wait_back(server, stage, number, started))
     finally:
         for worker in workers:
             worker.join(duration_s + request_timeout_s + BACK_WITHIN_S)  # bounded: a stuck client fails below
