@@ -56,7 +56,14 @@ def configure_logging(telemetry_level: str = "summary", stream: TextIO | None = 
 
 
 def get_logger(**bound: Any) -> Any:
+    """A logger assembled now, with the configuration in force (call after configure_logging)."""
     return structlog.get_logger().bind(**bound)
+
+
+def module_logger(**bound: Any) -> Any:
+    """A logger for module level, made before the process configures logging: it takes the configuration
+    in force at each call (so JSON lines, not the console format of an unconfigured structlog)."""
+    return structlog.get_logger(**bound)
 
 
 READY_FD_ENV = "SKIPPY_READY_FD"  # set by skippy.launcher: the pipe a child announces its readiness on

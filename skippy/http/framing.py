@@ -17,7 +17,7 @@ import h11
 
 from skippy.http.errors import HttpError
 from skippy.http.routing import Request, Response
-from skippy.log import get_logger
+from skippy.log import module_logger
 
 __all__ = [
     "body_too_large",
@@ -31,7 +31,7 @@ __all__ = [
     "response_head",
 ]
 
-log = get_logger(component="http")
+log = module_logger(component="http")
 
 _RESERVED = frozenset({"content-length", "transfer-encoding", "x-request-id"})
 

@@ -31,11 +31,11 @@ from skippy.http.framing import (
     response_head,
 )
 from skippy.http.routing import Handler, Request, Response, Router, StreamResponse, json_response
-from skippy.log import get_logger
+from skippy.log import module_logger
 
 __all__ = ["Handler", "HttpServer", "Request", "Response", "Router", "StreamResponse", "json_response"]
 
-log = get_logger(component="http")
+log = module_logger(component="http")
 
 _READ_SIZE = 64 << 10
 _LINGER_S = 2.0

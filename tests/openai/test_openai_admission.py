@@ -8,6 +8,7 @@ requests racing it are sent within milliseconds.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -145,3 +146,8 @@ def test_disconnected_stream_frees_its_lane(single_lane: SkippyServer) -> None:
     assert done, "the broker never finished the abandoned request"
     assert done[0]["finish_reason"] == "cancelled"
     assert done[0]["tokens"] < LONG
+    # every line the adapter and the broker wrote is a JSON event, the HTTP server's own lines included
+    for name in ("adapter.log", "broker.log"):
+        lines = (single_lane.run_dir / name).read_text().splitlines()
+        assert lines and all(line.startswith("{") and "event" in json.loads(line) for line in lines), name
+    assert any(e.get("event") == "http_request" for e in read_events(single_lane.run_dir / "adapter.log"))
