@@ -104,25 +104,11 @@ class PushQueue:
         """Send frames already encoded (by `protocol.encode`)."""
         return await _send_frames(self._socket, frames)
 
-    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> asyncio.Future[int]:
-        """Hand frames to ZeroMQ now (pyzmq sends at once unless the socket is full, then in order);
-        the future resolves to the bytes sent once they are on the socket."""
+    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[Any], int]:
+        """Hand frames to ZeroMQ now (pyzmq sends at once unless the socket is full, then in order):
+        (pyzmq's future, done once they are on the socket; the bytes handed over)."""
         parts, copy, nbytes = _multipart(frames)
-        sending = cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy))
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        def sent(future: asyncio.Future[Any]) -> None:
-            if done.done():
-                return
-            if future.cancelled():
-                done.cancel()
-            elif future.exception() is not None:
-                done.set_exception(future.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(nbytes)
-
-        sending.add_done_callback(sent)
-        return done
+        return cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy)), nbytes
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""

@@ -212,7 +212,6 @@ class PrefixIndex:
                        ) -> PrefixRef | None:
         """Record the session's first len(tokens) positions if the bounds allow (evicting into `evict`);
         `seq` when a prefill window records it, None when a finished request's reply is kept."""
-
         assert self.caps is not None
         key, end = self.key(tokens), len(tokens)
         if key in self._entries or end < (self.config.min_tokens if self.config else 0):

@@ -20,11 +20,6 @@ ALLOWED_HEADERS = "authorization, content-type, x-request-id"
 EXPOSED_HEADERS = "x-request-id, retry-after"
 
 
-def parse_origins(text: str | None) -> tuple[str, ...]:
-    """`--cors-origins` (comma separated) -> origins; empty or None: CORS off."""
-    return tuple(o.strip().rstrip("/") for o in (text or "").split(",") if o.strip())
-
-
 class CorsPolicy:
     def __init__(self, origins: Sequence[str] = ()) -> None:
         self.origins = tuple(origins)

@@ -92,7 +92,6 @@ class StageRuntime:
             op_offload=spec.op_offload,
         )
         # The real last layer of a non-final slice; the stop block after it never runs.
-        # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
         hook = self._capture_hook

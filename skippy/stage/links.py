@@ -66,20 +66,20 @@ class DownstreamLink:
 
     def _send_now(self, msg: Message, done: asyncio.Future[float]) -> None:
         start = time.perf_counter()
+        try:
+            sending, nbytes = self.queue.send_frames_nowait(_frames(msg))
+        except Exception as exc:  # noqa: BLE001 - reported once, then every later send refuses
+            self._failed_send(msg, exc, done)
+            return
 
-        def sent(future: asyncio.Future[int]) -> None:
+        def sent(future: asyncio.Future[Any]) -> None:
             if future.cancelled() or future.exception() is not None:
                 self._failed_send(msg, future.exception() or asyncio.CancelledError(), done)
             elif not done.done():
-                self.bytes_sent += future.result()
+                self.bytes_sent += nbytes
                 done.set_result((time.perf_counter() - start) * 1e3)
 
-        try:
-            if isinstance(msg, Batch):
-                fault_point("link.batch")
-            self.queue.send_frames_nowait(encode(msg)).add_done_callback(sent)
-        except Exception as exc:  # noqa: BLE001 - reported once, then every later send refuses
-            self._failed_send(msg, exc, done)
+        sending.add_done_callback(sent)
 
     async def send(self, msg: Message) -> float:
         return await self.enqueue(msg)
@@ -100,9 +100,7 @@ class DownstreamLink:
             enqueued_at, msg, done = await self._jobs.get()
             self._busy = True
             try:
-                if isinstance(msg, Batch):
-                    fault_point("link.batch")
-                frames = encode(msg)
+                frames = _frames(msg)
                 delay = enqueued_at + self.wire.propagation_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -136,6 +134,12 @@ class DownstreamLink:
     def close(self) -> None:
         self._task.cancel()
         self.queue.close()
+
+
+def _frames(msg: Message) -> list[bytes | memoryview]:
+    if isinstance(msg, Batch):
+        fault_point("link.batch")
+    return encode(msg)
 
 
 async def handle_link_control(msg: Message, link: DownstreamLink | None, log: Any) -> bool:

@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 import pytest
 from http_helpers import WAIT, Reply, request, roundtrip
 
-from skippy.http.cors import CorsPolicy, parse_origins
+from skippy.cli.adapter import cors_origins
+from skippy.http.cors import CorsPolicy
 from skippy.http.errors import HttpError
 from skippy.http.server import HttpServer, Request, Response, Router, json_response
 
@@ -20,7 +21,7 @@ WEB = "http://ui.example:3000"
 
 @asynccontextmanager
 async def cors_server(origins: str) -> AsyncIterator[HttpServer]:
-    cors = CorsPolicy(parse_origins(origins))
+    cors = CorsPolicy(cors_origins(origins))
 
     async def ok(_: Request) -> Response:
         return json_response({"ok": True})
@@ -76,5 +77,5 @@ async def test_responses_and_errors_carry_the_origin() -> None:
 
 
 def test_parse_origins() -> None:
-    assert parse_origins(None) == () and parse_origins(" ") == ()
-    assert parse_origins("http://a.example/, *") == ("http://a.example", "*")
+    assert cors_origins("") == () and cors_origins(" ") == ()
+    assert cors_origins("http://a.example/, *") == ("http://a.example", "*")

@@ -26,7 +26,11 @@ def _thread_cpus(pid: int) -> set[tuple[int, ...]]:
 
 
 def _loading(server: SkippyServer, stage_id: str) -> dict[str, Any]:
-    return next(e for e in read_events(server.run_dir / f"{stage_id}.log") if e.get("event") == "loading")
+    return _event(server, stage_id, "loading")
+
+
+def _event(server: SkippyServer, stage_id: str, name: str) -> dict[str, Any]:
+    return next(e for e in read_events(server.run_dir / f"{stage_id}.log") if e.get("event") == name)
 
 
 @needs_two_cpus
@@ -38,6 +42,8 @@ def test_up_pins_each_stage_to_its_cpus(start_up: Callable[..., Any], tiny_llama
             assert allowed_cpus(pid) == (cpu,)
             assert _thread_cpus(pid) == {(cpu,)}  # every thread, also those started before the pinning
             assert _loading(server, stage_id)["cpu_affinity"] == str(cpu)
+        # stages on disjoint cores compute at once: the driver keeps a micro-batch in flight for each
+        assert _event(server, "stage0", "pipeline_ready")["max_iterations_in_flight"] == 2
         client = server.client()
         reply = client.completions.create(model=server.model_id, prompt="one two three", max_tokens=4,
                                           temperature=0, extra_body={"ignore_eos": True})
@@ -49,6 +55,7 @@ def test_unpinned_stages_keep_every_cpu(server: SkippyServer) -> None:
     (pid,) = server.stage_pids("stage1")
     assert set(allowed_cpus(pid)) == os.sched_getaffinity(0)
     assert _loading(server, "stage1")["cpu_affinity"] == "all"
+    assert _event(server, "stage0", "pipeline_ready")["max_iterations_in_flight"] == 1  # they share every core
 
 
 @needs_two_cpus

@@ -200,3 +200,22 @@ def test_plain_greedy_fast_path_equals_llama_cpp_greedy_sampler(unsplit_chain: C
                     reference.close()
     finally:
         chain.release(0)
+
+
+def test_biased_argmax_breaks_ties_as_llama_cpp_does() -> None:
+    """First maximum of the biased logits, exactly (integer logits: float32 sums without rounding),
+    whether the unbiased maximum is biased itself (copy) or not (only the biased ids are looked at)."""
+    from skippy.runtime.sampling import biased_argmax
+
+    row = np.array([1, 5, 3, 5, 2, 4], np.float32)  # the first maximum is at 1
+
+    def reference(bias: dict[int, float]) -> int:
+        biased = row.copy()
+        for token, value in bias.items():
+            biased[token] += np.float32(value)
+        return int(np.argmax(biased))
+
+    for bias in ({}, {0: 4.0}, {4: 3.0}, {0: 4.0, 4: 3.0}, {5: 1.0}, {5: 2.0}, {3: 0.5}, {1: -1.0},
+                 {1: -math.inf, 3: -2.0}, {1: -math.inf, 3: -math.inf}):
+        assert biased_argmax(row, bias) == reference(bias), bias
+    assert np.array_equal(row, [1, 5, 3, 5, 2, 4])  # the logits are not touched
