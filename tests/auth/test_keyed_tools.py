@@ -58,7 +58,8 @@ def test_stage0s_own_front_reaches_a_keyed_pipeline(tiny_model: Callable[..., Pa
                 break
             assert time.monotonic() < deadline, "front not ready"
             time.sleep(0.05)  # poll interval of a bounded poll
-        conn.request("POST", "/v1/completions", json.dumps({"model": "model", "prompt": "hi", "max_tokens": 3}),
+        conn.request("POST", "/v1/completions", json.dumps({"model": "model", "prompt": "hi", "max_tokens": 3,
+                                                                 "ignore_eos": True}),
                      {"content-type": "application/json"})
         response = conn.getresponse()
         assert response.status == 200, response.read()

@@ -46,7 +46,8 @@ def test_skippy_up_runs_each_stage_in_its_host(netns_hosts: MakeHosts, tiny_mode
     insecure = ["--insecure-links"] if flag_owner("--insecure-links") is not None else []
     with launch_up(root, skippy_cache_dir, None, ["--topology", str(topology), "--activation-wire-dtype", "q8",
                                                   *insecure]) as server:
-        reply = server.request("POST", "/v1/completions", {"model": "tiny", "prompt": "hello there", "max_tokens": 8})
+        reply = server.request("POST", "/v1/completions", {"model": "tiny", "prompt": "hello there", "max_tokens": 8,
+                                                                    "ignore_eos": True})
         assert reply.status == 200, reply.body
         assert reply.json()["usage"]["completion_tokens"] == 8
         for config, (namespace, _) in zip(configs, hosts.hosts):

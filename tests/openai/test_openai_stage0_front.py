@@ -49,7 +49,8 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
         assert front, stage0_log.read_text()[-2000:]
         url = front["url"]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        reply = client.completions.create(model="tiny-front", prompt="Hello world", max_tokens=5, temperature=0)
+        reply = client.completions.create(model="tiny-front", prompt="Hello world", max_tokens=5, temperature=0,
+                                            extra_body={"ignore_eos": True})
         assert reply.usage is not None and reply.usage.completion_tokens == 5
         assert reply.choices[0].finish_reason == "length"
         with pytest.raises(openai.NotFoundError) as unknown:
