@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from skippy.config import ServingOptions, prompt_length_error
 from skippy.config.affinity import stage_groups
-from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
+from skippy.driver.batches import BatchLauncher, DriverStats, InFlight, OpRecorder
 from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_speculation
 from skippy.driver.events import DriverUnavailable, RequestHandle
 from skippy.driver.inbound import Inbound
@@ -254,15 +254,21 @@ class Driver:
             self.calibration_waiter.set_result(msg)
             return
         self.launcher.stats.observe(msg)
-        self.telemetry.iteration(entry, msg)
         if self.speculation is not None:
             self.speculation.observe_hops(self.launcher.stats.hop_ms[-1])
-        for outcome in postprocess(entry, msg, self.runtime.spec.ctx_size):
+        outcomes = postprocess(entry, msg, self.runtime.spec.ctx_size)
+        # the schedule loop wakes first: the next batch is launched before the requests' consumers and the
+        # telemetry of this one run (they are not on the token's critical path)
+        self._wakeup.set()
+        for outcome in outcomes:
             self._deliver(outcome)
+        asyncio.get_running_loop().call_soon(self._observe_iteration, entry, msg)
+
+    def _observe_iteration(self, entry: InFlight, msg: Predictions) -> None:
+        self.telemetry.iteration(entry, msg)
         self.log.debug("iteration_done", batch_id=msg.batch_id, rows=entry.rows, sessions=len(entry.plan),
                        hop_ms=[round(h, 3) for h in self.launcher.stats.hop_ms[-1]],
                        stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
-        self._wakeup.set()
 
     def _deliver(self, outcome: Outcome) -> None:
         self.telemetry.outcome(outcome)

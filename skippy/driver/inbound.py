@@ -57,6 +57,8 @@ class Inbound:
     async def dispatch(self, msg: Message | ProtocolError) -> None:
         d = self.driver
         if isinstance(msg, Predictions):
+            if msg.credit and d.downstream is not None:
+                d.downstream.credits.release()
             d.on_predictions(msg)
         elif isinstance(msg, Heartbeat):
             heard = d.liveness.heard(msg.stage_id, msg.incarnation)
@@ -110,7 +112,7 @@ class Inbound:
         now = time.monotonic()
         if (self.greeting is not None and now < self.greeting.deadline) or now < self.retry_at:
             return
-        await d.downstream.credits.reset()
+        d.downstream.credits.reset()
         d.prefix.clear()  # the Hello empties the prefix caches downstream: start every stage afresh
         if d.runtime.prefix is not None:
             await d.worker.call(d.runtime.prefix.clear)

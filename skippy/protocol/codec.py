@@ -67,7 +67,8 @@ if TYPE_CHECKING:
 # 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
 # 3: prefix cache (Window.restore/record/evict, Batch/Predictions.missed, Ready.cache, ReleaseSessions.keep/evict):
 #    a peer that ignored a restore would compute on an empty KV, so older peers are refused
-PROTOCOL_VERSION: int = 3
+# 4: Predictions.credit (an older stage 0 would never get that credit back)
+PROTOCOL_VERSION: int = 4
 MAX_HEADER_BYTES = 1 << 20
 MAX_WINDOWS = 1024
 MAX_ROWS = 16384
@@ -80,12 +81,12 @@ _F32 = np.dtype("<f4")
 
 
 
-def _check_identity(s: StageIdentity, path: str) -> None:
+def _check_identity(s: StageIdentity, path: str | None) -> None:
     if s.layer_end < s.layer_start:
         raise _fail(f"{path}.layer_end", f"int >= layer_start {s.layer_start}", s.layer_end)
 
 
-def _check_window(w: Window, path: str) -> None:
+def _check_window(w: Window, path: str | None) -> None:
     out = w.outputs
     if out and (out[-1] >= w.n_tokens or any(a >= b for a, b in zip(out, out[1:]))):
         raise _fail(f"{path}.outputs", f"strictly increasing offsets in [0, {w.n_tokens})", list(out))
@@ -100,7 +101,7 @@ def _check_window(w: Window, path: str) -> None:
         raise _fail(f"{path}.record", f"entries of at most the window's end {end} tokens", [r.n_tokens for r in w.record])
 
 
-def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
+def _check_unique(path: str | None, items: str, ids: Sequence[int]) -> None:
     seen: set[int] = set()
     for i, sid in enumerate(ids):
         if sid in seen:
@@ -108,7 +109,7 @@ def _check_unique(path: str, items: str, ids: Sequence[int]) -> None:
         seen.add(sid)
 
 
-def _check_batch(b: Batch, path: str) -> None:
+def _check_batch(b: Batch, path: str | None) -> None:
     if not b.windows:
         raise ProtocolError(ErrorCode.MALFORMED, f"{path}.windows: expected at least one window, got none")
     if b.n_rows > MAX_ROWS:
@@ -116,10 +117,11 @@ def _check_batch(b: Batch, path: str) -> None:
     _check_unique(path, "windows", [w.session_id for w in b.windows])
 
 
-def _check_predictions(p: Predictions, path: str) -> None:
+def _check_predictions(p: Predictions, path: str | None) -> None:
     _check_unique(path, "results", [r.session_id for r in p.results])
 
 
+_BOOL = _atom("bool", lambda v: type(v) is bool)
 _SESSION = _int()
 _TOKENS = _seq(_int(0, _I31), MAX_ROWS)
 _SESSIONS = _seq(_SESSION, MAX_SESSIONS_PER_MESSAGE)
@@ -155,7 +157,8 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
                                  evict=_KEYS),
     MessageKind.CREDIT: _Struct(Credit, batch_id=_int(), stage_id=_str),
     MessageKind.PREDICTIONS: _Struct(Predictions, _check_predictions, batch_id=_int(),
-                           results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS, missed=_SESSIONS),
+                           results=_seq(_RESULT, MAX_SESSIONS_PER_MESSAGE), timings=_TIMINGS, missed=_SESSIONS,
+                           credit=_BOOL),
     MessageKind.ERROR: _Struct(ErrorReport, code=_enum(ErrorCode), message=_str, stage_id=_str, batch_id=_opt(_int()),
                                session_ids=_SESSIONS),
     MessageKind.HEARTBEAT: _Struct(Heartbeat, stage_id=_str, incarnation=_str, optional=("incarnation",)),
@@ -167,7 +170,7 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
     MessageKind.TOKENS: _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_enum(FinishReason)),
                       error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS, stats=_STATS),
     MessageKind.STATUS_QUERY: _Struct(StatusQuery, nonce=_int()),
-    MessageKind.STATUS: _Struct(Status, nonce=_int(), ready=_atom("bool", lambda v: type(v) is bool), dead_stage=_opt(_str),
+    MessageKind.STATUS: _Struct(Status, nonce=_int(), ready=_BOOL, dead_stage=_opt(_str),
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),
 }
 _KIND_OF: dict[type, MessageKind] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
@@ -175,12 +178,22 @@ _KIND_OF: dict[type, MessageKind] = {schema.cls: kind for kind, schema in _SCHEM
 # --- encode / decode ---
 
 
+_LEAVES = frozenset({int, float, str, bool, type(None)})
+_HEADER_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the dataclass fields that travel in the header
+
+
 def _plain(value: Any) -> Any:
-    if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if not f.metadata}
-    if isinstance(value, tuple):
+    """``value`` as msgpack takes it: dataclasses as maps, tuples as arrays (field names cached per class:
+    `dataclasses.fields` on every value cost most of an encode)."""
+    cls = type(value)
+    if cls in _LEAVES:
+        return value
+    if cls is tuple:
         return [_plain(v) for v in value]
-    return value
+    if cls not in _HEADER_FIELDS:
+        _HEADER_FIELDS[cls] = tuple(f.name for f in fields(cls) if not f.metadata) if is_dataclass(cls) else None
+    names = _HEADER_FIELDS[cls]
+    return value if names is None else {name: _plain(getattr(value, name)) for name in names}
 
 
 def _numpy_scalar(value: Any) -> Any:
@@ -258,7 +271,10 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
     if schema is None:
         known = ", ".join(_SCHEMAS)
         raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
-    msg = schema(header, kind)
+    try:
+        msg = schema(header, None)  # no field paths built unless a field fails
+    except ProtocolError:
+        msg = schema(header, kind)  # fails again, naming the field's path
     if isinstance(msg, Batch):
         return _attach_hidden(msg, frames[1] if len(frames) == 2 else None, n_embd)
     if len(frames) == 2:

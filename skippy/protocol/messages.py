@@ -186,11 +186,13 @@ class SessionPrediction:
 @dataclass(frozen=True)
 class Predictions:
     """Final stage -> stage 0: the sampled tokens of a batch; ``missed`` as in Batch (a stage that
-    dropped every window of a batch answers for it itself)."""
+    dropped every window of a batch answers for it itself). ``credit``: the answering stage is stage 0's
+    own downstream and returns the batch's credit here instead of in a Credit message of its own."""
     batch_id: int
     results: tuple[SessionPrediction, ...]
     timings: tuple[StageTiming, ...] = ()
     missed: tuple[int, ...] = ()
+    credit: bool = False
 
 
 @dataclass(frozen=True)

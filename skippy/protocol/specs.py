@@ -14,7 +14,9 @@ from skippy.protocol.messages import ErrorCode, ProtocolError
 
 _U63 = 2**63 - 1
 
-Spec: TypeAlias = Callable[[Any, str], Any]
+# a spec checks (value, path): path names the value in a failure; None while decoding optimistically
+# (no path strings are built), then the caller decodes again with paths to explain a failure
+Spec: TypeAlias = Callable[[Any, str | None], Any]
 
 
 def _show(value: Any) -> str:
@@ -23,12 +25,12 @@ def _show(value: Any) -> str:
     return text if type(value) in (int, float) else f"{type(value).__name__} {text}"
 
 
-def _fail(path: str, expected: str, value: Any) -> ProtocolError:
+def _fail(path: str | None, expected: str, value: Any) -> ProtocolError:
     return ProtocolError(ErrorCode.MALFORMED, f"{path}: expected {expected}, got {_show(value)}")
 
 
 def _atom(expected: str, ok: Callable[[Any], bool]) -> Spec:
-    def parse(value: Any, path: str) -> Any:
+    def parse(value: Any, path: str | None) -> Any:
         if not ok(value):
             raise _fail(path, expected, value)
         return value
@@ -49,7 +51,7 @@ _str_keyed_map = _atom("map with str keys", lambda v: type(v) is dict and all(ty
 def _enum(kind: type[enum.StrEnum]) -> Spec:
     names = ", ".join(member.value for member in kind)
 
-    def parse(value: Any, path: str) -> Any:
+    def parse(value: Any, path: str | None) -> Any:
         if type(value) is not str or value not in kind._value2member_map_:
             raise _fail(path, f"one of {names}", value)
         return kind(value)
@@ -58,11 +60,13 @@ def _enum(kind: type[enum.StrEnum]) -> Spec:
 
 
 def _seq(item: Spec, max_len: int) -> Spec:
-    def parse(value: Any, path: str) -> tuple[Any, ...]:
+    def parse(value: Any, path: str | None) -> tuple[Any, ...]:
         if type(value) is not tuple:  # unpacked with use_list=False
             raise _fail(path, "array", value)
         if len(value) > max_len:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{path}: expected at most {max_len} items, got {len(value)}")
+        if path is None:
+            return tuple([item(x, None) for x in value])
         return tuple(item(x, f"{path}[{i}]") for i, x in enumerate(value))
 
     return parse
@@ -78,17 +82,20 @@ class _Struct:
     Fields named in ``optional`` were added later: a peer that does not send one gets ``cls``'s default.
     """
 
-    def __init__(self, cls: type, check: Callable[[Any, str], None] | None = None, *, optional: tuple[str, ...] = (),
+    def __init__(self, cls: type, check: Callable[[Any, str | None], None] | None = None, *, optional: tuple[str, ...] = (),
                  **specs: Spec) -> None:
         self.cls, self.check, self.specs, self.optional = cls, check, specs, frozenset(optional)
 
-    def __call__(self, value: Any, path: str) -> Any:
+    def __call__(self, value: Any, path: str | None) -> Any:
         if type(value) is not dict:
             raise _fail(path, "map", value)
         missing = [name for name in self.specs if name not in value and name not in self.optional]
         if missing:
             raise ProtocolError(ErrorCode.MALFORMED, f"{path}: missing field(s) {', '.join(missing)}")
-        obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items() if name in value})
+        if path is None:
+            obj = self.cls(**{name: spec(value[name], None) for name, spec in self.specs.items() if name in value})
+        else:
+            obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items() if name in value})
         if self.check is not None:
             self.check(obj, path)
         return obj

@@ -1,4 +1,7 @@
-"""Reply credits: at most `limit` un-credited messages toward one downstream (backpressure you can count)."""
+"""Reply credits: at most `limit` un-credited messages toward one downstream (backpressure you can count).
+
+Only the owning event loop touches them, so no lock: `release` and `reset` are plain calls (a credit
+can come back inside a Credit message or folded into the final stage's Predictions)."""
 
 from __future__ import annotations
 
@@ -22,30 +25,33 @@ class ReplyCredits:
 
     def __init__(self, limit: int) -> None:
         self.stats = CreditStats(limit=max(1, limit))
-        self._changed = asyncio.Condition()
+        self._freed = asyncio.Event()
 
     async def acquire(self) -> float:
         """Take a credit, waiting while none is free; returns the wait in ms."""
+        stats = self.stats
+        if stats.outstanding < stats.limit:  # the common case: no clock, no wait
+            stats.outstanding += 1
+            stats.max_outstanding = max(stats.max_outstanding, stats.outstanding)
+            return 0.0
         start = time.perf_counter()
-        async with self._changed:
-            if self.stats.outstanding >= self.stats.limit:
-                self.stats.waits += 1
-                await self._changed.wait_for(lambda: self.stats.outstanding < self.stats.limit)
-            self.stats.outstanding += 1
-            self.stats.max_outstanding = max(self.stats.max_outstanding, self.stats.outstanding)
+        stats.waits += 1
+        while stats.outstanding >= stats.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        stats.outstanding += 1
+        stats.max_outstanding = max(stats.max_outstanding, stats.outstanding)
         waited = (time.perf_counter() - start) * 1e3
-        self.stats.wait_ms += waited
+        stats.wait_ms += waited
         return waited
 
-    async def release(self) -> None:
-        async with self._changed:
-            if self.stats.outstanding > 0:
-                self.stats.outstanding -= 1
-                self.stats.granted += 1
-            self._changed.notify_all()
+    def release(self) -> None:
+        if self.stats.outstanding > 0:
+            self.stats.outstanding -= 1
+            self.stats.granted += 1
+        self._freed.set()
 
-    async def reset(self) -> None:
+    def reset(self) -> None:
         """Forget outstanding credits (the downstream restarted or was re-greeted)."""
-        async with self._changed:
-            self.stats.outstanding = 0
-            self._changed.notify_all()
+        self.stats.outstanding = 0
+        self._freed.set()

@@ -135,7 +135,7 @@ async def greet_again(link: DownstreamLink, me: StageIdentity, inbound: PullQueu
                       early: list[Message]) -> str | None:
     """Greet the downstream anew (credits reset, Hello) and wait for its Ready (`link.ready`); None when
     it answered, else why not (refused, or no answer within --downstream-connect-timeout-secs)."""
-    await link.credits.reset()
+    link.credits.reset()
     link.enqueue(Hello(me, connectable(inbound.endpoint)))  # not awaited: a PUSH toward a dead peer may block
     try:
         link.ready = await await_ready(inbound, options, early, me)

@@ -146,7 +146,7 @@ async def handle_link_control(msg: Message, link: DownstreamLink | None, log: An
     """Credit and SetWire are handled the same by every stage; True when `msg` was one of them."""
     if isinstance(msg, Credit):
         if link is not None:
-            await link.credits.release()
+            link.credits.release()
         return True
     if isinstance(msg, SetWire):
         apply_wire(link, msg, log)

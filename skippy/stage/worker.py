@@ -69,13 +69,13 @@ class RuntimeWorker:
                       verify: Sequence[VerifySpec] = ()) -> Computed:
         """Run the layers; at the final stage sample every window (verify windows as `verify` says)."""
         started_at, start = time.time(), time.perf_counter()
-        if sum(w.n_tokens for w in windows) <= INLINE_MAX_ROWS and self._idle():
+        if sum(w.n_tokens for w in windows) <= INLINE_MAX_ROWS and self.idle():
             out, predictions, missed = self._compute(windows, hidden, verify)
         else:
             out, predictions, missed = await self.call(self._compute, windows, hidden, verify)
         return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3, missed)
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         """Nothing queued for the runtime thread: only the loop submits, so it stays idle while we run."""
         with self._queued_lock:
             return self._queued == 0
