@@ -51,11 +51,11 @@ def request_endpoint(pipeline_endpoint: str) -> str:
     raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
-def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,
-          options: dict[int, int] | None = None) -> tuple[zmq.asyncio.Socket, str]:
+def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool, options: dict[int, int] | None = None,
+          socket_class: type[zmq.Socket[Any]] = zmq.asyncio.Socket) -> tuple[Any, str]:
     """A socket of `kind` with `options`, CURVE when `ctx` is secured, bound to (or connected to) `endpoint`;
     returns it and the endpoint (bound: tcp port 0 resolved)."""
-    socket = ctx.socket(kind)
+    socket: Any = ctx.socket(kind, socket_class=socket_class)  # type: ignore[arg-type]  # pyzmq types the class narrowly
     try:
         for option, value in (options or {}).items():
             socket.setsockopt(option, value)
@@ -71,19 +71,50 @@ def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,
 
 
 class PullQueue:
-    """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved)."""
+    """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved).
+
+    Receives without pyzmq's futures: a non-blocking recv first, and only when nothing is queued a wait
+    on the socket's FD (watched by the event loop from the first wait on). Per message that saves a
+    future, a loop turn and several ZMQ_EVENTS queries on a decode step's critical path."""
 
     def __init__(
         self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode, rcvhwm: int = 1000
     ) -> None:
         self._decoder = decoder
-        self._socket, self.endpoint = _open(ctx, zmq.PULL, endpoint, bind=True, options={zmq.RCVHWM: rcvhwm})
+        self._socket, self.endpoint = _open(ctx, zmq.PULL, endpoint, bind=True, options={zmq.RCVHWM: rcvhwm},
+                                            socket_class=zmq.Socket)
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD
+        self._waiter: asyncio.Future[None] | None = None
 
     async def recv(self) -> Message | ProtocolError:
         """The next message, or the ProtocolError describing why it was rejected."""
-        return _decoded(self._decoder, await _recv(self._socket))
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                await self._readable()
+                continue
+            return _decoded(self._decoder, frames)
+
+    def _readable(self) -> asyncio.Future[None]:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._socket.FD, self._on_fd)
+        self._waiter = self._loop.create_future()
+        return self._waiter
+
+    def _on_fd(self) -> None:
+        """The FD says the socket's state changed (the loop polls it level-triggered): wake the waiting
+        recv, or with none waiting read ZMQ_EVENTS, which clears the FD (else the loop would spin on it)."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        elif not self._socket.closed:
+            self._socket.getsockopt(zmq.EVENTS)
 
     def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed() and not self._socket.closed:
+            self._loop.remove_reader(self._socket.FD)
         self._socket.close(linger=0)
 
 
@@ -95,20 +126,38 @@ class PushQueue:
     ) -> None:
         self._encoder = encoder
         self._socket, self.endpoint = _open(ctx, zmq.PUSH, endpoint, bind=False, options={zmq.SNDHWM: sndhwm})
+        # a synchronous view of the same socket: a send the socket takes at once skips pyzmq's future
+        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
+        self._waiting = 0  # sends waiting in pyzmq for room: later sends queue behind them, in order
 
     async def send(self, msg: Message) -> int:
         """Send ``msg``; returns the bytes handed to ZeroMQ (all frames)."""
-        return await _send_frames(self._socket, self._encoder(msg))
+        return await self.send_frames(self._encoder(msg))
 
     async def send_frames(self, frames: Sequence[bytes | memoryview]) -> int:
         """Send frames already encoded (by `protocol.encode`)."""
-        return await _send_frames(self._socket, frames)
+        waiting, nbytes = self.send_frames_nowait(frames)
+        if waiting is not None:
+            await waiting
+        return nbytes
 
-    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[Any], int]:
-        """Hand frames to ZeroMQ now (pyzmq sends at once unless the socket is full, then in order):
-        (pyzmq's future, done once they are on the socket; the bytes handed over)."""
+    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[Any] | None, int]:
+        """Hand frames to ZeroMQ now: (None if the socket took them, else pyzmq's future, done once they are
+        on the socket (the socket was full: they wait, in order); the bytes handed over)."""
         parts, copy, nbytes = _multipart(frames)
-        return cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy)), nbytes
+        if not self._waiting:
+            try:
+                self._now.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+                return None, nbytes
+            except zmq.Again:
+                pass
+        self._waiting += 1
+        waiting = cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy))
+        waiting.add_done_callback(self._landed)
+        return waiting, nbytes
+
+    def _landed(self, _: asyncio.Future[Any]) -> None:
+        self._waiting -= 1
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""

@@ -71,6 +71,10 @@ class DownstreamLink:
         except Exception as exc:  # noqa: BLE001 - reported once, then every later send refuses
             self._failed_send(msg, exc, done)
             return
+        if sending is None:  # on the socket already
+            self.bytes_sent += nbytes
+            done.set_result((time.perf_counter() - start) * 1e3)
+            return
 
         def sent(future: asyncio.Future[Any]) -> None:
             if future.cancelled() or future.exception() is not None:
