@@ -1,6 +1,7 @@
-"""ZeroMQ, wrapped once: typed asyncio PULL/PUSH queues of protocol messages.
+"""ZeroMQ, wrapped once: typed asyncio PULL/PUSH (and ROUTER/DEALER) queues of protocol messages.
 
-Each queue owns one socket and closes it explicitly.  :class:`PullQueue` binds
+Each queue owns one socket (a `LoopSocket`: driven by the event loop through its FD) and closes it
+explicitly.  :class:`PullQueue` binds
 and hands back decoded messages, or the :class:`ProtocolError` of a bad one so
 the caller can log and answer it and keep serving.  :class:`PushQueue` connects
 and sends large activation frames zero-copy: the array behind a sent
@@ -15,12 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
 
 import zmq
 import zmq.asyncio
 
 from skippy.curve.guard import configure_socket
+from skippy.loop_socket import LoopSocket
 from skippy.protocol import Message, ProtocolError, decode, encode
 
 __all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint", "request_endpoint"]
@@ -51,71 +52,40 @@ def request_endpoint(pipeline_endpoint: str) -> str:
     raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
-def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool, options: dict[int, int] | None = None,
-          socket_class: type[zmq.Socket[Any]] = zmq.asyncio.Socket) -> tuple[Any, str]:
+def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,
+          options: dict[int, int] | None = None) -> tuple[LoopSocket, str]:
     """A socket of `kind` with `options`, CURVE when `ctx` is secured, bound to (or connected to) `endpoint`;
     returns it and the endpoint (bound: tcp port 0 resolved)."""
-    socket: Any = ctx.socket(kind, socket_class=socket_class)  # type: ignore[arg-type]  # pyzmq types the class narrowly
+    socket: zmq.Socket[bytes] = ctx.socket(kind, socket_class=zmq.Socket)  # type: ignore[arg-type,assignment]
     try:
         for option, value in (options or {}).items():
             socket.setsockopt(option, value)
         configure_socket(ctx, socket, endpoint, server=bind)
         if bind:
             socket.bind(endpoint)
-            return socket, socket.getsockopt_string(zmq.LAST_ENDPOINT)
+            return LoopSocket(socket), socket.getsockopt_string(zmq.LAST_ENDPOINT)
         socket.connect(endpoint)
-        return socket, endpoint
+        return LoopSocket(socket), endpoint
     except BaseException:
         socket.close(linger=0)
         raise
 
 
 class PullQueue:
-    """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved).
-
-    Receives without pyzmq's futures: a non-blocking recv first, and only when nothing is queued a wait
-    on the socket's FD (watched by the event loop from the first wait on). Per message that saves a
-    future, a loop turn and several ZMQ_EVENTS queries on a decode step's critical path."""
+    """Binds a PULL socket at ``endpoint``; ``self.endpoint`` is the bound address (tcp port 0 resolved)."""
 
     def __init__(
         self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode, rcvhwm: int = 1000
     ) -> None:
         self._decoder = decoder
-        self._socket, self.endpoint = _open(ctx, zmq.PULL, endpoint, bind=True, options={zmq.RCVHWM: rcvhwm},
-                                            socket_class=zmq.Socket)
-        self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD
-        self._waiter: asyncio.Future[None] | None = None
+        self._socket, self.endpoint = _open(ctx, zmq.PULL, endpoint, bind=True, options={zmq.RCVHWM: rcvhwm})
 
     async def recv(self) -> Message | ProtocolError:
         """The next message, or the ProtocolError describing why it was rejected."""
-        while True:
-            try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                await self._readable()
-                continue
-            return _decoded(self._decoder, frames)
-
-    def _readable(self) -> asyncio.Future[None]:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self._socket.FD, self._on_fd)
-        self._waiter = self._loop.create_future()
-        return self._waiter
-
-    def _on_fd(self) -> None:
-        """The FD says the socket's state changed (the loop polls it level-triggered): wake the waiting
-        recv, or with none waiting read ZMQ_EVENTS, which clears the FD (else the loop would spin on it)."""
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        elif not self._socket.closed:
-            self._socket.getsockopt(zmq.EVENTS)
+        return _decoded(self._decoder, await self._socket.recv_multipart())
 
     def close(self) -> None:
-        if self._loop is not None and not self._loop.is_closed() and not self._socket.closed:
-            self._loop.remove_reader(self._socket.FD)
-        self._socket.close(linger=0)
+        self._socket.close(linger_ms=0)
 
 
 class PushQueue:
@@ -126,9 +96,6 @@ class PushQueue:
     ) -> None:
         self._encoder = encoder
         self._socket, self.endpoint = _open(ctx, zmq.PUSH, endpoint, bind=False, options={zmq.SNDHWM: sndhwm})
-        # a synchronous view of the same socket: a send the socket takes at once skips pyzmq's future
-        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
-        self._waiting = 0  # sends waiting in pyzmq for room: later sends queue behind them, in order
 
     async def send(self, msg: Message) -> int:
         """Send ``msg``; returns the bytes handed to ZeroMQ (all frames)."""
@@ -136,32 +103,17 @@ class PushQueue:
 
     async def send_frames(self, frames: Sequence[bytes | memoryview]) -> int:
         """Send frames already encoded (by `protocol.encode`)."""
-        waiting, nbytes = self.send_frames_nowait(frames)
-        if waiting is not None:
-            await waiting
-        return nbytes
+        return await _send_frames(self._socket, frames)
 
-    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[Any] | None, int]:
-        """Hand frames to ZeroMQ now: (None if the socket took them, else pyzmq's future, done once they are
-        on the socket (the socket was full: they wait, in order); the bytes handed over)."""
+    def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[None] | None, int]:
+        """Hand frames to ZeroMQ now: (None if the socket took them, else a future done once they are on it
+        (the socket was full: they wait, in order); the bytes handed over)."""
         parts, copy, nbytes = _multipart(frames)
-        if not self._waiting:
-            try:
-                self._now.send_multipart(parts, zmq.NOBLOCK, copy=copy)
-                return None, nbytes
-            except zmq.Again:
-                pass
-        self._waiting += 1
-        waiting = cast("asyncio.Future[Any]", self._socket.send_multipart(parts, copy=copy))
-        waiting.add_done_callback(self._landed)
-        return waiting, nbytes
-
-    def _landed(self, _: asyncio.Future[Any]) -> None:
-        self._waiting -= 1
+        return self._socket.send_nowait(parts, copy), nbytes
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; queued messages get ``linger_ms`` to leave (0 drops them, -1 waits forever)."""
-        self._socket.close(linger=linger_ms)
+        self._socket.close(linger_ms)
 
 
 def _multipart(frames: Sequence[bytes | memoryview]) -> tuple[list[bytes | memoryview], bool, int]:
@@ -171,20 +123,10 @@ def _multipart(frames: Sequence[bytes | memoryview]) -> tuple[list[bytes | memor
     return list(frames), not zero_copy, sum(sizes)
 
 
-async def _send_frames(socket: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], prefix: bytes = b"") -> int:
+async def _send_frames(socket: LoopSocket, frames: Sequence[bytes | memoryview], prefix: bytes = b"") -> int:
     parts, copy, nbytes = _multipart(frames)
-    await socket.send_multipart([prefix, *parts] if prefix else parts, copy=copy)
+    await socket.send([prefix, *parts] if prefix else parts, copy)
     return nbytes
-
-
-async def _recv(socket: zmq.asyncio.Socket) -> list[zmq.Frame]:
-    """The next multipart message. libzmq may say a socket is readable and then have nothing (a peer's
-    connection torn down mid-message, e.g. a stage restarting): pyzmq raises Again; wait again."""
-    while True:
-        try:
-            return await socket.recv_multipart(copy=False)
-        except zmq.Again:
-            continue
 
 
 def _decoded(decoder: Decoder, frames: list[zmq.Frame]) -> Message | ProtocolError:
@@ -203,7 +145,7 @@ class RouterQueue:
         self._socket, self.endpoint = _open(ctx, zmq.ROUTER, endpoint, bind=True, options={zmq.ROUTER_MANDATORY: 0})
 
     async def recv(self) -> tuple[bytes, Message | ProtocolError]:
-        client, *frames = await _recv(self._socket)
+        client, *frames = await self._socket.recv_multipart()
         return client.bytes, _decoded(self._decoder, frames)
 
     async def send(self, client: bytes, msg: Message) -> int:
@@ -211,7 +153,7 @@ class RouterQueue:
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; replies still queued get ``linger_ms`` to leave."""
-        self._socket.close(linger=linger_ms)
+        self._socket.close(linger_ms)
 
 
 class DealerQueue:
@@ -225,7 +167,7 @@ class DealerQueue:
         return await _send_frames(self._socket, encode(msg))
 
     async def recv(self) -> Message | ProtocolError:
-        return _decoded(self._decoder, await _recv(self._socket))
+        return _decoded(self._decoder, await self._socket.recv_multipart())
 
     def close(self, linger_ms: int = 0) -> None:
-        self._socket.close(linger=linger_ms)
+        self._socket.close(linger_ms)

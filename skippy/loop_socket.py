@@ -1,0 +1,100 @@
+"""One ZeroMQ socket driven by the asyncio loop through its FD, without pyzmq's asyncio futures.
+
+A receive is a non-blocking recv first; only when nothing is queued does it wait for the socket's FD.
+A send goes onto the socket at once when there is room; otherwise it waits, in order behind every
+send already waiting, until the FD says the socket changed. Against pyzmq's asyncio sockets this
+saves, per message, a future, a turn of the loop and several ZMQ_EVENTS queries: 0.1-0.2 ms of a
+decode step on 2 vCPUs, where each wake-up runs cold after llama.cpp has swept the caches.
+
+ZeroMQ's FD signals a change of the socket's state and stays readable until the socket processes
+its commands (a send, a recv or a ZMQ_EVENTS query), and the loop polls it level-triggered. So
+when the FD fires with nobody to wake, ZMQ_EVENTS is read to clear it, or the loop would spin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import zmq
+
+__all__ = ["LoopSocket"]
+
+Parts = list[Any]  # frames as zmq takes them: bytes, memoryviews, zmq.Frame
+
+
+class LoopSocket:
+    """Owns `socket` (a plain, synchronous zmq socket used only from one event loop's thread)."""
+
+    def __init__(self, socket: zmq.Socket[Any]) -> None:
+        self.socket = socket
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD from the first wait on
+        self._reader: asyncio.Future[None] | None = None
+        self._sends: deque[tuple[Parts, bool, asyncio.Future[None]]] = deque()
+
+    async def recv_multipart(self) -> list[zmq.Frame]:
+        while True:
+            try:
+                return self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # nothing queued (or a peer's connection torn down mid-message): wait
+                pass
+            self._reader = self._watch().create_future()
+            await self._reader
+
+    def send_nowait(self, parts: Parts, copy: bool) -> asyncio.Future[None] | None:
+        """None once the socket took `parts`; else a future done when it has (the socket was full)."""
+        if not self._sends:
+            try:
+                self.socket.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+                return None
+            except zmq.Again:
+                pass
+        done = self._watch().create_future()
+        self._sends.append((parts, copy, done))
+        return done
+
+    async def send(self, parts: Parts, copy: bool) -> None:
+        waiting = self.send_nowait(parts, copy)
+        if waiting is not None:
+            await waiting
+
+    def _watch(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.socket.FD, self._on_fd)
+        return self._loop
+
+    def _on_fd(self) -> None:
+        if self.socket.closed:
+            return
+        self._flush()
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.set_result(None)  # its recv processes the socket's commands, which clears the FD
+        else:
+            self.socket.getsockopt(zmq.EVENTS)
+
+    def _flush(self) -> None:
+        """Put waiting sends on the socket, in order, while it takes them."""
+        while self._sends:
+            parts, copy, done = self._sends[0]
+            if not done.done():
+                try:
+                    self.socket.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+                except zmq.Again:
+                    return
+                except zmq.ZMQError as exc:
+                    done.set_exception(exc)
+                else:
+                    done.set_result(None)
+            self._sends.popleft()
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; sends still waiting for room are cancelled (their futures say so)."""
+        if self._loop is not None and not self._loop.is_closed() and not self.socket.closed:
+            self._loop.remove_reader(self.socket.FD)
+        for _, _, done in self._sends:
+            done.cancel()
+        self._sends.clear()
+        self.socket.close(linger=linger_ms)
