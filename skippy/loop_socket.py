@@ -7,8 +7,11 @@ saves, per message, a future, a turn of the loop and several ZMQ_EVENTS queries:
 decode step on 2 vCPUs, where each wake-up runs cold after llama.cpp has swept the caches.
 
 ZeroMQ's FD signals a change of the socket's state and stays readable until the socket processes
-its commands (a send, a recv or a ZMQ_EVENTS query), and the loop polls it level-triggered. So
-when the FD fires with nobody to wake, ZMQ_EVENTS is read to clear it, or the loop would spin.
+its commands, and the loop polls it level-triggered. So every time it fires ZMQ_EVENTS is read
+(which processes them: the loop would spin otherwise, and a send processes them only at most once
+a millisecond) and says what to do: put waiting sends on the socket, wake a waiting receive. Any
+send or receive processes commands too, and so may clear a signal meant for the other direction:
+after one, with a wait pending in the other direction, the events are read by hand the same way.
 """
 
 from __future__ import annotations
@@ -36,20 +39,31 @@ class LoopSocket:
     async def recv_multipart(self) -> list[zmq.Frame]:
         while True:
             try:
-                return self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:  # nothing queued (or a peer's connection torn down mid-message): wait
-                pass
+                frames = None
+            if self._sends:
+                self._on_fd()  # the recv processed the commands that would have told the FD of room
+            if frames is not None:
+                return frames
             self._reader = self._watch().create_future()
             await self._reader
 
     def send_nowait(self, parts: Parts, copy: bool) -> asyncio.Future[None] | None:
         """None once the socket took `parts`; else a future done when it has (the socket was full)."""
+        done = None
         if not self._sends:
             try:
                 self.socket.send_multipart(parts, zmq.NOBLOCK, copy=copy)
-                return None
             except zmq.Again:
-                pass
+                done = self._wait_for_room(parts, copy)
+        else:
+            done = self._wait_for_room(parts, copy)
+        if self._reader is not None:
+            self._on_fd()  # the send may have processed the commands that would have told the FD of a message
+        return done
+
+    def _wait_for_room(self, parts: Parts, copy: bool) -> asyncio.Future[None]:
         done = self._watch().create_future()
         self._sends.append((parts, copy, done))
         return done
@@ -66,29 +80,39 @@ class LoopSocket:
         return self._loop
 
     def _on_fd(self) -> None:
+        """The FD fired, or an operation in one direction may have eaten its signal for the other."""
         if self.socket.closed:
             return
-        self._flush()
-        reader, self._reader = self._reader, None
-        if reader is not None and not reader.done():
-            reader.set_result(None)  # its recv processes the socket's commands, which clears the FD
-        else:
-            self.socket.getsockopt(zmq.EVENTS)
+        # first the events: reading them processes the socket's commands (a send only does so at most
+        # once a millisecond), which clears the FD and may make room for waiting sends
+        events = self._events()
+        while events & zmq.POLLOUT and self._sends and self._flush():
+            events = self._events()  # the sends processed commands too: look again
+        if events & zmq.POLLIN:
+            reader, self._reader = self._reader, None
+            if reader is not None and not reader.done():
+                reader.set_result(None)
 
-    def _flush(self) -> None:
-        """Put waiting sends on the socket, in order, while it takes them."""
+    def _events(self) -> int:
+        return int(self.socket.getsockopt(zmq.EVENTS))  # an int option
+
+    def _flush(self) -> int:
+        """Put waiting sends on the socket, in order, while it takes them; returns how many left the queue."""
+        taken = 0
         while self._sends:
             parts, copy, done = self._sends[0]
             if not done.done():
                 try:
                     self.socket.send_multipart(parts, zmq.NOBLOCK, copy=copy)
                 except zmq.Again:
-                    return
+                    return taken
                 except zmq.ZMQError as exc:
                     done.set_exception(exc)
                 else:
                     done.set_result(None)
             self._sends.popleft()
+            taken += 1
+        return taken
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; sends still waiting for room are cancelled (their futures say so)."""

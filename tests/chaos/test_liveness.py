@@ -4,16 +4,11 @@ that libzmq wakes with nothing to read (as when a restarting peer's connection i
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import msgpack
-import zmq
 
 from skippy.driver.liveness import Heard, Liveness
 from skippy.protocol import Heartbeat, decode, encode
 from skippy.protocol.codec import PROTOCOL_VERSION
-from skippy.transport import _recv
 
 
 class Clock:
@@ -52,16 +47,3 @@ def test_heartbeat_incarnation_on_the_wire() -> None:
     older = msgpack.packb({"v": PROTOCOL_VERSION, "k": "heartbeat", "stage_id": "stage1"})  # a peer without the field
     assert decode([older]) == Heartbeat("stage1", "")
 
-
-def test_a_receive_woken_with_nothing_waits_again() -> None:
-    class Flaky:
-        calls = 0
-
-        async def recv_multipart(self, copy: bool = True) -> list[bytes]:
-            self.calls += 1
-            if self.calls == 1:
-                raise zmq.Again()
-            return [b"frame"]
-
-    socket: Any = Flaky()
-    assert asyncio.run(_recv(socket)) == [b"frame"] and socket.calls == 2

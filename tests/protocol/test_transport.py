@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -13,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from skippy.protocol import Batch, Credit, ProtocolError, Window, decode, encode
-from skippy.transport import PullQueue, PushQueue, ipc_endpoint
+from skippy.transport import DealerQueue, PullQueue, PushQueue, RouterQueue, ipc_endpoint
 
 N_ROWS, N_EMBD = 256, 640
 
@@ -95,3 +96,75 @@ def test_ipc_endpoint(tmp_path: Path) -> None:
         ipc_endpoint(tmp_path, "x/y")
     with pytest.raises(ValueError, match="limit"):
         ipc_endpoint(tmp_path, "s" * 120)
+
+
+@pytest.mark.anyio
+async def test_a_receive_woken_with_nothing_queued_waits_again(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    pull = PullQueue(ctx, ipc_endpoint(tmp_path, "pull.sock"))
+    push = PushQueue(ctx, pull.endpoint)
+    try:
+        with anyio.fail_after(10):
+            receiving = asyncio.ensure_future(pull.recv())
+            while pull._socket._reader is None:  # bounded by fail_after: the recv is waiting on the FD
+                await asyncio.sleep(0)
+            pull._socket._on_fd()  # the FD fires with nothing queued (a peer's connection torn down mid-message)
+            await asyncio.sleep(0)
+            assert not receiving.done()
+            await push.send(Credit(3, "s1"))
+            assert await receiving == Credit(3, "s1")
+    finally:
+        push.close()
+        pull.close()
+
+
+@pytest.mark.anyio
+async def test_sends_the_socket_cannot_take_yet_wait_and_leave_in_order(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    endpoint = ipc_endpoint(tmp_path, "late.sock")
+    push = PushQueue(ctx, endpoint, sndhwm=1)  # nobody listens yet: the socket fills at once
+    pull: PullQueue | None = None
+    try:
+        with anyio.fail_after(20):
+            waiting = [push.send_frames_nowait(encode(Credit(i, "s")))[0] for i in range(20)]
+            pending = [w for w in waiting if w is not None]
+            assert pending and not any(w.done() for w in pending)  # the socket took only what fit
+            pull = PullQueue(ctx, endpoint)
+            assert [await pull.recv() for _ in range(20)] == [Credit(i, "s") for i in range(20)]
+            await asyncio.gather(*pending)
+    finally:
+        push.close()
+        if pull is not None:
+            pull.close()
+
+
+@pytest.mark.anyio
+async def test_a_dealer_sending_while_its_receive_waits_hears_every_reply(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    """A send processes the socket's commands, which may clear the FD's signal of a reply: the waiting
+    receive must hear of it anyway (the broker's link to stage 0 sends and receives on one DEALER)."""
+    router = RouterQueue(ctx, ipc_endpoint(tmp_path, "router.sock"))
+    dealer = DealerQueue(ctx, router.endpoint)
+    n = 300
+    got: list[object] = []
+    try:
+        with anyio.fail_after(30):
+
+            async def echo() -> None:
+                for _ in range(n):
+                    client, msg = await router.recv()
+                    assert isinstance(msg, Credit)
+                    await router.send(client, msg)
+
+            async def read() -> None:
+                for _ in range(n):
+                    got.append(await dealer.recv())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(echo)
+                tg.start_soon(read)
+                for i in range(n):
+                    await dealer.send(Credit(i, "s"))
+                    if i % 7 == 0:
+                        await asyncio.sleep(0)
+        assert got == [Credit(i, "s") for i in range(n)]
+    finally:
+        dealer.close()
+        router.close()
