@@ -37,6 +37,7 @@ class LoopSocket:
         self._sends: deque[tuple[Parts, bool, asyncio.Future[None]]] = deque()
 
     async def recv_multipart(self) -> list[zmq.Frame]:
+        waited = False
         while True:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -45,9 +46,12 @@ class LoopSocket:
             if self._sends:
                 self._on_fd()  # the recv processed the commands that would have told the FD of room
             if frames is not None:
+                if not waited:  # a backlog must not starve the loop's other tasks (a busy stage's heartbeats)
+                    await asyncio.sleep(0)
                 return frames
             self._reader = self._watch().create_future()
             await self._reader
+            waited = True
 
     def send_nowait(self, parts: Parts, copy: bool) -> asyncio.Future[None] | None:
         """None once the socket took `parts`; else a future done when it has (the socket was full)."""

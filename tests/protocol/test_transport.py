@@ -168,3 +168,33 @@ async def test_a_dealer_sending_while_its_receive_waits_hears_every_reply(ctx: z
     finally:
         dealer.close()
         router.close()
+
+
+@pytest.mark.anyio
+async def test_a_backlog_of_messages_does_not_starve_the_loops_other_tasks(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    """A busy stage's receive loop always finds the next batch queued; its heartbeats must still run."""
+    pull = PullQueue(ctx, ipc_endpoint(tmp_path, "busy.sock"))
+    push = PushQueue(ctx, pull.endpoint)
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    try:
+        with anyio.fail_after(10):
+            for i in range(50):
+                await push.send(Credit(i, "s"))
+            assert await pull.recv() == Credit(0, "s")  # everything is queued now
+            side = asyncio.ensure_future(other_task())
+            await asyncio.sleep(0)
+            before = turns
+            for i in range(1, 50):
+                assert await pull.recv() == Credit(i, "s")
+            assert turns - before >= 40, turns - before
+            side.cancel()
+    finally:
+        push.close()
+        pull.close()
