@@ -28,7 +28,8 @@ Parts = list[Any]  # frames as zmq takes them: bytes, memoryviews, zmq.Frame
 
 
 class LoopSocket:
-    """Owns `socket` (a plain, synchronous zmq socket used only from one event loop's thread)."""
+    """Owns `socket` (a plain, synchronous zmq socket used only from one event loop's thread). One task
+    receives at a time (every queue has one receive loop); any number may send."""
 
     def __init__(self, socket: zmq.Socket[Any]) -> None:
         self.socket = socket
