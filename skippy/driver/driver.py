@@ -254,20 +254,22 @@ class Driver:
             self.calibration_waiter.set_result(msg)
             return
         self.launcher.stats.observe(msg)
+        hops = self.launcher.stats.hop_ms[-1]
         if self.speculation is not None:
-            self.speculation.observe_hops(self.launcher.stats.hop_ms[-1])
+            self.speculation.observe_hops(hops)
         outcomes = postprocess(entry, msg, self.runtime.spec.ctx_size)
         # the schedule loop wakes first: the next batch is launched before the requests' consumers and the
         # telemetry of this one run (they are not on the token's critical path)
         self._wakeup.set()
         for outcome in outcomes:
             self._deliver(outcome)
-        asyncio.get_running_loop().call_soon(self._observe_iteration, entry, msg)
+        # what was in flight is counted now: by the time the observation runs the next batch is in flight too
+        asyncio.get_running_loop().call_soon(self._observe_iteration, entry, msg, hops, len(self.launcher.inflight) + 1)
 
-    def _observe_iteration(self, entry: InFlight, msg: Predictions) -> None:
-        self.telemetry.iteration(entry, msg)
+    def _observe_iteration(self, entry: InFlight, msg: Predictions, hops: list[float], in_flight: int) -> None:
+        self.telemetry.iteration(entry, msg, in_flight)
         self.log.debug("iteration_done", batch_id=msg.batch_id, rows=entry.rows, sessions=len(entry.plan),
-                       hop_ms=[round(h, 3) for h in self.launcher.stats.hop_ms[-1]],
+                       hop_ms=[round(h, 3) for h in hops],
                        stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
 
     def _deliver(self, outcome: Outcome) -> None:

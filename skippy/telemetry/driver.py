@@ -68,8 +68,9 @@ class DriverTelemetry:
         self.telemetry.span("stage.scheduler_start", self.telemetry.started_at, max_iterations_in_flight=driver.max_iterations,
                             max_active_sequences=driver.runtime.spec.lane_count, n_batch=driver.runtime.params.n_batch)
 
-    def iteration(self, entry: InFlight, msg: Predictions) -> None:
-        """A micro-batch's predictions are back (stage 0's compute, every stage's timings)."""
+    def iteration(self, entry: InFlight, msg: Predictions, in_flight: int) -> None:
+        """A micro-batch's predictions are back (stage 0's compute, every stage's timings; `in_flight`: the
+        batches in flight when they came, this one included)."""
         rows = entry.rows
         link = self.driver.downstream
         out = activation_bytes(rows, link.wire.activation_dtype, self.driver.identity.n_embd) if link is not None else 0
@@ -92,7 +93,7 @@ class DriverTelemetry:
         stage_ms = {f"stage_compute_ms.{t.stage_id}": t.compute_ms for t in msg.timings}
         self.telemetry.span("stage.scheduler_iteration", first.recv_at, debug=True, batch_id=msg.batch_id, rows=rows,
                             sessions=len(entry.plan), prefill_rows=prefill, credit_wait_ms=entry.credit_wait_ms,
-                            forward_write_ms=entry.write_ms(), in_flight=len(self.driver.launcher.inflight) + 1,
+                            forward_write_ms=entry.write_ms(), in_flight=in_flight,
                             extra=stage_ms)
 
     def outcome(self, outcome: Outcome) -> None:

@@ -183,6 +183,7 @@ async def test_a_backlog_of_messages_does_not_starve_the_loops_other_tasks(ctx: 
             turns += 1
             await asyncio.sleep(0)
 
+    side: asyncio.Future[None] | None = None
     try:
         with anyio.fail_after(10):
             for i in range(50):
@@ -194,7 +195,8 @@ async def test_a_backlog_of_messages_does_not_starve_the_loops_other_tasks(ctx: 
             for i in range(1, 50):
                 assert await pull.recv() == Credit(i, "s")
             assert turns - before >= 40, turns - before
-            side.cancel()
     finally:
+        if side is not None:
+            side.cancel()
         push.close()
         pull.close()
