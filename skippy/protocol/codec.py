@@ -2,19 +2,21 @@
 
 `decode` validates everything it returns and raises only ProtocolError, so a process can answer a
 bad peer and keep serving. How the activations are packed (f32, f16, q8) is in `activations`.
+Each kind's schema is compiled into a flat decoder and encoder (`compiled`); the schema itself runs
+only to say which field of a refused message is wrong.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
 from skippy.protocol.activations import pack, unpack
+from skippy.protocol.compiled import compile_schemas
 from skippy.protocol.messages import (
     Batch,
     CacheCaps,
@@ -121,7 +123,7 @@ def _check_predictions(p: Predictions, path: str | None) -> None:
     _check_unique(path, "results", [r.session_id for r in p.results])
 
 
-_BOOL = _atom("bool", lambda v: type(v) is bool)
+_BOOL = _atom("bool", lambda v: type(v) is bool, "type({v}) is bool")
 _SESSION = _int()
 _TOKENS = _seq(_int(0, _I31), MAX_ROWS)
 _SESSIONS = _seq(_SESSION, MAX_SESSIONS_PER_MESSAGE)
@@ -139,7 +141,8 @@ _CAPS = _Struct(CacheCaps, cells=_int(), entries=_int(), cell_bytes=_int())
 _KEPT = _Struct(KeptPrefix, session_id=_SESSION, ref=_PREFIX)
 _PAIR = _atom("[token, logprob] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is int
               and 0 <= v[0] <= _I31 and (type(v[1]) is float or type(v[1]) is int))
-_LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_atom("number", lambda v: type(v) in (int, float)),
+_NUMBER = _atom("number", lambda v: type(v) in (int, float), "type({v}) in (int, float)")
+_LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_NUMBER,
                    top=_seq(_PAIR, 64))
 _LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
 _STAT = _atom("[name, number] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is str
@@ -174,26 +177,10 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),
 }
 _KIND_OF: dict[type, MessageKind] = {schema.cls: kind for kind, schema in _SCHEMAS.items()}
+_DECODERS, _ENCODERS = compile_schemas(_SCHEMAS, PROTOCOL_VERSION)  # the schemas' checks inline, no field paths
+_VERSION = _int()
 
 # --- encode / decode ---
-
-
-_LEAVES = frozenset({int, float, str, bool, type(None)})
-_HEADER_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the dataclass fields that travel in the header
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as msgpack takes it: dataclasses as maps, tuples as arrays (field names cached per class:
-    `dataclasses.fields` on every value cost most of an encode)."""
-    cls = type(value)
-    if cls in _LEAVES:
-        return value
-    if cls is tuple:
-        return [_plain(v) for v in value]
-    if cls not in _HEADER_FIELDS:
-        _HEADER_FIELDS[cls] = tuple(f.name for f in fields(cls) if not f.metadata) if is_dataclass(cls) else None
-    names = _HEADER_FIELDS[cls]
-    return value if names is None else {name: _plain(getattr(value, name)) for name in names}
 
 
 def _numpy_scalar(value: Any) -> Any:
@@ -209,12 +196,12 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     Raises TypeError for a non-message and ValueError for a message no peer would accept
     (hidden of the wrong shape, header over MAX_HEADER_BYTES).
     """
-    kind = _KIND_OF.get(type(msg))
-    if kind is None:
+    encoder = _ENCODERS.get(type(msg))
+    if encoder is None:
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    header = msgpack.packb({"v": PROTOCOL_VERSION, "k": kind, **_plain(msg)}, use_bin_type=True, default=_numpy_scalar)
+    header = msgpack.packb(encoder(msg), use_bin_type=True, default=_numpy_scalar)
     if len(header) > MAX_HEADER_BYTES:
-        raise ValueError(f"{kind} header is {len(header)} bytes, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
+        raise ValueError(f"{_KIND_OF[type(msg)]} header is {len(header)} bytes, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
     frames: list[bytes | memoryview] = [header]
     if isinstance(msg, Batch) and msg.hidden is not None:
         hidden = np.ascontiguousarray(msg.hidden, dtype=_F32)  # no copy when already '<f4' C order
@@ -250,7 +237,9 @@ def _attach_hidden(batch: Batch, frame: Any, n_embd: int | None) -> Batch:
             raise ProtocolError(ErrorCode.N_EMBD, f"batch: expected {batch.n_rows} rows x n_embd {n_embd}"
                                                   f" {batch.wire_dtype}, got no activation frame")
         return batch
-    return replace(batch, hidden=unpack(_view(frame, 1), batch.n_rows, n_embd, batch.wire_dtype))
+    # the batch was made here and is not shared yet: set its field rather than copy it (dataclasses.replace)
+    object.__setattr__(batch, "hidden", unpack(_view(frame, 1), batch.n_rows, n_embd, batch.wire_dtype))
+    return batch
 
 
 def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | None = None) -> Message:
@@ -263,7 +252,7 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
     if not isinstance(frames, Sequence) or not 1 <= len(frames) <= 2:
         raise _fail("message", "1 or 2 frames", len(frames) if isinstance(frames, Sequence) else frames)
     header = _unpack_header(frames[0])
-    version = _int()(header.get("v"), "header.v")
+    version = _VERSION(header.get("v"), "header.v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(ErrorCode.VERSION, f"peer speaks protocol version {version}, this build speaks {PROTOCOL_VERSION}")
     kind = _str(header.get("k"), "header.k")
@@ -272,9 +261,9 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
         known = ", ".join(_SCHEMAS)
         raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
     try:
-        msg = schema(header, None)  # no field paths built unless a field fails
-    except ProtocolError:
-        msg = schema(header, kind)  # fails again, naming the field's path
+        msg = _DECODERS[kind](header)
+    except Exception:  # noqa: BLE001 - anything: the schema, with field paths, says what is wrong
+        msg = schema(header, kind)
     if isinstance(msg, Batch):
         return _attach_hidden(msg, frames[1] if len(frames) == 2 else None, n_embd)
     if len(frames) == 2:

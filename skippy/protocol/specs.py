@@ -14,8 +14,8 @@ from skippy.protocol.messages import ErrorCode, ProtocolError
 
 _U63 = 2**63 - 1
 
-# a spec checks (value, path): path names the value in a failure; None while decoding optimistically
-# (no path strings are built), then the caller decodes again with paths to explain a failure
+# a spec checks (value, path): path names the value in a failure. Messages are decoded by functions
+# compiled from these specs (skippy.protocol.compiled) and through the specs only to explain a failure.
 Spec: TypeAlias = Callable[[Any, str | None], Any]
 
 
@@ -29,22 +29,27 @@ def _fail(path: str | None, expected: str, value: Any) -> ProtocolError:
     return ProtocolError(ErrorCode.MALFORMED, f"{path}: expected {expected}, got {_show(value)}")
 
 
-def _atom(expected: str, ok: Callable[[Any], bool]) -> Spec:
+def _atom(expected: str, ok: Callable[[Any], bool], test: str | None = None) -> Spec:
+    """A value kept as it is if `ok(value)`. `test`: the same check as a Python expression of `{v}`, for the
+    compiled decoders (skippy.protocol.compiled); without it they call `ok`."""
     def parse(value: Any, path: str | None) -> Any:
         if not ok(value):
             raise _fail(path, expected, value)
         return value
 
+    parse.ok, parse.test = ok, test  # type: ignore[attr-defined]
     return parse
 
 
 def _int(lo: int = 0, hi: int = _U63) -> Spec:
     rule = f">= {lo}" if hi == _U63 else f"in [{lo}, {hi}]"
-    return _atom(f"int {rule}", lambda v: type(v) is int and lo <= v <= hi)  # type() rejects bool
+    return _atom(f"int {rule}", lambda v: type(v) is int and lo <= v <= hi,  # type() rejects bool
+                 f"type({{v}}) is int and {lo} <= {{v}} <= {hi}")
 
 
-_str = _atom("str", lambda v: type(v) is str)
-_float = _atom("finite number", lambda v: type(v) is int or type(v) is float and math.isfinite(v))
+_str = _atom("str", lambda v: type(v) is str, "type({v}) is str")
+_float = _atom("finite number", lambda v: type(v) is int or type(v) is float and math.isfinite(v),
+               "type({v}) is int or type({v}) is float and _isfinite({v})")
 _str_keyed_map = _atom("map with str keys", lambda v: type(v) is dict and all(type(k) is str for k in v))
 
 
@@ -56,6 +61,7 @@ def _enum(kind: type[enum.StrEnum]) -> Spec:
             raise _fail(path, f"one of {names}", value)
         return kind(value)
 
+    parse.enum = kind  # type: ignore[attr-defined]
     return parse
 
 
@@ -65,15 +71,18 @@ def _seq(item: Spec, max_len: int) -> Spec:
             raise _fail(path, "array", value)
         if len(value) > max_len:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{path}: expected at most {max_len} items, got {len(value)}")
-        if path is None:
-            return tuple([item(x, None) for x in value])
         return tuple(item(x, f"{path}[{i}]") for i, x in enumerate(value))
 
+    parse.item, parse.max_len = item, max_len  # type: ignore[attr-defined]
     return parse
 
 
 def _opt(spec: Spec) -> Spec:
-    return lambda value, path: None if value is None else spec(value, path)
+    def parse(value: Any, path: str | None) -> Any:
+        return None if value is None else spec(value, path)
+
+    parse.inner = spec  # type: ignore[attr-defined]
+    return parse
 
 
 class _Struct:
@@ -92,10 +101,7 @@ class _Struct:
         missing = [name for name in self.specs if name not in value and name not in self.optional]
         if missing:
             raise ProtocolError(ErrorCode.MALFORMED, f"{path}: missing field(s) {', '.join(missing)}")
-        if path is None:
-            obj = self.cls(**{name: spec(value[name], None) for name, spec in self.specs.items() if name in value})
-        else:
-            obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items() if name in value})
+        obj = self.cls(**{name: spec(value[name], f"{path}.{name}") for name, spec in self.specs.items() if name in value})
         if self.check is not None:
             self.check(obj, path)
         return obj

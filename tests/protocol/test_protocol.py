@@ -20,6 +20,7 @@ from skippy.protocol import (
     PROTOCOL_VERSION,
     Batch,
     CacheCaps,
+    Cancel,
     ConfigureSession,
     Credit,
     ErrorCode,
@@ -34,10 +35,17 @@ from skippy.protocol import (
     Ready,
     ReleaseSessions,
     SessionPrediction,
+    SetWire,
     StageIdentity,
     StageTiming,
+    Status,
+    StatusQuery,
+    Submit,
     TokenEvents,
+    TokenLogprob,
     Window,
+    WireDtype,
+    codec,
     decode,
     encode,
 )
@@ -362,3 +370,59 @@ def test_prefix_cache_operations_must_fit_their_window() -> None:
     assert "record" in rejects([pack({**header, "windows": [bad_record]})], "malformed")
     missing = {k: v for k, v in header["windows"][0].items() if k != "restore"}  # a peer that predates the cache
     assert "missing field(s) restore" in rejects([pack({**header, "windows": [missing]})], "malformed")
+
+
+EDGE_VALUES = [-1, 0, 1, 2, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, True, False, None, 1.5, -0.5, math.nan,
+               math.inf, "", "s", "f16", "error", b"x", [], [1, 1], [0, 1, 2], [[1, -0.5]], [["n", 1]], {}, {"a": 1},
+               {1: 2}, {"key": 1, "n_tokens": 1}]
+MORE_KINDS: list[Message] = [
+    TokenEvents("r", (5, 6), FinishReason.STOP, None, None, (TokenLogprob(5, -0.5, ((5, -0.5), (7, -2))),
+                                                             TokenLogprob(6, 0)), (("ttft_ms", 12.5), ("n", 3))),
+    Submit("r", (1, 2, 3), {"temperature": 0.0}, 8, (1,)),
+    Status(3, True, None, 1, 0, 4, 512), Status(4, False, "s1", 0, 2, 4, 512),
+    SetWire(20.0, 100.0, WireDtype.F16), SetWire(0.0), StatusQuery(9), Cancel("r"),
+    Batch(5, (Window(7, 64, 3, (0, 1, 2), (11, 12), 4, PrefixRef(5, 64), (PrefixRef(6, 67),), (3,)),),
+          missed=(2,), wire_dtype=WireDtype.Q8),
+]
+
+
+def same_verdict(header: dict[Any, Any]) -> None:
+    """The compiled decoder of `header`'s kind accepts it exactly when the schema does, decoding it the same."""
+    kind = header["k"]
+    seen = msgpack.unpackb(pack(header), raw=False, use_list=False, strict_map_key=False)  # as decode() sees it
+    try:
+        expected = codec._SCHEMAS[kind](seen, kind)
+    except ProtocolError:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - any failure sends decode() to the schema
+            codec._DECODERS[kind](seen)
+        return
+    assert codec._DECODERS[kind](seen) == expected
+    again = encode(expected)  # the compiled encoder, and back (as bytes: a NaN in a sampling map is not == itself)
+    assert bytes(encode(decode(again))[0]) == bytes(again[0])
+
+
+@pytest.mark.parametrize("name", [*EXAMPLES, *(type(m).__name__ + str(i) for i, m in enumerate(MORE_KINDS))])
+def test_compiled_decoders_accept_exactly_what_the_schemas_accept(name: str) -> None:
+    """decode() tries a decoder compiled from the schema first (skippy.protocol.compiled): for every field of
+    every kind, set to each edge value or dropped, it must refuse what the schema refuses and agree otherwise."""
+    msg = EXAMPLES.get(name) or MORE_KINDS[int(name.lstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))]
+    same_verdict(header_of(msg))
+    for spot in range(len(locations(header_of(msg)))):
+        for value in [*EDGE_VALUES, "drop"]:
+            header = header_of(msg)
+            container, key = locations(header)[spot]
+            if container is header and key in ("v", "k"):
+                continue
+            if value != "drop":
+                container[key] = value
+            elif isinstance(container, dict):
+                del container[key]
+            else:
+                container.pop(key)
+            same_verdict(header)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_compiled_decoders_agree_on_random_messages(msg: Message) -> None:
+    same_verdict(header_of(msg))
