@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from skippy.cli.bench_floor import floor_in_child
 from skippy.cli.bench_timeline import recorded, timeline_table, token_segments
 from skippy.config import parse_serving_args
 from skippy.driver.driver import Driver
@@ -228,6 +229,10 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
                 rows.append(("per-token overhead vs raw round trip, one process (ms)", raw, overhead, "<= 2x"))
                 raw = await raw_round_trip_ms(d, runtime.n_embd, other_process=True)
                 rows.append(("per-token overhead vs raw round trip, 2 processes (ms)", raw, overhead, "<= 2x"))
+                # the floor: the same split with no skippy code between the stages (skippy.cli.bench_floor)
+                floor = (await floor_in_child(model, split, max(200, tokens)))["overhead_ms"]
+                rows.append(("per-token overhead vs a bare llama.cpp + ZeroMQ pipeline (ms)", floor, overhead, "(the floor)"))
+                rows.append(("bare pipeline's per-token overhead vs raw round trip (ms)", raw, floor, "(not a target)"))
                 # the same cost measured against the unsplit model's whole token (which pays its own sampling and
                 # Python per token too) instead of against the stages' compute timers
                 rows.append(("pipeline token - unsplit token vs raw round trip, 2 processes (ms)", raw,
