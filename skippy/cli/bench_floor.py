@@ -58,6 +58,16 @@ def serve_rest(model: str, split: int, here: str, back: str) -> None:
         runtime.close()
 
 
+def _await_answer(pull: zmq.Socket[bytes], child: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Wait for the child stage's answer; fail at once if it exited (its model did not load), or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not pull.poll(200):
+        if child.poll() is not None:
+            raise RuntimeError(f"bench floor: the child stage exited with {child.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"bench floor: the child stage did not answer within {timeout_s:g} s")
+
+
 def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, float]:
     """Decode `tokens` greedy tokens after a 16-token prompt; medians of the decode steps after `warm`."""
     with tempfile.TemporaryDirectory(prefix="skippy-floor-") as tmp:
@@ -72,8 +82,7 @@ def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, fl
                 hidden = runtime.decode([SessionWindow(0, pos, len(ids), tuple(range(len(ids))), ids)]).hidden
                 compute0 = (time.perf_counter() - start) * 1e3
                 push.send_multipart([struct.pack("<ii", pos, len(ids)), np.ascontiguousarray(hidden).data])
-                if not pull.poll(60_000):
-                    raise RuntimeError("bench floor: the child stage did not answer within 60 s")
+                _await_answer(pull, child)
                 token, compute1 = struct.unpack("<id", pull.recv())
                 return token, compute0, compute1, (time.perf_counter() - start) * 1e3
 
