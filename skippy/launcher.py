@@ -33,7 +33,7 @@ from skippy.telemetry.targets import record_target
 READY_TIMEOUT_S = 120.0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGTERM when the launching process dies, however it dies (no orphans)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -134,7 +134,7 @@ class Children:
             with self.log_path(name).open("ab") as out:
                 self.procs[name] = proc = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, env={**self.env, READY_FD_ENV: str(write_fd)},
-                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent)
+                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=die_with_parent)
         finally:
             os.close(write_fd)  # the child holds the only write end: EOF = it exited
         threading.Thread(target=self._wait_exit, args=(name, proc), name=f"wait-{name}", daemon=True).start()

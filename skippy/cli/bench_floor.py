@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from skippy.launcher import die_with_parent
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
 
@@ -70,12 +71,13 @@ def _await_answer(pull: zmq.Socket[bytes], child: subprocess.Popen[bytes], timeo
 
 def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, float]:
     """Decode `tokens` greedy tokens after a 16-token prompt; medians of the decode steps after `warm`."""
+    runtime = StageRuntime(RuntimeSpec(model, 0, split, ctx_size=1024, lane_count=1))
     with tempfile.TemporaryDirectory(prefix="skippy-floor-") as tmp:
         here, there = f"ipc://{Path(tmp) / 'a'}", f"ipc://{Path(tmp) / 'b'}"
-        child = subprocess.Popen([sys.executable, "-m", "skippy.cli.bench_floor", "--serve", model, str(split), there, here])
-        runtime = StageRuntime(RuntimeSpec(model, 0, split, ctx_size=1024, lane_count=1))
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         pull, push = _sockets(ctx, here, there)
+        child = subprocess.Popen([sys.executable, "-m", "skippy.cli.bench_floor", "--serve", model, str(split), there, here],
+                                 preexec_fn=die_with_parent)  # a child blocked on its PULL must not outlive us
         try:
             def step(pos: int, ids: np.ndarray) -> tuple[int, float, float, float]:
                 start = time.perf_counter()
@@ -110,7 +112,8 @@ def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, fl
 async def floor_in_child(model: Path, split: int, tokens: int, timeout_s: float = 600.0) -> dict[str, float]:
     """`measure` in a process of its own (this one's event loop keeps serving its stages meanwhile)."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "skippy.cli.bench_floor", str(model), str(split),
-                                                str(tokens), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                                str(tokens), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                preexec_fn=die_with_parent)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
@@ -124,7 +127,10 @@ async def floor_in_child(model: Path, split: int, tokens: int, timeout_s: float 
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--serve":
-        serve_rest(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    args = sys.argv[1:]
+    if args[:1] == ["--serve"] and len(args) == 5:
+        serve_rest(args[1], int(args[2]), args[3], args[4])
+    elif len(args) == 3 and args[1].isdigit() and args[2].isdigit():
+        print(json.dumps(measure(args[0], int(args[1]), int(args[2]))))
     else:
-        print(json.dumps(measure(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+        raise SystemExit("usage: python -m skippy.cli.bench_floor MODEL SPLIT TOKENS")
