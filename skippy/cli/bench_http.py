@@ -1,6 +1,10 @@
 """`skippy bench http`: `skippy up` against llama-cpp-python's OpenAI server and llama.cpp's own `llama-server`,
 over HTTP, in one run.
 
+skippy runs twice side by side: plain (`skippy`) and with speculative decoding (`skippy-spec`: the
+README's suffix plan, SPECULATIVE_PLAN, with the cost-model window; `--no-speculative` leaves it out).
+The peer `llama-server-spec` is llama-server with its own n-gram drafting (`--spec-type ngram-simple`).
+
 Same GGUF, same streamed /v1/completions requests (fixed ~64-token prompt, temperature 0, fixed
 max_tokens, end-of-generation tokens banned via logit_bias as llama-cpp-python lacks ignore_eos), raw
 HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import signal
@@ -27,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from skippy.cli.bench_http_load import PROMPT, Server, sweep
-from skippy.cli.bench_http_report import table, write_report
+from skippy.cli.bench_http_report import pairs, table, write_report
 from skippy.cli.bench_http_servers import (
     llama_server_args,
     start_llama_cpp_python,
@@ -76,20 +81,39 @@ def vocab_facts(model: Path) -> tuple[list[int], int]:
     return ids, prompt_tokens
 
 
-PEERS = ("llama-cpp-python", "llama-server")
+PEERS = ("llama-cpp-python", "llama-server", "llama-server-spec")
+DEFAULT_PEERS = PEERS[:2]
+# the README's n-gram suffix plan; skippy-spec runs it with --openai-adaptive-speculative-window
+SPECULATIVE_PLAN = {"ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 16, "max_proposal_tokens": 16},
+                    "verify_window": {"min_tokens": 1, "max_tokens": 16}}
 
 
 def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> Server:
-    if name == "llama-server":
-        return start_llama_server(ensure_llama_server_binary(), model, tmp / "llama-server.log", lanes, threads)
+    if name.startswith("llama-server"):
+        return start_llama_server(ensure_llama_server_binary(), model, tmp / f"{name}.log", lanes, threads,
+                                  speculative=name == "llama-server-spec")
     return start_llama_cpp_python(model, tmp / "llama-cpp-python.log", threads)
+
+
+def _start_skippies(args: argparse.Namespace, tmp: Path, lanes: int) -> list[Server]:
+    """skippy up plain, and (unless --no-speculative) skippy up with SPECULATIVE_PLAN."""
+    flags = shlex.split(args.skippy_flags)
+    servers = [start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, flags)]
+    if args.speculative:
+        plan = tmp / "speculative-plan.json"
+        plan.write_text(json.dumps(SPECULATIVE_PLAN))
+        spec_flags = ["--openai-speculative-config", str(plan), "--openai-adaptive-speculative-window"]
+        servers.append(start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes, [*flags, *spec_flags],
+                                    name="skippy-spec"))
+    return servers
 
 
 def _peer_facts(peers: list[str], lanes: int, threads: int) -> str:
     facts = {"llama-cpp-python": f"llama-cpp-python {LLAMA_CPP_PYTHON_REQ.rsplit('==', 1)[1]} server, n_ctx 2048,"
                                  f" {threads} threads",
              "llama-server": f"llama.cpp llama-server {llama_server_version()} (built from the llama-cpp-python sdist),"
-                             f" {' '.join(llama_server_args(lanes, threads))}"}
+                             f" {' '.join(llama_server_args(lanes, threads))}",
+             "llama-server-spec": f"llama-server-spec: the same with {' '.join(llama_server_args(lanes, threads, True)[-2:])}"}
     return "; ".join(facts[p] for p in peers)
 
 
@@ -102,7 +126,7 @@ def run_http_bench(args: argparse.Namespace) -> int:
     lanes, threads = max(16, *levels), len(os.sched_getaffinity(0))
     if "llama-cpp-python" in peers:
         ensure_llama_cpp_python_server()
-    if "llama-server" in peers:
+    if any(p.startswith("llama-server") for p in peers):
         ensure_llama_server_binary()  # built once (minutes) before any server starts
     banned, prompt_tokens = vocab_facts(model)
     load_before = os.getloadavg()[0]
@@ -111,26 +135,29 @@ def run_http_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-bench-http-") as tmp:
         try:
             print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
-            servers.append(start_skippy(args.model, args.split, Path(tmp) / "run", lanes, shlex.split(args.skippy_flags)))
+            servers += _start_skippies(args, Path(tmp), lanes)
             servers += [_start_peer(p, model, Path(tmp), lanes, threads) for p in peers]
             results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
         finally:
             codes = {s.name: stop(s) for s in servers}
             print(f"bench: stopped {codes}", file=sys.stderr)
+    spec = f"; skippy-spec: the same with {json.dumps(SPECULATIVE_PLAN)}, adaptive window" if args.speculative else ""
     header = (f"model {model.name}; skippy: 2 stages split at {args.split}, {lanes} lanes, generation concurrency"
-              f" {lanes}, each stage on all {threads} CPUs{', ' + args.skippy_flags if args.skippy_flags else ''};"
+              f" {lanes}, each stage on all {threads} CPUs{', ' + args.skippy_flags if args.skippy_flags else ''}"
+              f"{spec};"
               f" {_peer_facts(peers, lanes, threads)}\n"
               f"prompt {prompt_tokens} tokens{' (numbered: no prefix cache)' if args.unique_prompts else ''},"
               f" max_tokens {args.max_tokens}, temperature 0, EOG ids {banned} banned by logit_bias;"
               f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown\n"
               f"machine shared with other work: 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    text = "\n\n".join([header, *(f"skippy vs {p}:\n{table(results, p)}" for p in peers)])
+    text = "\n\n".join([header, *(f"{o} vs {p}:\n{table(results, p, o)}" for o, p in pairs(results))])
     print(text)
     ensure_matplotlib()
     write_report(Path(args.out_dir), results, {
         "command": " ".join(["scripts/bench-http", *sys.argv[3:]]), "model": model.name,
         "prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "banned_ids": banned,
-        "unique_prompts": args.unique_prompts, "rounds": args.rounds, "cpus": threads, "peers": peers}, text, args.max_tokens)
+        "unique_prompts": args.unique_prompts, "rounds": args.rounds, "cpus": threads, "peers": peers,
+        "speculative_plan": SPECULATIVE_PLAN if args.speculative else None}, text, args.max_tokens)
     return 0
 
 
@@ -141,7 +168,10 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
     p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"servers to compare against (default {','.join(PEERS)})")
+    p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                   help=f"servers to compare against, some of {','.join(PEERS)} (default {','.join(DEFAULT_PEERS)})")
+    p.add_argument("--no-speculative", dest="speculative", action="store_false",
+                   help="leave out skippy-spec (skippy up with the README's speculative plan)")
     p.add_argument("--skippy-flags", default="", help="more flags for skippy up, e.g. '--no-prefix-cache'")
     p.add_argument("--unique-prompts", action="store_true", help="prefix each prompt with a counter (no prefix cache)")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-http.json and bench-http.png go")

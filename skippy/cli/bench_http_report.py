@@ -1,4 +1,4 @@
-"""`skippy bench http`, the report: skippy and each peer server side by side per concurrency level
+"""`skippy bench http`, the report: each skippy variant and each peer server side by side per concurrency level
 (tok/s and their ratio against the targets, TTFT and TPOT p50/p95, 429s), a plot of tok/s and TTFT
 by concurrency, and bench-http.json with the run's facts, every level and the tables.
 """
@@ -13,32 +13,41 @@ from typing import Any
 
 from skippy.cli.bench_http_load import Results
 
-__all__ = ["ABBREV", "TARGETS", "plot", "ratios", "table", "write_report"]
+__all__ = ["ABBREV", "OURS", "TARGETS", "pairs", "plot", "ratios", "table", "write_report"]
 
-# skippy tok/s / peer tok/s, by peer and concurrency (issue 10: llama-server on the same cores)
-TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85}}
-ABBREV = {"skippy": "sk", "llama-cpp-python": "ll", "llama-server": "ls"}
-
-
-def ratios(results: Results, peer: str) -> dict[int, float]:
-    """skippy tok/s / `peer` tok/s by concurrency."""
-    return {a["concurrency"]: a["tok_s"] / b["tok_s"] for a, b in zip(results["skippy"], results[peer])}
+# skippy tok/s / peer tok/s, by peer and concurrency (issue 10: llama-server on the same cores); a peer's
+# speculative variant is held to its plain one's targets
+TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85},
+           "llama-server-spec": {1: 0.9, 8: 0.85}}
+OURS = ("skippy", "skippy-spec")  # skippy up plain, and with speculative decoding (bench_http.SPECULATIVE_PLAN)
+ABBREV = {"skippy": "sk", "skippy-spec": "sk+s", "llama-cpp-python": "ll", "llama-server": "ls", "llama-server-spec": "ls+s"}
 
 
-def table(results: Results, peer: str) -> str:
-    """skippy | `peer` side by side; p50/p95 pairs; ratio = skippy tok/s / peer tok/s."""
-    sk, pe = ABBREV["skippy"], ABBREV[peer]
+def pairs(results: Results) -> list[tuple[str, str]]:
+    """(skippy variant, peer) for every pair in `results`, skippy variants first."""
+    ours = [n for n in OURS if n in results]
+    return [(o, p) for o in ours for p in results if p not in OURS]
+
+
+def ratios(results: Results, peer: str, ours: str = "skippy") -> dict[int, float]:
+    """`ours` tok/s / `peer` tok/s by concurrency."""
+    return {a["concurrency"]: a["tok_s"] / b["tok_s"] for a, b in zip(results[ours], results[peer])}
+
+
+def table(results: Results, peer: str, ours: str = "skippy") -> str:
+    """`ours` | `peer` side by side; p50/p95 pairs; ratio = ours tok/s / peer tok/s."""
+    sk, pe = ABBREV[ours], ABBREV[peer]
     head = ("conc", f"tok/s {sk}", f"tok/s {pe}", "ratio", "target", f"TTFT ms {sk}", f"TTFT ms {pe}",
             f"TPOT ms {sk}", f"TPOT ms {pe}", f"429 {sk}/{pe}")
-    widths = (4, 9, 9, 6, 10, 12, 12, 11, 11, 10)
     rows = [head]
-    for a, b in zip(results["skippy"], results[peer]):
+    for a, b in zip(results[ours], results[peer]):
         ratio, target = a["tok_s"] / b["tok_s"], TARGETS[peer].get(a["concurrency"])
         mark = "" if target is None else f">={target:g} " + ("ok" if ratio >= target else "NO")
         pair = lambda r, k, f: f"{r[k + '_p50_ms']:{f}}/{r[k + '_p95_ms']:{f}}"  # noqa: E731
         rows.append((str(a["concurrency"]), f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}", mark,
                      pair(a, "ttft", ".0f"), pair(b, "ttft", ".0f"), pair(a, "tpot", ".1f"), pair(b, "tpot", ".1f"),
                      f"{a['status_429']}/{b['status_429']}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("".join(f"{cell:>{w + 2}}" for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
@@ -63,7 +72,7 @@ def plot(results: Results, path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"skippy up (2 stages) vs {' and '.join(n for n in results if n != 'skippy')}, same GGUF, same cores")
+    fig.suptitle(f"skippy up (2 stages) vs {' and '.join(n for n in results if n not in OURS)}, same GGUF, same cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -74,12 +83,12 @@ def write_report(out: Path, results: Results, facts: dict[str, Any], text: str, 
     if counts != {max_tokens}:
         print(f"warning: content chunks per request {sorted(counts)} != max_tokens {max_tokens}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
-    peers = [name for name in results if name != "skippy"]
-    by_peer = {peer: ratios(results, peer) for peer in peers}
+    by_pair = {f"{ours} / {peer}": (peer, ratios(results, peer, ours)) for ours, peer in pairs(results)}
     (out / "bench-http.json").write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), **facts, "results": results, "tok_s_ratio": by_peer,
-        "targets": {peer: {str(c): {"min_ratio": t, "ratio": by_peer[peer].get(c), "met": by_peer[peer].get(c, 0) >= t}
-                           for c, t in TARGETS[peer].items()} for peer in peers},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), **facts, "results": results,
+        "tok_s_ratio": {key: r for key, (_, r) in by_pair.items()},
+        "targets": {key: {str(c): {"min_ratio": t, "ratio": r.get(c), "met": r.get(c, 0) >= t}
+                          for c, t in TARGETS[peer].items()} for key, (peer, r) in by_pair.items()},
         "table": text}, indent=2) + "\n")
     plot(results, out / "bench-http.png")
     print(f"\nwrote {out / 'bench-http.json'} and {out / 'bench-http.png'}", file=sys.stderr)

@@ -37,7 +37,8 @@ def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
         lines.put(line)
 
 
-def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Sequence[str] = ()) -> Server:
+def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Sequence[str] = (), name: str = "skippy") -> Server:
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
            "--lane-count", str(lanes), "--openai-generation-concurrency", str(lanes), "--bind", "127.0.0.1:0",
            "--run-dir", str(run_dir), *flags]
@@ -46,7 +47,7 @@ def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Seque
     lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out
     threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + 300
-    server = Server("skippy", proc, "", 0, None)
+    server = Server(name, proc, "", 0, None)
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             match = READY.search(lines.get(timeout=0.5).decode())
@@ -57,7 +58,7 @@ def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Seque
             server.host, server.port, server.model = host, int(port), match.group(2)
             return server
     stop(server)
-    raise SystemExit(f"bench: skippy up did not get ready (see {run_dir.parent / 'skippy-up.stderr'})")
+    raise SystemExit(f"bench: {name} (skippy up) did not get ready (see {run_dir.parent / 'skippy-up.stderr'})")
 
 
 def _free_port() -> int:
@@ -94,18 +95,20 @@ def start_llama_cpp_python(model: Path, log_path: Path, threads: int) -> Server:
     return _start_http("llama-cpp-python", cmd, port, log_path, "/v1/models")
 
 
-def llama_server_args(parallel: int, threads: int) -> list[str]:
-    """llama-server's flags besides model and address: N slots of LLAMA_SERVER_SLOT_CTX tokens, `threads` threads."""
+def llama_server_args(parallel: int, threads: int, speculative: bool = False) -> list[str]:
+    """llama-server's flags besides model and address: N slots of LLAMA_SERVER_SLOT_CTX tokens, `threads` threads;
+    `speculative`: its own n-gram drafting from the context (`--spec-type ngram-simple`, no draft model)."""
     return ["--parallel", str(parallel), "-c", str(parallel * LLAMA_SERVER_SLOT_CTX), "-t", str(threads),
-            "-tb", str(threads)]
+            "-tb", str(threads), *(["--spec-type", "ngram-simple"] if speculative else [])]
 
 
-def start_llama_server(binary: Path, model: Path, log_path: Path, parallel: int, threads: int) -> Server:
+def start_llama_server(binary: Path, model: Path, log_path: Path, parallel: int, threads: int,
+                       speculative: bool = False) -> Server:
     """llama.cpp's llama-server (continuous batching over `parallel` slots)."""
     port = _free_port()
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           *llama_server_args(parallel, threads)]
-    return _start_http("llama-server", cmd, port, log_path, "/health")
+           *llama_server_args(parallel, threads, speculative)]
+    return _start_http(log_path.stem, cmd, port, log_path, "/health")
 
 
 def stop(server: Server, timeout_s: float = 30.0) -> int | None:

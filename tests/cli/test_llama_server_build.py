@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from skippy.cli import llama_server_build as build
-from skippy.cli.bench_http_report import table
+from skippy.cli.bench_http_report import pairs, ratios, table
+from skippy.cli.bench_http_servers import llama_server_args
 
 
 @pytest.fixture
@@ -74,12 +75,31 @@ def test_a_failed_step_is_named_with_the_tail_of_its_log(cache: Path, tmp_path: 
     assert not (build.build_dir() / "built").exists()
 
 
-def test_the_table_marks_each_peers_targets() -> None:
-    def level(c: int, tok_s: float) -> dict[str, Any]:
-        return {"concurrency": c, "tok_s": tok_s, "ttft_p50_ms": 1, "ttft_p95_ms": 2, "tpot_p50_ms": 3, "tpot_p95_ms": 4,
-                "status_429": 0}
+def level(c: int, tok_s: float) -> dict[str, Any]:
+    """One concurrency level's summary, as bench_http_load.run_level returns it."""
+    return {"concurrency": c, "tok_s": tok_s, "ttft_p50_ms": 1, "ttft_p95_ms": 2, "tpot_p50_ms": 3, "tpot_p95_ms": 4,
+            "status_429": 0}
 
+
+def test_the_table_marks_each_peers_targets() -> None:
     results = {"skippy": [level(1, 9.0), level(8, 80.0)], "llama-server": [level(1, 10.0), level(8, 100.0)]}
     lines = table(results, "llama-server").splitlines()
     assert "tok/s ls" in lines[0]
     assert lines[1].split()[3:6] == ["0.90", ">=0.9", "ok"] and lines[2].split()[3:6] == ["0.80", ">=0.85", "NO"]
+
+
+def test_each_skippy_variant_is_compared_with_each_peer() -> None:
+    results = {"skippy": [level(1, 8.0)], "skippy-spec": [level(1, 12.0)], "llama-server": [level(1, 10.0)],
+               "llama-server-spec": [level(1, 16.0)]}
+    assert pairs(results) == [("skippy", "llama-server"), ("skippy", "llama-server-spec"),
+                              ("skippy-spec", "llama-server"), ("skippy-spec", "llama-server-spec")]
+    assert ratios(results, "llama-server-spec", "skippy-spec") == {1: 0.75}
+    lines = table(results, "llama-server", "skippy-spec").splitlines()
+    assert "tok/s sk+s" in lines[0] and "tok/s ls" in lines[0]
+    assert lines[1].split()[3:6] == ["1.20", ">=0.9", "ok"]
+    assert all(len(line.split()) == len(lines[1].split()) for line in lines[1:])
+
+
+def test_llama_server_spec_drafts_from_the_context() -> None:
+    assert llama_server_args(4, 2)[-2:] == ["-tb", "2"]
+    assert llama_server_args(4, 2, speculative=True)[-2:] == ["--spec-type", "ngram-simple"]
