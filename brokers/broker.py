@@ -7,10 +7,13 @@ so and answered within `status_timeout_s`.  Admission is one FIFO `AdmissionQueu
 broker: total concurrency = sum over ready pipelines of their per-pipeline concurrency.  An
 admitted request goes to the ready pipeline with the fewest requests in flight (preferring one
 with a spare permit) and its TokenEvents are relayed back unchanged (an error without a code
-becomes `pipeline_failed`); the final event releases the permit.  Refusals are error TokenEvents
-with a code: queue_full, admission_timeout, unavailable (no ready pipeline; queued requests too
-when the last one goes), bad_request / context_length_exceeded, pipeline_failed (stage 0 reported
-a failure, or stopped answering with the request in flight).
+becomes `pipeline_failed`); the final event releases the permit.  A Submit naming `events_to` (an
+adapter's own endpoint) has stage 0 send the adapter its events itself; the broker gets a marked copy
+of the final one and passes on only finals it makes (skippy.driver.direct_events). Unless adapters,
+broker and pipeline share a host (both broker endpoints ipc) it clears `events_to`: events take the
+relay.  Refusals are error TokenEvents with a code: queue_full, admission_timeout, unavailable (no
+ready pipeline; queued requests too when the last one goes), bad_request / context_length_exceeded,
+pipeline_failed (stage 0 reported a failure, or stopped answering with the request in flight).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from brokers.admission import AdmissionError, AdmissionQueue, Permit
 from brokers.link import PipelineLink
 from brokers.pool import PipelinePool
 from skippy.config import AdmissionOptions, prompt_length_error
+from skippy.driver.direct_events import sent_direct
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.telemetry.broker import BrokerTelemetry
@@ -250,25 +254,32 @@ class Broker:
         link.inflight[rid] = req
         self.log.debug("admitted", request_id=rid, pipeline=link.endpoint,
                        queue_ms=round((req.admitted_at - req.received_at) * 1e3, 3))
-        if not await link.submit(req.submit):
+        if not await link.submit(self._routed(req.submit, link)):
             refused = f"stage 0 at {link.endpoint} not accepting requests"
             await self._finish(req, _error(rid, "pipeline_failed", refused))
+
+    def _routed(self, submit: Submit, link: PipelineLink) -> Submit:
+        """`submit` as it goes to `link`: `events_to` kept only when adapter, broker and stage 0 share a host
+        (both our endpoints ipc), else the events take the relay."""
+        local = self.bind_endpoint.startswith("ipc://") and link.endpoint.startswith("ipc://")
+        return submit if local or submit.events_to is None else replace(submit, events_to=None)
 
     async def _on_pipeline_events(self, link: PipelineLink, msg: TokenEvents) -> None:
         req = link.inflight.get(msg.request_id)
         if req is None or req.done:
             return  # a request already failed here (stage 0 went silent, broker closing)
-        req.tokens += len(msg.tokens)
+        direct = sent_direct(msg)  # stage 0 sent the client every event itself: this is our copy of the last
+        req.tokens = direct if direct is not None else req.tokens + len(msg.tokens)
         if msg.finish_reason is None:
             assert self.router is not None
             await self.router.send(req.client, msg)
             return
         if msg.finish_reason == "error" and msg.code is None:
             msg = replace(msg, code=ErrorCode.PIPELINE_FAILED)
-        await self._finish(req, msg)
+        await self._finish(req, msg, tell_client=direct is None)
 
-    async def _finish(self, req: _Request, final: TokenEvents) -> None:
-        """Send the request's final event (once), free its permit and log it."""
+    async def _finish(self, req: _Request, final: TokenEvents, tell_client: bool = True) -> None:
+        """Send the request's final event (once, unless the client has it from stage 0), free its permit and log it."""
         if req.done:
             return
         req.done = True
@@ -288,5 +299,5 @@ class Broker:
                       error=final.error, tokens=req.tokens, pipeline=req.link.endpoint if req.link else None,
                       queue_ms=round(((req.admitted_at or now) - req.received_at) * 1e3, 3),
                       total_ms=round((now - req.received_at) * 1e3, 3))
-        if self.router is not None:
+        if self.router is not None and tell_client:
             await self.router.send(req.client, final)

@@ -36,6 +36,13 @@ def split_host_port(text: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def ipc_only(text: str) -> str:
+    """`--events-endpoint`: stage 0 pushes events only to an ipc endpoint (on its own host)."""
+    if not text.startswith("ipc://") or len(text) <= len("ipc://"):
+        raise argparse.ArgumentTypeError(f"--events-endpoint must be ipc://PATH, got {text!r}")
+    return text
+
+
 def cors_origins(text: str) -> tuple[str, ...]:
     """`--cors-origins`: checked as `skippy up --openai-cors-origins` is (blank: none)."""
     if not text.strip():
@@ -49,6 +56,9 @@ def cors_origins(text: str) -> tuple[str, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("adapter", help="serve the OpenAI HTTP API in front of a broker")
     p.add_argument("--broker", required=True, help="the broker's endpoint, e.g. ipc:///run/broker.sock")
+    p.add_argument("--events-endpoint", default=None, metavar="ipc://PATH", type=ipc_only,
+                   help="bind this ipc endpoint for token events stage 0 sends straight here; the broker asks for it"
+                        " when adapter, broker and stage 0 share a host (default: every event through the broker)")
     p.add_argument("--model", default="default", help="the served GGUF (for its tokenizer and chat template)")
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
@@ -70,7 +80,7 @@ async def serve(args: argparse.Namespace) -> int:
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer(path)
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
-    broker = DriverClient(args.broker)
+    broker = DriverClient(args.broker, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), api_key_from(args.openai_api_key))
     if args.restarts_file is not None:
@@ -85,7 +95,7 @@ async def serve(args: argparse.Namespace) -> int:
     stopped = asyncio.Event()
     stop_on_signals(stopped)
     announce_ready(log, url=f"http://{host}:{server.port}", metrics_url=dashboard.own_url, model_id=args.model_id,
-                   broker=args.broker, chat_template=template.source)
+                   broker=args.broker, events_endpoint=args.events_endpoint, chat_template=template.source)
     await stopped.wait()
     ignore_signals()
     await server.close()

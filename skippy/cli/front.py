@@ -40,7 +40,9 @@ def start_front(children: Children, options: ServingOptions, topology: Path) -> 
         children.env[API_KEY_ENV] = openai.api_key
     children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology),
                                      *openai.admission.to_flags(), *level])
-    ready = children.start_process("adapter", ["adapter", "--broker", broker, "--model", str(cfg.model_path or "default"),
+    events = f"ipc://{children.run_dir}/events.sock"  # token events straight from stage 0 (skippy.driver.direct_events)
+    ready = children.start_process("adapter", ["adapter", "--broker", broker, "--events-endpoint", events,
+                                       "--model", str(cfg.model_path or "default"),
                                        "--model-id", openai.model_id, "--bind", openai.bind_addr,
                                        "--default-max-tokens", str(openai.default_max_tokens), *level,
                                        *cors_flags(openai.cors_origins),

@@ -4,7 +4,9 @@ Submit, stream token events, cancel, ask for status over a DEALER. Stage 0 serve
 ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for `ipc://PATH` it is
 `ipc://PATH.req`, for `tcp://HOST:PORT` it is `tcp://HOST:PORT+1`; a broker serves them at its
 `--bind`. The adapter uses it toward the broker, `skippy generate --topology` toward stage 0.
-Unlike `Driver.submit`, `submit` here is a coroutine: it sends.
+Unlike `Driver.submit`, `submit` here is a coroutine: it sends. With `events_endpoint` (ipc, on stage
+0's host) it binds a PULL there and asks stage 0 to push token events to it directly
+(skippy.driver.direct_events); stage 0's copy of a final event, sent to the submitter, is ignored.
 """
 
 from __future__ import annotations
@@ -16,43 +18,58 @@ from collections.abc import Sequence
 
 import zmq.asyncio
 
+from skippy.driver.direct_events import sent_direct
 from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
-from skippy.protocol import Cancel, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
 from skippy.runtime.sampling import SamplingParams
-from skippy.transport import DealerQueue
+from skippy.transport import DealerQueue, PullQueue
 
 
 class DriverClient:
-    def __init__(self, endpoint: str, ctx: zmq.asyncio.Context | None = None) -> None:
+    def __init__(self, endpoint: str, ctx: zmq.asyncio.Context | None = None, *,
+                 events_endpoint: str | None = None) -> None:
         self.endpoint = endpoint
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context()
         self.queue = DealerQueue(self.ctx, endpoint)
+        self.events = PullQueue(self.ctx, events_endpoint) if events_endpoint is not None else None
         self.handles: dict[str, RequestHandle] = {}
+        self.direct_events = 0  # TokenEvents that came straight from stage 0
         self._status: dict[int, asyncio.Future[Status]] = {}
         self._nonces = itertools.count(1)
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self._readers = [loop.create_task(self._read())]
+        if self.events is not None:
+            self._readers.append(loop.create_task(self._read_direct(self.events)))
 
     async def _read(self) -> None:
         while True:
             msg = await self.queue.recv()
             if isinstance(msg, TokenEvents):
-                handle = self.handles.get(msg.request_id)
-                if handle is None:
-                    continue
-                logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
-                for token, logprob in zip(msg.tokens, logprobs):
-                    handle.put(TokenEvent(token=token, logprob=logprob))
-                if msg.finish_reason is not None:
-                    handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code,
-                                          stats=msg.stats))
-                    del self.handles[msg.request_id]
+                if sent_direct(msg) is None:  # else stage 0's copy of a final event we have had directly
+                    self._on_events(msg)
             elif isinstance(msg, Status):
                 future = self._status.pop(msg.nonce, None)
                 if future is not None and not future.done():
                     future.set_result(msg)
-            elif isinstance(msg, ProtocolError):
-                continue
+
+    async def _read_direct(self, events: PullQueue) -> None:
+        while True:
+            msg = await events.recv()
+            if isinstance(msg, TokenEvents):
+                self.direct_events += 1
+                self._on_events(msg)
+
+    def _on_events(self, msg: TokenEvents) -> None:
+        handle = self.handles.get(msg.request_id)
+        if handle is None:
+            return
+        logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
+        for token, logprob in zip(msg.tokens, logprobs):
+            handle.put(TokenEvent(token=token, logprob=logprob))
+        if msg.finish_reason is not None:
+            handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
+            del self.handles[msg.request_id]
 
     async def status(self, timeout_s: float = 5.0) -> Status:
         """Ask stage 0 how the pipeline is; DriverUnavailable if it does not answer in time."""
@@ -71,14 +88,17 @@ class DriverClient:
         handle = self.handles[request_id] = RequestHandle(request_id)
         sampling_dict = (sampling or SamplingParams()).to_dict()
         await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
-                                     tuple(sorted(stop_tokens))))
+                                     tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None))
         return handle
 
     async def cancel(self, request_id: str) -> None:
         await self.queue.send(Cancel(request_id))
 
     def close(self) -> None:
-        self._reader.cancel()
+        for reader in self._readers:
+            reader.cancel()
         self.queue.close()
+        if self.events is not None:
+            self.events.close()
         if self._own_ctx:
             self.ctx.term()

@@ -1,10 +1,11 @@
 """Stage 0 as a process: the driver plus a ROUTER where clients (broker, `skippy generate`) submit.
 
 Clients send Submit / Cancel / StatusQuery; each request's tokens go back as TokenEvents to the
-client that asked. The process logs `ready` once stage 1 (and so the whole chain) has answered the
-handshake, and `stopped` after SIGTERM/SIGINT has failed what was in flight and closed its sockets.
-If any of its loops fails, the requests in flight get an error naming the cause, the process logs
-`process_failed` and exits with code 1.
+client that asked, or, when its Submit names an `events_to` endpoint, straight there with a copy of
+the final event to the submitter (skippy.driver.direct_events). The process logs `ready` once
+stage 1 (and so the whole chain) has answered the handshake, and `stopped` after SIGTERM/SIGINT has
+failed what was in flight and closed its sockets. If any of its loops fails, the requests in flight
+get an error naming the cause, the process logs `process_failed` and exits with code 1.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import zmq
+
 from skippy.config import ServingOptions
+from skippy.driver.direct_events import EventSinks, submitter_copy, usable
 from skippy.driver.driver import Driver
 from skippy.driver.events import DriverUnavailable, RequestHandle
 from skippy.driver.speculative.setup import build_speculation
@@ -62,6 +66,7 @@ class DriverProcess:
                              speculation=build_speculation(options, runtime))
         self.runtime = runtime
         self.forwarders: set[asyncio.Task[None]] = set()
+        self.sinks = EventSinks()
         self.start_front = start_front
 
     async def run(self) -> int:
@@ -104,6 +109,7 @@ class DriverProcess:
             for task in self.forwarders:
                 task.cancel()
         finally:
+            self.sinks.close()
             if router is not None:
                 router.close(linger_ms=500)  # before the driver terms the shared context
             try:
@@ -133,7 +139,8 @@ class DriverProcess:
                 code = ErrorCode.UNAVAILABLE if isinstance(exc, DriverUnavailable) else ErrorCode.BAD_REQUEST
                 await router.send(client, TokenEvents(msg.request_id, (), FinishReason.ERROR, str(exc), code))
                 return
-            task = asyncio.get_running_loop().create_task(self._forward(router, client, handle))
+            events_to = msg.events_to if usable(msg.events_to) else None
+            task = asyncio.get_running_loop().create_task(self._forward(router, client, handle, events_to))
             self.forwarders.add(task)
             task.add_done_callback(self.forwarders.discard)
         elif isinstance(msg, Cancel):
@@ -146,9 +153,21 @@ class DriverProcess:
         else:
             self.log.warning("bad_request", detail=str(msg)[:200])
 
-    async def _forward(self, router: RouterQueue, client: bytes, handle: RequestHandle) -> Any:
+    async def _forward(self, router: RouterQueue, client: bytes, handle: RequestHandle, events_to: str | None) -> Any:
+        sent = 0  # tokens pushed to `events_to`
         async for event in handle:
             tokens = () if event.token is None else (event.token,)
             logprobs = () if event.logprob is None else (event.logprob,)
-            await router.send(client, TokenEvents(handle.request_id, tokens, event.finish_reason, event.error,
-                                                  event.code, logprobs, event.stats))
+            msg = TokenEvents(handle.request_id, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats)
+            if events_to is not None:
+                try:
+                    self.sinks.send(events_to, msg)
+                except zmq.ZMQError as exc:  # cannot connect there: everything goes to the submitter instead
+                    self.log.warning("events_to_refused", request_id=handle.request_id, events_to=events_to, error=str(exc))
+                    events_to = None
+                else:
+                    sent += len(tokens)
+                    if msg.finish_reason is not None:
+                        await router.send(client, submitter_copy(msg, sent))
+                    continue
+            await router.send(client, msg)

@@ -168,7 +168,7 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
     MessageKind.WIRE: _Struct(SetWire, delay_ms=_float, mbps=_opt(_float), activation_dtype=_opt(_enum(WireDtype)),
                               optional=("activation_dtype",)),
     MessageKind.SUBMIT: _Struct(Submit, request_id=_str, prompt=_TOKENS, sampling=_str_keyed_map, max_tokens=_int(1, _I31),
-                      stop_tokens=_seq(_int(0, _I31), MAX_ROWS)),
+                      stop_tokens=_seq(_int(0, _I31), MAX_ROWS), events_to=_opt(_str), optional=("events_to",)),
     MessageKind.CANCEL: _Struct(Cancel, request_id=_str),
     MessageKind.TOKENS: _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_enum(FinishReason)),
                       error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS, stats=_STATS),

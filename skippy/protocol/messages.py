@@ -224,12 +224,18 @@ class SetWire:
 
 @dataclass(frozen=True)
 class Submit:
-    """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``."""
+    """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
+
+    ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
+    TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
+    copy of the final event, marked with the ``EVENTS_SENT_DIRECT`` stat (skippy.driver.direct_events).
+    """
     request_id: str
     prompt: tuple[int, ...]
     sampling: dict[str, Any]
     max_tokens: int
     stop_tokens: tuple[int, ...] = ()
+    events_to: str | None = None
 
 
 @dataclass(frozen=True)

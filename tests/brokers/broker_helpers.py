@@ -117,10 +117,10 @@ class BrokerClient:
                 raise AssertionError(f"unexpected message from the broker: {msg!r}")
 
     async def submit(self, prompt: Sequence[int] = (5, 6, 7, 8), max_tokens: int = 40,
-                     request_id: str | None = None) -> Stream:
+                     request_id: str | None = None, events_to: str | None = None) -> Stream:
         request_id = request_id or f"req-{next(self._ids)}"
         stream = self.streams[request_id] = Stream(request_id)
-        await self.queue.send(Submit(request_id, tuple(prompt), {}, max_tokens, ()))
+        await self.queue.send(Submit(request_id, tuple(prompt), {}, max_tokens, (), events_to))
         return stream
 
     async def cancel(self, request_id: str) -> None:
@@ -180,12 +180,12 @@ class FakeStage0:
 
 
 @contextlib.asynccontextmanager
-async def running_broker(pipelines: Sequence[str], admission: AdmissionOptions | None = None,
-                         **kwargs: Any) -> AsyncIterator[tuple[Broker, BrokerClient]]:
-    """A started Broker on a tcp port, ready, with a client connected (on its own context, so the
-    test may close the broker first and still read what it sent); both closed on exit."""
+async def running_broker(pipelines: Sequence[str], admission: AdmissionOptions | None = None, *,
+                         bind: str = "tcp://127.0.0.1:0", **kwargs: Any) -> AsyncIterator[tuple[Broker, BrokerClient]]:
+    """A started Broker at `bind` (default a tcp port), ready, with a client connected (on its own context, so
+    the test may close the broker first and still read what it sent); both closed on exit."""
     configure_logging("summary", stream=sys.stderr, role="test-broker")
-    broker = Broker("tcp://127.0.0.1:0", pipelines, admission, **kwargs)
+    broker = Broker(bind, pipelines, admission, **kwargs)
     await broker.start()
     ctx = zmq.asyncio.Context()
     client = BrokerClient(broker.endpoint, ctx)

@@ -15,6 +15,7 @@ import zmq.asyncio
 from broker_helpers import WAIT_S, BrokerClient, Clock, FakeStage0, run, running_broker
 
 from skippy.config import AdmissionOptions
+from skippy.driver.direct_events import submitter_copy
 from skippy.protocol import TokenEvents, TokenLogprob
 
 
@@ -181,6 +182,40 @@ def test_adaptive_admission_starts_at_its_minimum(tmp_path: Path) -> None:
                 assert await stage0.next_cancel() == "second"
                 await stage0.send(peer, TokenEvents("second", (), "cancelled"))
                 assert (await second.finished()).finish_reason == "cancelled"
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_events_go_direct_only_when_adapter_broker_and_stage_0_share_a_host(tmp_path: Path) -> None:
+    """Broker and stage 0 both on ipc: `events_to` reaches stage 0, and stage 0's marked copy of the final
+    event frees the permit without reaching the client (which has the original). A broker on tcp
+    (adapters may be elsewhere) clears `events_to`; events then take the relay."""
+    events_to = f"ipc://{tmp_path}/events.sock"
+
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1)
+        try:
+            async with running_broker([stage0.endpoint], bind=f"ipc://{tmp_path}/broker.sock") as (broker, client):
+                direct = await client.submit(request_id="direct", events_to=events_to)
+                peer, submit = await stage0.next_submit()
+                assert submit.events_to == events_to
+                await stage0.send(peer, submitter_copy(TokenEvents("direct", (), "length"), 40))
+                after = await client.submit(request_id="after")  # a relayed request: its events come behind
+                peer, submit = await stage0.next_submit()
+                assert submit.events_to is None
+                await stage0.send(peer, TokenEvents("after", (7,), "stop"))
+                await after.finished()
+                assert direct.messages == []  # the copy of "direct"'s final event went no further
+                assert dict(broker.outcomes) == {"length": 1, "stop": 1}
+                assert (await client.status()).running == 0  # both permits free
+            async with running_broker([stage0.endpoint]) as (broker, client):
+                await client.submit(request_id="remote", events_to=events_to)
+                _, submit = await stage0.next_submit()
+                assert submit.events_to is None
         finally:
             stage0.close()
             ctx.term()

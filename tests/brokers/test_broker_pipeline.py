@@ -5,6 +5,7 @@
   what stage 0 gives directly, and a DriverClient pointed at the broker works unchanged;
 - admission timeout 0.2 s: the queued requests are refused with admission_timeout;
 - cancel of a queued and of a running request; Status reflects running / waiting throughout;
+- a client with its own event endpoint gets every event straight from stage 0 (skippy.driver.direct_events);
 - SIGKILL of stage 1: in-flight requests end with pipeline_failed naming the stage, the broker
   turns not-ready naming it, new requests are refused with unavailable.
 """
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from broker_helpers import WAIT_S, BrokerClient, PipelineProcs, Stream, run, running_broker
 
 from skippy.config import AdmissionOptions
 from skippy.driver.client import DriverClient
+from skippy.driver.direct_events import EVENTS_SENT_DIRECT
 
 LONG = 480  # tokens: >= 2.4 s at the 5 ms wire delay, so these outlast every wait below; cancelled at the end
 ADMISSION = AdmissionOptions(generation_concurrency=2, queue_capacity=2)
@@ -126,5 +129,41 @@ def test_killed_stage_fails_requests_and_turns_the_broker_unavailable(
             refused = await (await client.submit()).finished()
             assert (refused.finish_reason, refused.code) == ("error", "unavailable")
             assert refused.error == "pipeline unavailable: stage stage1 is down"
+
+    run(body())
+
+
+def test_an_adapter_on_the_host_gets_its_events_straight_from_stage_0(shared_pipeline: PipelineProcs,
+                                                                      tmp_path: Path) -> None:
+    """With `events_endpoint`, stage 0 pushes every event (final included) to the client itself, through an
+    ipc broker or with none between; the output equals the relayed one, the copy of the final event the
+    submitter gets is not delivered twice, and a cancel's final event comes the same way."""
+    async def body() -> None:
+        async with running_broker([shared_pipeline.request_endpoint], ADMISSION,
+                                  bind=f"ipc://{tmp_path}/broker.sock") as (broker, _client):
+            relayed = DriverClient(broker.endpoint)
+            via_broker = DriverClient(broker.endpoint, events_endpoint=f"ipc://{tmp_path}/a.sock")
+            no_broker = DriverClient(shared_pipeline.request_endpoint, events_endpoint=f"ipc://{tmp_path}/b.sock")
+            try:
+                expected, _ = await (await relayed.submit([5, 6, 7, 8], max_tokens=40)).collect()
+                assert relayed.direct_events == 0
+                for client in (via_broker, no_broker):
+                    tokens, final = await (await client.submit([5, 6, 7, 8], max_tokens=40)).collect()
+                    assert (tokens, final.finish_reason) == (expected, "length")
+                    assert client.direct_events == 41  # 40 tokens and the final event
+                    assert EVENTS_SENT_DIRECT not in dict(final.stats)
+                handle = await via_broker.submit([5, 6, 7, 8], max_tokens=LONG)
+                events = aiter(handle)
+                first = await anext(events)
+                assert first.token is not None
+                await via_broker.cancel(handle.request_id)
+                rest = [event async for event in events]
+                assert rest[-1].finish_reason == "cancelled" and len(rest) < LONG
+                await broker.wait_until(lambda: not broker.requests, WAIT_S)  # its copy may come after ours
+                assert dict(broker.outcomes) == {"length": 2, "cancelled": 1}
+                assert (await via_broker.status()).running == 0
+            finally:
+                for client in (relayed, via_broker, no_broker):
+                    client.close()
 
     run(body())

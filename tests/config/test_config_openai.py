@@ -9,6 +9,7 @@ import pytest
 from config_helpers import OPENAI, Serve, ServeError
 
 from skippy.cli.adapter import cors_origins as adapter_cors_origins
+from skippy.cli.adapter import ipc_only
 from skippy.cli.front import cors_flags
 
 
@@ -104,3 +105,11 @@ def test_adapter_cors_origins_checked_alike() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="^--cors-origins must list origins as scheme://host"):
         adapter_cors_origins("a.example")
     assert cors_flags(()) == [] and cors_flags(("http://a.example", "*")) == ["--cors-origins", "http://a.example,*"]
+
+
+@pytest.mark.parametrize("bad", ["tcp://127.0.0.1:5555", "ipc://", "/run/events.sock"])
+def test_adapter_events_endpoint_must_be_ipc(bad: str) -> None:
+    """`skippy adapter --events-endpoint`: stage 0 pushes events only to an ipc endpoint on its host."""
+    assert ipc_only("ipc:///run/skippy/events.sock") == "ipc:///run/skippy/events.sock"
+    with pytest.raises(argparse.ArgumentTypeError, match="^--events-endpoint must be ipc://PATH"):
+        ipc_only(bad)
