@@ -17,6 +17,7 @@ from skippy.http.adapter import OpenAIAdapter
 from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
+from skippy.http.metrics import DirectEventsCollector
 from skippy.http.server import HttpServer
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
@@ -83,6 +84,7 @@ async def serve(args: argparse.Namespace) -> int:
     broker = DriverClient(args.broker, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), api_key_from(args.openai_api_key))
+    adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))
     host, port = args.bind
@@ -101,7 +103,7 @@ async def serve(args: argparse.Namespace) -> int:
     await server.close()
     broker.close()
     tokenizer.close()
-    log.info("stopped", requests=adapter.metrics.requests_total())
+    log.info("stopped", requests=adapter.metrics.requests_total(), direct_token_events=broker.direct_events)
     return 0
 
 

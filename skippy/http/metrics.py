@@ -5,14 +5,18 @@ time per output token histograms, speculative counts summed over requests, and t
 broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
 generation is tracked from its first token to its end (`generation_started` / `token` /
 `generation_done`), which also emits its summary span `stage.openai_request_summary`.
+`DirectEventsCollector` counts the token events stage 0 sent straight to the adapter.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from skippy.driver.events import TokenEvent
 from skippy.http.prefix_metrics import PrefixCacheMetrics
@@ -118,3 +122,15 @@ class Metrics:
         if self.telemetry.installed:
             return self.telemetry.render()
         return generate_latest(self.registry)
+
+
+class DirectEventsCollector(Collector):
+    """skippy_direct_token_events_total, read at each scrape: token events stage 0 sent straight to this
+    adapter instead of through the broker (skippy.driver.direct_events)."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("skippy_direct_token_events", "token events stage 0 sent straight to this adapter",
+                                  value=float(self.count()))
