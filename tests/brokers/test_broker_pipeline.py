@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import zmq.asyncio
 from broker_helpers import WAIT_S, BrokerClient, PipelineProcs, Stream, run, running_broker
 
 from skippy.config import AdmissionOptions
@@ -165,5 +166,22 @@ def test_an_adapter_on_the_host_gets_its_events_straight_from_stage_0(shared_pip
             finally:
                 for client in (relayed, via_broker, no_broker):
                     client.close()
+
+    run(body())
+
+
+def test_an_events_endpoint_stage_0_cannot_reach_falls_back_to_the_submitter(shared_pipeline: PipelineProcs) -> None:
+    """`events_to` that ZeroMQ refuses to connect to: stage 0 logs it and sends every event to the submitter."""
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        client = BrokerClient(shared_pipeline.request_endpoint, ctx)
+        try:
+            stream = await client.submit(max_tokens=8, events_to="ipc://")
+            final = await stream.finished()
+            assert (final.finish_reason, len(stream.tokens)) == ("length", 8)
+            assert EVENTS_SENT_DIRECT not in dict(final.stats)
+        finally:
+            client.close()
+            ctx.term()
 
     run(body())
