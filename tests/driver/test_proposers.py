@@ -297,3 +297,13 @@ def test_numpy_tokens_are_accepted() -> None:
     proposer.extend(history)  # type: ignore[arg-type]
     assert proposer.propose(4) == [4, 1, 2, 3]
     assert all(type(t) is int for t in proposer.propose(8))
+
+
+def test_only_the_draft_model_drafts_in_the_runtime_thread() -> None:
+    """n-gram proposers are pure Python and draft on stage 0's event loop (no thread round trip a step);
+    the draft model runs llama.cpp and so drafts in the runtime thread."""
+    from skippy.driver.speculative.draft_model import DraftModelProposerFactory  # noqa: PLC0415
+    from skippy.driver.speculative.suffix import SuffixProposerFactory  # noqa: PLC0415
+
+    assert SuffixProposerFactory.runs_llama is False and NgramCacheProposerFactory.runs_llama is False
+    assert DraftModelProposerFactory.runs_llama is True

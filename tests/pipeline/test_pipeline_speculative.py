@@ -58,6 +58,7 @@ class OracleProposer:
 
 class OracleFactory:
     name = "oracle"
+    runs_llama = False
 
     def __init__(self, references: dict[tuple[int, ...], list[int]], corrupt_at: int | None) -> None:
         self.references = references

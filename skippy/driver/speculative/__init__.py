@@ -22,6 +22,7 @@ class Proposer(Protocol):
 
 class ProposerFactory(Protocol):
     name: str  # "suffix", "cache", "draft-model" (reported in stats and logs)
+    runs_llama: bool  # its proposers call llama.cpp: the driver drafts in the runtime thread
 
     def for_session(self, session_id: int) -> Proposer: ...
     def close(self) -> None: ...

@@ -129,6 +129,7 @@ class DraftModelProposerFactory:
     """The draft model and its context (one KV lane per session); makes each session's proposer."""
 
     name = "draft-model"
+    runs_llama = True
 
     def __init__(
         self,

@@ -68,6 +68,7 @@ class NgramProposerFactory:
     name: str
     kind: NgramKind
     proposer: type[NgramHistory]
+    runs_llama = False  # pure Python, microseconds a call: drafted on the event loop
 
     def __init__(self, config: NgramConfig) -> None:
         if config.kind is not self.kind:
