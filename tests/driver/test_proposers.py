@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from skippy.config.speculative import NgramConfig, NgramKind
 from skippy.driver.speculative import Proposer, ProposerFactory
+from skippy.driver.speculative.draft_model import DraftModelProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposer, NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposer, SuffixProposerFactory
 
@@ -302,8 +303,5 @@ def test_numpy_tokens_are_accepted() -> None:
 def test_only_the_draft_model_drafts_in_the_runtime_thread() -> None:
     """n-gram proposers are pure Python and draft on stage 0's event loop (no thread round trip a step);
     the draft model runs llama.cpp and so drafts in the runtime thread."""
-    from skippy.driver.speculative.draft_model import DraftModelProposerFactory  # noqa: PLC0415
-    from skippy.driver.speculative.suffix import SuffixProposerFactory  # noqa: PLC0415
-
     assert SuffixProposerFactory.runs_llama is False and NgramCacheProposerFactory.runs_llama is False
     assert DraftModelProposerFactory.runs_llama is True
