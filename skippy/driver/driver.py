@@ -217,13 +217,9 @@ class Driver:
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
         if not ready:
             return None
-        budget = self.runtime.params.n_batch
-        speculation = self.speculation
-
-        def draft_all() -> dict[int, tuple[list[int], int]]:
-            return {sid: speculation.draft(sid, budget, decoding) for sid in ready}
-
-        drafts = await self.worker.call(draft_all) if speculation.factory.runs_llama else draft_all()
+        speculation, budget = self.speculation, self.runtime.params.n_batch
+        drafts = (await self.worker.call(speculation.draft_all, ready, budget, decoding) if speculation.factory.runs_llama
+                  else speculation.draft_all(ready, budget, decoding))
         return lambda seq, rows_left: speculation.window_drafts(seq, *drafts.get(seq.session_id, ([], 0)), rows_left)
 
     async def _configure(self, seq: Sequence) -> None:

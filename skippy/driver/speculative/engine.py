@@ -99,6 +99,10 @@ class Speculation:
         proposer.extend(prompt)
         self.sessions[session_id] = SessionSpeculation(proposer)
 
+    def draft_all(self, session_ids: list[int], budget: int, active_sessions: int) -> dict[int, tuple[list[int], int]]:
+        """`draft` for each session, by session id."""
+        return {sid: self.draft(sid, budget, active_sessions) for sid in session_ids}
+
     def draft(self, session_id: int, budget: int, active_sessions: int) -> tuple[list[int], int]:
         """(proposal, k) for the session's next window: k drafts for it (at most budget - 1: the window's
         first row is the last token) and, with depth > 1, the proposal's continuation for the windows
