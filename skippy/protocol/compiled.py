@@ -31,7 +31,7 @@ class _Source:
     """Generated functions and the constants they use, compiled together."""
 
     def __init__(self) -> None:
-        self.ns: dict[str, Any] = {"_Invalid": _Invalid, "_isfinite": math.isfinite}
+        self.ns: dict[str, Any] = {"_Invalid": _Invalid, "_isfinite": math.isfinite, "_new": object.__new__}
         self.lines: list[str] = []
         self.done: dict[tuple[str, int], str] = {}  # (decode/encode, id(struct)) -> its function's name
 
@@ -88,7 +88,14 @@ class _Source:
                          *self.check(spec, var, "        "), f"    else: {var} = {self.const(default)}"]
             else:
                 body += [f"    {var} = d[{field!r}]", *self.check(spec, var, "    ")]
-        body.append(f"    o = {self.const(schema.cls)}({', '.join(args)})")
+        for f in dataclasses.fields(schema.cls):  # fields outside the header (a batch's frame): their defaults
+            if f.name not in schema.specs:
+                factory = f.default_factory
+                value = self.const(f.default) if factory is dataclasses.MISSING else f"{self.const(factory)}()"
+                args.append(f"{f.name}={value}")
+        # the frozen dataclass's __init__ sets each field through object.__setattr__: filling __dict__ at
+        # once is half the cost (0.62 -> 0.33 us an object warm, ~10 -> ~7 us cold after llama.cpp)
+        body += [f"    o = _new({self.const(schema.cls)})", f"    o.__dict__.update({', '.join(args)})"]
         if schema.check is not None:
             body.append(f"    {self.const(schema.check)}(o, None)")
         self.lines += [f"def {name}(d):", *body, "    return o", ""]
