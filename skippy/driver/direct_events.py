@@ -4,11 +4,11 @@ A client (the HTTP adapter under `skippy up`) binds a PULL and names it in `Subm
 then pushes that request's TokenEvents there itself, the final one included, and sends the submitter
 (the broker) only a copy of the final event marked with the EVENTS_SENT_DIRECT stat (how many tokens
 went direct): the broker frees the request's permit and counts its tokens without relaying each
-token. Relaying cost 1.2 ms of a 17 ms token at one stream on 2 vCPUs (14 paired rounds: the broker's
-wake-ups and ZeroMQ I/O threads run while the stages compute).
+token. Relaying cost 0.3-1.2 ms of a 17-18 ms token at one stream on 2 vCPUs (two paired A/Bs,
+docs/bench-http.md: the broker's wake-ups and ZeroMQ I/O threads run while the stages compute).
 
-Only `ipc://` endpoints are used: the client shares stage 0's host (the broker clears `events_to`
-toward a pipeline it reaches over tcp), and an ipc socket needs no CURVE keys. Sends never wait: a
+Only `ipc://` endpoints are used: the client shares stage 0's host (the broker keeps `events_to` only
+when it and stage 0 are both on ipc), and an ipc socket needs no CURVE keys. Sends never wait: a
 client that is gone must not stall stage 0 (its events queue in ZeroMQ and are dropped on close).
 """
 

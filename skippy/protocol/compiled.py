@@ -75,6 +75,8 @@ class _Source:
         if name is not None:
             return name
         name = self.done["decode", id(schema)] = f"_decode_{schema.cls.__name__}_{len(self.done)}"
+        if hasattr(schema.cls, "__post_init__") or hasattr(schema.cls, "__slots__"):  # both need __init__
+            raise TypeError(f"{schema.cls.__name__}: a message class has no __post_init__ or __slots__")
         body = ["    if type(d) is not dict: raise _Invalid"]
         defaults = {f.name: f for f in dataclasses.fields(schema.cls)}
         args = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -49,6 +50,8 @@ from skippy.protocol import (
     decode,
     encode,
 )
+from skippy.protocol.compiled import compile_schemas
+from skippy.protocol.specs import _int, _str, _Struct
 
 IDENTITY = StageIdentity("s1", 1, 9, 18, "sha256:abc", 640)
 TIMING = StageTiming("s1", 1_700_000_000.25, 3.5, 0.0, 1_700_000_000.5)
@@ -429,3 +432,24 @@ def test_compiled_decoders_accept_exactly_what_the_schemas_accept(name: str) -> 
 @given(MESSAGES)
 def test_compiled_decoders_agree_on_random_messages(msg: Message) -> None:
     same_verdict(header_of(msg))
+
+
+def test_compiled_decoders_refuse_a_class_whose_init_does_more_than_set_fields() -> None:
+    """Compiled decoders fill a message's __dict__ without calling __init__: a class with __post_init__ (or
+    __slots__, which has no __dict__) is refused when the schemas are compiled, not decoded wrongly."""
+    @dataclasses.dataclass(frozen=True)
+    class Checked:
+        n: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slotted:
+        n: int
+
+    for cls in (Checked, Slotted):
+        with pytest.raises(TypeError, match=f"{cls.__name__}: a message class has no __post_init__ or __slots__"):
+            compile_schemas({"k": _Struct(cls, n=_int())}, PROTOCOL_VERSION)
+    decoders, _ = compile_schemas({"k": _Struct(Cancel, request_id=_str)}, PROTOCOL_VERSION)
+    assert decoders["k"]({"request_id": "r"}) == Cancel("r")
