@@ -4,6 +4,8 @@ tail. No real build runs here (that takes minutes); a fake `cmake` on PATH stand
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import stat
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from skippy.cli import bench_http
 from skippy.cli import llama_server_build as build
 from skippy.cli.bench_http_report import pairs, ratios, table
 from skippy.cli.bench_http_servers import llama_server_args
@@ -103,3 +106,27 @@ def test_each_skippy_variant_is_compared_with_each_peer() -> None:
 def test_llama_server_spec_drafts_from_the_context() -> None:
     assert llama_server_args(4, 2)[-2:] == ["-tb", "2"]
     assert llama_server_args(4, 2, speculative=True)[-2:] == ["--spec-type", "ngram-simple"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-speculative"]])
+def test_bench_http_starts_skippy_spec_unless_told_not_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          extra: list[str]) -> None:
+    """`skippy bench http` starts `skippy up` plain and, unless --no-speculative, again with the README's plan
+    (what starts it is recorded here instead of run: each is a whole server)."""
+    started: list[tuple[str, list[str]]] = []
+
+    def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: list[str], name: str = "skippy") -> str:
+        started.append((name, list(flags)))
+        return name
+
+    monkeypatch.setattr(bench_http, "start_skippy", start_skippy)
+    kinds = argparse.ArgumentParser().add_subparsers()
+    bench_http.add_to(kinds)
+    args = kinds.choices["http"].parse_args(["--skippy-flags=--no-prefix-cache", *extra])
+    assert bench_http._start_skippies(args, tmp_path, 16) == ["skippy"] + ([] if extra else ["skippy-spec"])
+    assert started[0] == ("skippy", ["--no-prefix-cache"])
+    if not extra:
+        name, flags = started[1]
+        plan = flags[flags.index("--openai-speculative-config") + 1]
+        assert name == "skippy-spec" and "--openai-adaptive-speculative-window" in flags and "--no-prefix-cache" in flags
+        assert json.loads(Path(plan).read_text()) == bench_http.SPECULATIVE_PLAN
