@@ -1,15 +1,15 @@
 """The admission broker: HTTP adapters on one side, pipeline replicas (stage 0 request endpoints) on the other.
 
 Adapters connect DEALERs to the broker's ROUTER and speak the same protocol as stage 0 (Submit,
-Cancel, StatusQuery -> TokenEvents, Status), so a `DriverClient` works against either.  Every
+Cancel, StatusQuery -> TokenEvents, Status), so a `PipelineClient` works against either.  Every
 `poll_interval_s` the broker asks each pipeline for its Status; a pipeline is ready when it says
 so and answered within `status_timeout_s`.  Admission is one FIFO `AdmissionQueue` for the whole
 broker: total concurrency = sum over ready pipelines of their per-pipeline concurrency.  An
 admitted request goes to the ready pipeline with the fewest requests in flight (preferring one
 with a spare permit) and its TokenEvents are relayed back unchanged (an error without a code
 becomes `pipeline_failed`); the final event releases the permit.  A Submit naming `events_to` (an
-adapter's own endpoint) has stage 0 send the adapter its events itself; the broker gets a marked copy
-of the final one and passes on only finals it makes (skippy.driver.direct_events). Unless adapters,
+adapter's own endpoint) has stage 0 send the adapter its events itself; the broker gets a copy of the
+final one (`TokenEvents.sent_direct` set) and passes on only finals it makes (skippy.driver.direct_events). Unless adapters,
 broker and pipeline share a host (both broker endpoints ipc) it clears `events_to`: events take the
 relay.  Refusals are error TokenEvents with a code: queue_full, admission_timeout, unavailable (no
 ready pipeline; queued requests too when the last one goes), bad_request / context_length_exceeded,
@@ -31,12 +31,11 @@ from brokers.adaptive import AdaptiveConcurrency
 from brokers.admission import AdmissionError, AdmissionQueue, Permit
 from brokers.link import PipelineLink
 from brokers.pool import PipelinePool
+from brokers.telemetry import BrokerTelemetry, FinishedRequest
 from skippy.config import AdmissionOptions, prompt_length_error
-from skippy.driver.direct_events import sent_direct
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
-from skippy.telemetry.broker import BrokerTelemetry
-from skippy.transport import RouterQueue
+from skippy.transport.queues import RouterQueue
 
 __all__ = ["Broker"]
 
@@ -65,7 +64,7 @@ class Broker:
                  link_ctx: zmq.asyncio.Context | None = None, poll_interval_s: float = 0.5,
                  status_timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         """`link_ctx` (default: `ctx`) carries the sockets toward the pipelines: a CURVE-secured context
-        when their topologies have link keys (skippy.curve), while adapters reach the broker in the clear."""
+        when their topologies have link keys (skippy.transport.curve_guard), while adapters reach the broker in the clear."""
         self.bind_endpoint = bind_endpoint
         self.admission = admission or AdmissionOptions()
         self.clock = clock
@@ -85,7 +84,8 @@ class Broker:
         self._server: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()  # request tasks and fire-and-forget sends
         self._closed = False
-        self.telemetry = BrokerTelemetry(self)  # metrics and spans (skippy.telemetry.broker)
+        self.telemetry = BrokerTelemetry(lambda: self.queue, lambda: len(self.pool.ready_links()), self.outcomes,
+                                         clock)  # metrics and spans (brokers.telemetry)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -242,7 +242,7 @@ class Broker:
             await self._finish(req, TokenEvents(rid, (), FinishReason.CANCELLED))
             return
         req.permit, req.admitted_at = permit, self.clock()
-        self.telemetry.admitted(req)
+        self.telemetry.admitted(req.admitted_at - req.received_at)
         if req.done:  # finished (broker closing) in the instant it was admitted
             permit.release()
             return
@@ -268,7 +268,7 @@ class Broker:
         req = link.inflight.get(msg.request_id)
         if req is None or req.done:
             return  # a request already failed here (stage 0 went silent, broker closing)
-        direct = sent_direct(msg)  # stage 0 sent the client every event itself: this is our copy of the last
+        direct = msg.sent_direct  # stage 0 sent the client every event itself: this is our copy of the last
         req.tokens = direct if direct is not None else req.tokens + len(msg.tokens)
         if msg.finish_reason is None:
             assert self.router is not None
@@ -294,10 +294,10 @@ class Broker:
             req.permit.release()
         outcome = final.code if final.finish_reason == "error" and final.code else str(final.finish_reason)
         self.outcomes[outcome] += 1
-        self.telemetry.finished(req, final, outcome)
+        done = FinishedRequest(rid, req.received_at, req.admitted_at, now, req.tokens, req.link.endpoint if req.link else None)
+        self.telemetry.finished(done, final, outcome)
         self.log.info("request_done", request_id=rid, finish_reason=final.finish_reason, code=final.code,
-                      error=final.error, tokens=req.tokens, pipeline=req.link.endpoint if req.link else None,
-                      queue_ms=round(((req.admitted_at or now) - req.received_at) * 1e3, 3),
+                      error=final.error, tokens=req.tokens, pipeline=done.pipeline, queue_ms=round(done.queue_s * 1e3, 3),
                       total_ms=round((now - req.received_at) * 1e3, 3))
         if self.router is not None and tell_client:
             await self.router.send(req.client, final)

@@ -18,14 +18,13 @@ from collections.abc import Sequence
 
 import zmq.asyncio
 
-from skippy.driver.direct_events import sent_direct
-from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
 from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
+from skippy.request_events import PipelineUnavailable, RequestHandle, TokenEvent
 from skippy.runtime.sampling import SamplingParams
-from skippy.transport import DealerQueue, PullQueue
+from skippy.transport.queues import DealerQueue, PullQueue
 
 
-class DriverClient:
+class PipelineClient:
     def __init__(self, endpoint: str, ctx: zmq.asyncio.Context | None = None, *,
                  events_endpoint: str | None = None) -> None:
         self.endpoint = endpoint
@@ -46,7 +45,7 @@ class DriverClient:
         while True:
             msg = await self.queue.recv()
             if isinstance(msg, TokenEvents):
-                if sent_direct(msg) is None:  # else stage 0's copy of a final event we have had directly
+                if msg.sent_direct is None:  # else stage 0's copy of a final event we have had directly
                     self._on_events(msg)
             elif isinstance(msg, Status):
                 future = self._status.pop(msg.nonce, None)
@@ -72,7 +71,7 @@ class DriverClient:
             del self.handles[msg.request_id]
 
     async def status(self, timeout_s: float = 5.0) -> Status:
-        """Ask stage 0 how the pipeline is; DriverUnavailable if it does not answer in time."""
+        """Ask stage 0 how the pipeline is; PipelineUnavailable if it does not answer in time."""
         nonce = next(self._nonces)
         future = self._status[nonce] = asyncio.get_running_loop().create_future()
         await self.queue.send(StatusQuery(nonce))
@@ -80,7 +79,7 @@ class DriverClient:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             self._status.pop(nonce, None)
-            raise DriverUnavailable(f"stage 0 at {self.endpoint} did not answer within {timeout_s:g} s") from None
+            raise PipelineUnavailable(f"stage 0 at {self.endpoint} did not answer within {timeout_s:g} s") from None
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:

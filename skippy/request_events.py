@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from skippy.protocol import ErrorCode, FinishReason, TokenLogprob
+from skippy.protocol.stats import RequestStats
 
 
-class DriverUnavailable(RuntimeError):
+class PipelineUnavailable(RuntimeError):
     """The pipeline cannot take requests now (a stage is down); the message names it."""
 
 
@@ -20,7 +21,7 @@ class TokenEvent:
     error: str | None = None  # why, when finish_reason is "error"
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
-    stats: tuple[tuple[str, float], ...] = ()  # on the final event: the request's numbers (speculation)
+    stats: RequestStats | None = None  # on the final event: the request's numbers
 
     @property
     def final(self) -> bool:

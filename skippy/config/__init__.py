@@ -40,14 +40,12 @@ from skippy.config.stage import (
     KvCacheMode,
     KvCachePayload,
     KvCacheType,
-    LoadMode,
     PeerConfig,
     SelectedDevice,
     SplitMode,
     StageConfig,
-    StageTopology,
-    StageTopologyEntry,
 )
+from skippy.config.topology import LoadMode, StageTopology, StageTopologyEntry
 from skippy.config.wire import WireCondition
 
 __all__ = [

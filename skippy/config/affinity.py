@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from skippy.config.errors import ConfigError
 from skippy.config.serving_args import FlagReader
-from skippy.config.stage import StageConfig, StageTopology
+from skippy.config.stage import StageConfig
+from skippy.config.topology import StageTopology
 
 __all__ = ["format_cpu_list", "parse_cpu_list", "resolve_affinity", "stage_groups"]
 

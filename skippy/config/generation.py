@@ -5,8 +5,9 @@ Both belong to stage 0's driver, so they are resolved from the
 serves the OpenAI API in-process (``--openai-bind-addr``): ``skippy up``
 hands them to stage 0 while its broker and adapter are separate processes.
 They are validated on every stage (as in the reference) and act on stage 0.
-``speculative_problems`` names the combinations that cannot work (refused at
-startup by ``serving.refuse_unsupported``).
+``speculative_problems`` names the combinations that cannot work and
+``prefill_problems`` the prefill flags the chosen policy would ignore (both
+refused at startup by ``serving.refuse_unsupported``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "PrefillChunkPolicy",
     "AdaptiveWindowMode",
     "SpeculativeOptions",
+    "prefill_problems",
     "resolve_prefill",
     "resolve_speculative",
     "speculative_problems",
@@ -46,6 +48,22 @@ class PrefillChunkOptions(ConfigModel):
     adaptive_step: int = 128
     adaptive_max: int = 384
     adaptive_target_ms: float = 100.0
+    given: tuple[str, ...] = ()  # the --openai-prefill-* flags given (prefill_problems)
+
+
+POLICY_FLAGS: dict[PrefillChunkPolicy, tuple[str, ...]] = {  # the flags each policy reads
+    PrefillChunkPolicy.FIXED: ("--openai-prefill-chunk-size",),
+    PrefillChunkPolicy.SCHEDULE: ("--openai-prefill-chunk-schedule",),
+    PrefillChunkPolicy.ADAPTIVE_RAMP: ("--openai-prefill-adaptive-start", "--openai-prefill-adaptive-step",
+                                       "--openai-prefill-adaptive-max", "--openai-prefill-adaptive-target-ms"),
+}
+
+
+def prefill_problems(prefill: PrefillChunkOptions) -> list[str]:
+    """One line per given prefill flag that the chosen policy would ignore (empty when none)."""
+    return [f"{flag} is read only by --openai-prefill-chunk-policy {policy}, but the policy is {prefill.policy}"
+            for policy, flags in POLICY_FLAGS.items() if policy is not prefill.policy
+            for flag in flags if flag in prefill.given]
 
 
 class AdaptiveWindowMode(enum.StrEnum):
@@ -101,6 +119,7 @@ def resolve_prefill(flags: FlagReader) -> PrefillChunkOptions:
         adaptive_target_ms=flags.number(
             "--openai-prefill-adaptive-target-ms", 100.0, positive=True
         ),
+        given=tuple(flag for flags_of in POLICY_FLAGS.values() for flag in flags_of if flags.given(flag)),
     )
 
 

@@ -32,14 +32,15 @@ from skippy.config.generation import (
     PrefillChunkOptions,
     PrefillChunkPolicy,
     SpeculativeOptions,
+    prefill_problems,
     resolve_prefill,
     resolve_speculative,
     speculative_problems,
 )
-from skippy.config.link_keys import insecure_problem, secret_key_path, with_keys_dir
 from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
-from skippy.config.stage import StageConfig, StageTopology
+from skippy.config.stage import StageConfig
+from skippy.config.topology import StageTopology, insecure_problem, secret_key_path, with_keys_dir
 from skippy.config.wire import WireCondition
 from skippy.protocol.kinds import WireDtype
 
@@ -245,7 +246,8 @@ def unsupported_options(options: ServingOptions) -> list[str]:
     """One line per given flag whose feature is not built yet or cannot work as combined, and plain links
     beyond loopback without --insecure-links (empty: all fine)."""
     insecure = insecure_problem(options.topology, options.bind_addr, options.insecure_links)
-    return speculative_problems(options.speculative) + ([insecure] if insecure else [])
+    return (speculative_problems(options.speculative) + prefill_problems(options.prefill)
+            + ([insecure] if insecure else []))
 
 
 def refuse_unsupported(options: ServingOptions) -> None:

@@ -1,10 +1,9 @@
-"""Stage configuration: one stage's JSON config and the pipeline topology.
+"""Stage configuration: the JSON config one stage process starts from.
 
-``StageConfig`` is what a stage process is started with (reference notes
-§3.1, trimmed to what this project implements); ``StageTopology`` lists every
-stage of a pipeline (§3.2) and ``StageConfig.check_against`` enforces that a
-stage's config agrees with it.  Both load from JSON files with errors that
-name the file and the field, and dump back to the same JSON.
+``StageConfig`` has every field of the reference system's stage config (docs/stage-config.md says
+what each does); ``StageConfig.check_against`` enforces that a stage's config agrees with its entry in
+the pipeline's ``StageTopology`` (skippy.config.topology). It loads from JSON with errors that name the
+file and the field, and dumps back to the same JSON.
 """
 
 from __future__ import annotations
@@ -12,12 +11,17 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from skippy.config.endpoint import normalize_zmq_endpoint
-from skippy.config.errors import ConfigError, FieldError
+from skippy.config.errors import ConfigError
 from skippy.config.kv_cache import KvCacheConfig, KvCacheMode, KvCachePayload
-from skippy.config.link_keys import LinkClient, check_public_key, check_topology_keys
 from skippy.config.llama_options import SelectedDevice, SplitMode, check_llama_fields, check_unsupported_fields
 from skippy.config.schema import ConfigModel, SignedInt, check, show
+from skippy.config.topology import (
+    LoadMode,
+    StageTopology,
+    check_layer_range,
+    normalize_endpoint,
+    require_text,
+)
 
 __all__ = [
     "FlashAttnType",
@@ -25,20 +29,11 @@ __all__ = [
     "KvCacheMode",
     "KvCachePayload",
     "KvCacheType",
-    "LoadMode",
     "PeerConfig",
     "SelectedDevice",
     "SplitMode",
     "StageConfig",
-    "StageTopology",
-    "StageTopologyEntry",
 ]
-
-
-class LoadMode(enum.StrEnum):
-    RUNTIME_SLICE = "runtime-slice"  # slice the full GGUF (cached), load only owned layers
-    ARTIFACT_SLICE = "artifact-slice"  # load a pre-sliced GGUF
-    LAYER_PACKAGE = "layer-package"  # the reference's model-package.json dirs: refused
 
 
 class FlashAttnType(enum.StrEnum):
@@ -61,24 +56,6 @@ class KvCacheType(enum.StrEnum):
     Q5_1 = "q5_1"
 
 
-def _require_text(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        check(value is None or value.strip() != "", name, "must not be empty")
-
-
-def _normalize_endpoint(obj: object, name: str, *, bind: bool) -> None:
-    try:
-        normalized = normalize_zmq_endpoint(getattr(obj, name), bind=bind)
-    except ValueError as error:
-        raise FieldError(name, str(error)) from None
-    object.__setattr__(obj, name, normalized)
-
-
-def _check_layer_range(start: int, end: int) -> None:
-    check(start < end, "layer_end", f"must be > layer_start ({start}), got {end}")
-
-
 @dataclass(frozen=True)
 class PeerConfig(ConfigModel):
     """A neighbouring stage: its id, index and the endpoint to connect to."""
@@ -88,8 +65,8 @@ class PeerConfig(ConfigModel):
     endpoint: str
 
     def _check(self) -> None:
-        _require_text(self, "stage_id")
-        _normalize_endpoint(self, "endpoint", bind=False)
+        require_text(self, "stage_id")
+        normalize_endpoint(self, "endpoint", bind=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,8 +125,8 @@ class StageConfig(ConfigModel):
     downstream: PeerConfig | None = None
 
     def _check(self) -> None:
-        _require_text(self, "run_id", "topology_id", "model_id", "model_path", "source_model_path", "stage_id")
-        _check_layer_range(self.layer_start, self.layer_end)
+        require_text(self, "run_id", "topology_id", "model_id", "model_path", "source_model_path", "stage_id")
+        check_layer_range(self.layer_start, self.layer_end)
         for name in ("ctx_size", "lane_count", "n_batch", "n_ubatch", "n_threads"):
             value = getattr(self, name)
             check(value is None or value > 0, name, f"must be > 0, got {value}")
@@ -167,7 +144,7 @@ class StageConfig(ConfigModel):
         )
         check_llama_fields(self)
         check_unsupported_fields(self)
-        _normalize_endpoint(self, "bind_addr", bind=True)
+        normalize_endpoint(self, "bind_addr", bind=True)
         index = self.stage_index
         if self.upstream is not None:
             up = self.upstream.stage_index
@@ -214,73 +191,3 @@ class StageConfig(ConfigModel):
                     f"{source}: field '{name}' is {show(mine)} but topology stage"
                     f" {show(entry.stage_id)} has {show(theirs)}"
                 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageTopologyEntry(ConfigModel):
-    """One stage as the topology describes it."""
-
-    stage_id: str
-    stage_index: int
-    host: str | None = None
-    endpoint: str
-    layer_start: int
-    layer_end: int
-    load_mode: LoadMode
-    public_key: str | None = None  # CURVE public key (Z85) of the stage's links; see skippy.config.link_keys
-
-    def _check(self) -> None:
-        _require_text(self, "stage_id", "host")
-        _normalize_endpoint(self, "endpoint", bind=False)
-        _check_layer_range(self.layer_start, self.layer_end)
-        check_public_key(self.public_key, "public_key")
-
-
-@dataclass(frozen=True)
-class StageTopology(ConfigModel):
-    """Every stage of one pipeline, in order, covering contiguous layer ranges."""
-
-    topology_id: str
-    model_id: str
-    stages: tuple[StageTopologyEntry, ...]
-    clients: tuple[LinkClient, ...] = ()  # non-stage processes allowed on keyed links (broker, tools)
-    keys_dir: str | None = None  # where this machine's secret keys are, relative to the topology file
-
-    def _check(self) -> None:
-        _require_text(self, "topology_id", "model_id")
-        check(len(self.stages) > 0, "stages", "must not be empty")
-        seen: dict[str, int] = {}
-        for i, stage in enumerate(self.stages):
-            at = f"stages[{i}]"
-            got = stage.stage_index
-            check(got == i, f"{at}.stage_index", f"must be {i}, got {got}")
-            first = seen.setdefault(stage.stage_id, i)
-            reason = f"duplicates stages[{first}] ({show(stage.stage_id)})"
-            check(first == i, f"{at}.stage_id", reason)
-            expected = 0 if i == 0 else self.stages[i - 1].layer_end
-            source = "0" if i == 0 else f"stages[{i - 1}].layer_end ({expected})"
-            check(
-                stage.layer_start == expected,
-                f"{at}.layer_start",
-                f"must equal {source}, got {stage.layer_start}",
-            )
-        check_topology_keys(self)
-
-    def entry(self, stage_id: str) -> StageTopologyEntry:
-        """The entry for ``stage_id``; KeyError if absent."""
-        for stage in self.stages:
-            if stage.stage_id == stage_id:
-                return stage
-        raise KeyError(f"stage {stage_id!r} is not in topology {self.topology_id!r}")
-
-    def first(self) -> StageTopologyEntry:
-        return self.stages[0]
-
-    def final(self) -> StageTopologyEntry:
-        return self.stages[-1]
-
-    def next_of(self, stage_index: int) -> StageTopologyEntry | None:
-        """The stage after ``stage_index`` (None for the final stage)."""
-        if not 0 <= stage_index < len(self.stages):
-            raise IndexError(f"stage_index {stage_index} is outside 0..{len(self.stages) - 1}")
-        return self.stages[stage_index + 1] if stage_index + 1 < len(self.stages) else None

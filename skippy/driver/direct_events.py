@@ -1,11 +1,10 @@
-"""Token events straight from stage 0 to the client that serves them (DESIGN.md's "token events" arrow).
+"""Token events straight from stage 0 to the client that serves them, past the broker.
 
 A client (the HTTP adapter under `skippy up`) binds a PULL and names it in `Submit.events_to`. Stage 0
 then pushes that request's TokenEvents there itself, the final one included, and sends the submitter
-(the broker) only a copy of the final event marked with the EVENTS_SENT_DIRECT stat (how many tokens
-went direct): the broker frees the request's permit and counts its tokens without relaying each
-token. Relaying cost 0.3-1.2 ms of a 17-18 ms token at one stream on 2 vCPUs (two paired A/Bs,
-docs/bench-http.md: the broker's wake-ups and ZeroMQ I/O threads run while the stages compute).
+(the broker) only a copy of the final event with `TokenEvents.sent_direct` set (how many tokens went
+direct): the broker frees the request's permit and counts its tokens without relaying each token,
+whose wake-ups and ZeroMQ I/O would compete with the stages for cores (measured in docs/bench-http.md).
 
 Only `ipc://` endpoints are used: the client shares stage 0's host (the broker keeps `events_to` only
 when it and stage 0 are both on ipc), and an ipc socket needs no CURVE keys. Sends never wait: a
@@ -20,11 +19,9 @@ import zmq
 import zmq.asyncio
 
 from skippy.protocol import TokenEvents, encode
-from skippy.transport import PushQueue
+from skippy.transport.queues import PushQueue
 
-__all__ = ["EVENTS_SENT_DIRECT", "EventSinks", "sent_direct", "submitter_copy", "usable"]
-
-EVENTS_SENT_DIRECT = "events_sent_direct"
+__all__ = ["EventSinks", "submitter_copy", "usable"]
 
 
 def usable(endpoint: str | None) -> bool:
@@ -32,17 +29,9 @@ def usable(endpoint: str | None) -> bool:
     return endpoint is not None and endpoint.startswith("ipc://")
 
 
-def sent_direct(msg: TokenEvents) -> int | None:
-    """On the submitter's copy of a direct request's final event: how many tokens went direct; else None."""
-    for key, value in msg.stats:
-        if key == EVENTS_SENT_DIRECT:
-            return int(value)
-    return None
-
-
 def submitter_copy(final: TokenEvents, tokens_sent: int) -> TokenEvents:
     """The final event as the submitter gets it when the client got every event directly."""
-    return dataclasses.replace(final, tokens=(), logprobs=(), stats=(*final.stats, (EVENTS_SENT_DIRECT, float(tokens_sent))))
+    return dataclasses.replace(final, tokens=(), logprobs=(), sent_direct=tokens_sent)
 
 
 class EventSinks:

@@ -12,11 +12,11 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from skippy.driver.batches import InFlight
-from skippy.driver.events import TokenEvent
 from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
 from skippy.protocol import FinishReason, Predictions, TokenLogprob
+from skippy.request_events import TokenEvent
 
 
 @dataclass

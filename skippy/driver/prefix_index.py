@@ -27,20 +27,20 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from skippy.config import KvCacheConfig, ServingOptions
+from skippy.driver.sequence import Sequence
 from skippy.log import get_logger
 from skippy.protocol import CacheCaps, KeptPrefix, PrefixRef
+from skippy.protocol.stats import PrefixStats
 from skippy.runtime.kv_ledger import CellLedger
 from skippy.runtime.prefix_cache import chain_caps
 
 if TYPE_CHECKING:
     from skippy.driver.scheduler import PlannedWindow
-    from skippy.driver.sequence import Sequence
     from skippy.runtime.stage_runtime import StageRuntime
 
 _KEY_MASK = 2**63 - 1
@@ -57,36 +57,6 @@ class CacheOps(NamedTuple):
     restore: PrefixRef | None = None
     record: tuple[PrefixRef, ...] = ()
     evict: tuple[int, ...] = ()
-
-
-@dataclass
-class PrefixState:
-    """A request's prefix cache state: what it restores and records, and what happened."""
-
-    status: str = "disabled"  # disabled | miss | hit | chain_miss (a stage lacked the entry: full prefill)
-    hit_kind: str | None = None  # the restored entry's kind (Entry.kind)
-    restore: PrefixRef | None = None  # restored by the session's next window
-    restored: int | None = None  # the key this attempt restored
-    matched: int = 0  # prompt tokens restored instead of prefilled
-    points: tuple[int, ...] = ()  # prompt lengths recorded at the end of the window that reaches them
-    recorded: list[int] = field(default_factory=list)  # keys recorded by this attempt
-    chain_misses: int = 0
-    evictions: int = 0  # entries evicted to make room for this request's prefill records
-
-    def chunk_end(self, prefilled: int, prompt_len: int) -> int:
-        """Where the next prefill chunk must end at the latest: the next record point, else the prompt's end."""
-        return next((p for p in self.points if p > prefilled), prompt_len)
-
-    def summary(self, prompt_len: int) -> dict[str, Any]:
-        return {"kv_status": self.status, "hit_kind": self.hit_kind, "cached_prompt_tokens": self.matched,
-                "matched_prefix_tokens": self.matched,
-                "suffix_prefill_tokens": prompt_len - self.matched, "chain_misses": self.chain_misses,
-                "prefix_evictions": self.evictions}
-
-    def stats(self) -> tuple[tuple[str, float], ...]:
-        return (("prefix_cache_cached_tokens", float(self.matched)), ("prefix_cache_hit", float(self.matched > 0)),
-                ("prefix_cache_lookup_miss", float(self.status == "miss")),
-                ("prefix_cache_chain_misses", float(self.chain_misses)))
 
 
 class PrefixIndex:
@@ -298,15 +268,14 @@ class PrefixIndex:
         if self._pins[key] <= 0:
             del self._pins[key]
 
-    def stats(self, seq: Sequence) -> tuple[tuple[str, float], ...]:
+    def stats(self, seq: Sequence) -> PrefixStats | None:
         """A request's prefix cache numbers for its client (TokenEvents.stats), with the cache's size now and
         the evictions since the last request's numbers (summed over requests: every eviction once)."""
         if seq.prefix.status == "disabled":
-            return ()
+            return None
         now = self.snapshot()
         evicted, self._reported_evictions = now["evictions"] - self._reported_evictions, now["evictions"]
-        return (*seq.prefix.stats(), ("prefix_cache_evictions", float(evicted)),
-                ("prefix_cache_entries", float(now["entries"])), ("prefix_cache_bytes", float(now["bytes"])))
+        return seq.prefix.stats(evicted, now["entries"], now["bytes"])
 
     def snapshot(self) -> dict[str, int]:
         """Counters, entries and the bytes they hold on all stages together (for logs and stats)."""

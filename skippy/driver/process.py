@@ -20,7 +20,6 @@ import zmq
 from skippy.config import ServingOptions
 from skippy.driver.direct_events import EventSinks, submitter_copy, usable
 from skippy.driver.driver import Driver
-from skippy.driver.events import DriverUnavailable, RequestHandle
 from skippy.driver.speculative.setup import build_speculation
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import (
@@ -34,12 +33,14 @@ from skippy.protocol import (
     Submit,
     TokenEvents,
 )
+from skippy.request_events import PipelineUnavailable, RequestHandle
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.stage.links import ignore_signals, stop_on_signals
 from skippy.supervise import Supervisor
-from skippy.transport import RouterQueue, request_endpoint
+from skippy.transport.endpoints import request_endpoint
+from skippy.transport.queues import RouterQueue
 
 DELIVER_ON_STOP_S = 2.0  # how long final events of failed requests get to reach their clients
 
@@ -134,9 +135,9 @@ class DriverProcess:
                 sampling = SamplingParams.from_dict(msg.sampling)
                 handle = self.driver.submit(list(msg.prompt), sampling, msg.max_tokens, frozenset(msg.stop_tokens),
                                             msg.request_id)
-            except (RuntimeUsageError, DriverUnavailable, TypeError, ValueError) as exc:
+            except (RuntimeUsageError, PipelineUnavailable, TypeError, ValueError) as exc:
                 self.log.warning("request_refused", request_id=msg.request_id, error=str(exc))
-                code = ErrorCode.UNAVAILABLE if isinstance(exc, DriverUnavailable) else ErrorCode.BAD_REQUEST
+                code = ErrorCode.UNAVAILABLE if isinstance(exc, PipelineUnavailable) else ErrorCode.BAD_REQUEST
                 await router.send(client, TokenEvents(msg.request_id, (), FinishReason.ERROR, str(exc), code))
                 return
             events_to = msg.events_to if usable(msg.events_to) else None

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from skippy.driver.events import RequestHandle, TokenEvent
 from skippy.driver.prefill import ChunkPlanner
-from skippy.driver.prefix_index import PrefixState
-from skippy.protocol import ErrorCode, FinishReason, StageTiming
+from skippy.protocol import ErrorCode, FinishReason, PrefixRef, StageTiming
+from skippy.protocol.stats import PrefixStats, RequestStats
+from skippy.request_events import RequestHandle, TokenEvent
 from skippy.runtime.sampling import SamplingParams
 
 
@@ -26,6 +26,36 @@ class SeqState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class PrefixState:
+    """A request's prefix cache state: what it restores and records, and what happened."""
+
+    status: str = "disabled"  # disabled | miss | hit | chain_miss (a stage lacked the entry: full prefill)
+    hit_kind: str | None = None  # the restored entry's kind (skippy.driver.prefix_index.Entry.kind)
+    restore: PrefixRef | None = None  # restored by the session's next window
+    restored: int | None = None  # the key this attempt restored
+    matched: int = 0  # prompt tokens restored instead of prefilled
+    points: tuple[int, ...] = ()  # prompt lengths recorded at the end of the window that reaches them
+    recorded: list[int] = field(default_factory=list)  # keys recorded by this attempt
+    chain_misses: int = 0
+    evictions: int = 0  # entries evicted to make room for this request's prefill records
+
+    def chunk_end(self, prefilled: int, prompt_len: int) -> int:
+        """Where the next prefill chunk must end at the latest: the next record point, else the prompt's end."""
+        return next((p for p in self.points if p > prefilled), prompt_len)
+
+    def summary(self, prompt_len: int) -> dict[str, Any]:
+        return {"kv_status": self.status, "hit_kind": self.hit_kind, "cached_prompt_tokens": self.matched,
+                "matched_prefix_tokens": self.matched,
+                "suffix_prefill_tokens": prompt_len - self.matched, "chain_misses": self.chain_misses,
+                "prefix_evictions": self.evictions}
+
+    def stats(self, evictions: int, entries: int, nbytes: int) -> PrefixStats:
+        """This request's outcome, with the cache's evictions since the last report and its size now."""
+        return PrefixStats(cached_tokens=self.matched, hit=self.matched > 0, lookup_miss=self.status == "miss",
+                           chain_misses=self.chain_misses, evictions=evictions, entries=entries, bytes=nbytes)
 
 
 @dataclass(eq=False)
@@ -120,7 +150,7 @@ class SequenceTable:
         return admitted
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
-               code: ErrorCode | None = None, stats: tuple[tuple[str, float], ...] = ()) -> bool:
+               code: ErrorCode | None = None, stats: RequestStats | None = None) -> bool:
         """End a live sequence: final event to its client, its session owed a release if it had one.
         False when it had already finished."""
         if seq.state is SeqState.FINISHED:

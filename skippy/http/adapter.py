@@ -11,8 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from skippy.driver.client import DriverClient
-from skippy.driver.events import DriverUnavailable
+from skippy.client import PipelineClient
 from skippy.http.auth import ApiKey
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
@@ -23,11 +22,12 @@ from skippy.http.server import Request, Response, Router, StreamResponse, json_r
 from skippy.http.tokenize import detokenize, tokenize
 from skippy.log import get_logger
 from skippy.protocol import Status
+from skippy.request_events import PipelineUnavailable
 from skippy.runtime.tokenizer import Tokenizer
 
 
 class OpenAIAdapter:
-    def __init__(self, broker: DriverClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
+    def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None) -> None:
         self.broker = broker
         self.tokenizer = tokenizer
@@ -81,7 +81,7 @@ class OpenAIAdapter:
     async def readyz(self, _: Request) -> Response:
         try:
             status = await self.status(max_age_s=0.0)
-        except DriverUnavailable as exc:
+        except PipelineUnavailable as exc:
             return json_response({"status": "not ready", "reason": str(exc)}, 503)
         if not status.ready:
             reason = f"stage {status.dead_stage} is down" if status.dead_stage else "no pipeline is ready"
@@ -105,6 +105,6 @@ class OpenAIAdapter:
         """This process's /metrics text, the broker's view refreshed first (also read by /dashboard)."""
         try:
             self.metrics.set_pipeline(await self.status())
-        except DriverUnavailable:
+        except PipelineUnavailable:
             self.metrics.set_pipeline(None)
         return self.metrics.render()

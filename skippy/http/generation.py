@@ -3,8 +3,8 @@ text, stream chunks, tool calls and usage back.
 
 It applies the chat template, tokenizes, checks the sampling grammar against the vocabulary,
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
-reads tool calls out of the text (skippy.http.tool_output) and maps broker errors to HTTP:
-queue_full and admission_timeout -> 429 with Retry-After, unavailable -> 503, pipeline_failed -> 502.
+reads tool calls out of the text (skippy.http.tool_output) and maps broker errors to HTTP by
+`skippy.protocol.kinds.http_status` (a 429 with Retry-After).
 A client that disconnects has its generation cancelled at once, which frees its lane.
 """
 
@@ -18,9 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from skippy.client import PipelineClient
 from skippy.config import prompt_length_error
-from skippy.driver.client import DriverClient
-from skippy.driver.events import DriverUnavailable, TokenEvent
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
 from skippy.http.metrics import Metrics
@@ -33,18 +32,19 @@ from skippy.http.tokenize import check_tokens
 from skippy.http.tool_output import CallDelta, ToolCallReader, merge_calls
 from skippy.log import get_logger
 from skippy.protocol import Status
+from skippy.protocol.kinds import http_status
+from skippy.protocol.stats import RequestStats
+from skippy.request_events import PipelineUnavailable, TokenEvent
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.grammar import check_grammar
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
-STATUS_BY_CODE = {"queue_full": 429, "admission_timeout": 429, "unavailable": 503, "pipeline_failed": 502,
-                  "bad_request": 400, "context_length_exceeded": 400}
 TYPE_BY_STATUS = {429: "rate_limit_error", 503: "service_unavailable", 502: "server_error", 400: "invalid_request_error"}
 
 
 def event_error(event: TokenEvent) -> HttpError:
     code = event.code or "pipeline_failed"
-    status = STATUS_BY_CODE.get(code, 502)
+    status = http_status(code)
     headers = [("retry-after", "1")] if status == 429 else []
     return HttpError(status, event.error or "generation failed", type=TYPE_BY_STATUS.get(status, "server_error"),
                      code=code, headers=headers)
@@ -56,7 +56,7 @@ class Piece:
     entries: list[LogprobEntry]
     n_tokens: int = 1  # generated tokens this piece accounts for
     finish_reason: str | None = None
-    stats: tuple[tuple[str, float], ...] = ()  # on the last piece: the request's numbers from stage 0
+    stats: RequestStats | None = None  # on the last piece: the request's numbers from stage 0
     calls: list[CallDelta] = field(default_factory=list)  # tool-call deltas (chat with tools)
 
 
@@ -73,7 +73,7 @@ async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> As
 
 @dataclass
 class Generation:
-    broker: DriverClient
+    broker: PipelineClient
     tokenizer: Tokenizer
     template: ChatTemplate
     model_id: str
@@ -106,7 +106,7 @@ class Generation:
         ids = self._prompt_ids(req)
         try:
             ctx = (await self.status()).ctx_size
-        except DriverUnavailable as exc:
+        except PipelineUnavailable as exc:
             raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
         if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
             raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
@@ -170,7 +170,7 @@ class Generation:
 
     async def _complete(self, shape: ResponseShape, pieces: AsyncIterator[Piece], n_prompt: int) -> Response:
         texts, entries, calls, n_tokens, finish = [], [], [], 0, "stop"
-        stats: tuple[tuple[str, float], ...] = ()
+        stats: RequestStats | None = None
         async for piece in pieces:
             texts.append(piece.text)
             entries += piece.entries
@@ -186,7 +186,7 @@ class Generation:
         if shape.kind == "chat":
             yield sse_event(shape.chunk("", role=True))
         offset = n_tokens = 0
-        stats: tuple[tuple[str, float], ...] = ()
+        stats: RequestStats | None = None
         try:
             async for piece in pieces:
                 n_tokens += piece.n_tokens

@@ -18,15 +18,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from skippy.driver.events import TokenEvent
 from skippy.http.prefix_metrics import PrefixCacheMetrics
 from skippy.protocol import Status
+from skippy.protocol.stats import SPECULATIVE_COUNTS, RequestStats
+from skippy.request_events import TokenEvent
 from skippy.telemetry.process import Telemetry, current, wall_time
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-SPECULATIVE_COUNTS = ("windows", "proposed", "accepted", "full_accepts", "early_rejects", "tail_rejects",
-                      "stops", "wasted_rows")
 PIPELINE_GAUGES = ("pipeline_ready", "requests_running", "requests_waiting", "generation_concurrency")
 
 
@@ -69,17 +68,19 @@ class Metrics:
     def count_error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def observe_stats(self, stats: tuple[tuple[str, float], ...]) -> None:
+    def observe_stats(self, stats: RequestStats | None) -> None:
         """Add a finished request's speculative counts (windows, proposed, accepted, rejects, wasted rows) and
         prefix cache numbers."""
-        counts = dict(stats)
-        self.prefix_cache.observe(counts)
-        if any(name.startswith("speculative_") for name in counts):
+        if stats is None:
+            return
+        if stats.prefix_cache is not None:
+            self.prefix_cache.observe(stats.prefix_cache)
+        if stats.speculative is not None:
             self.speculative["requests"].inc()
-        for name in SPECULATIVE_COUNTS:
-            value = counts.get(f"speculative_{name}", 0)
-            if value > 0:
-                self.speculative[name].inc(value)
+            for name in SPECULATIVE_COUNTS:
+                value = getattr(stats.speculative, name)
+                if value > 0:
+                    self.speculative[name].inc(value)
 
     def set_pipeline(self, status: Status | None) -> None:
         """The broker's view (None: it did not answer)."""

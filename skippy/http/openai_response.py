@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from skippy.http.prefix_metrics import cached_tokens
 from skippy.protocol import TokenLogprob
+from skippy.protocol.stats import RequestStats
 
 OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
@@ -81,20 +81,20 @@ class ResponseShape:
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [], "usage": usage}
 
 
-def timings(stats: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+def timings(stats: RequestStats | None) -> dict[str, Any]:
     """`{"timings": ...}` for a response whose request speculated (llama-server's draft_n names), else {}."""
-    spec = {name.removeprefix("speculative_"): value for name, value in stats if name.startswith("speculative_")}
-    if not spec:
+    spec = stats.speculative if stats is not None else None
+    if spec is None:
         return {}
-    return {"timings": {"draft_n": int(spec.get("proposed", 0)), "draft_n_accepted": int(spec.get("accepted", 0)),
-                        "speculative": spec}}
+    return {"timings": {"draft_n": spec.proposed, "draft_n_accepted": spec.accepted, "speculative": asdict(spec)}}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, stats: tuple[tuple[str, float], ...] = ()) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, stats: RequestStats | None = None) -> dict[str, Any]:
     """OpenAI usage; `prompt_tokens_details.cached_tokens`: prompt tokens restored from the prefix cache."""
+    prefix = stats.prefix_cache if stats is not None else None
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens(dict(stats))}}
+            "prompt_tokens_details": {"cached_tokens": prefix.cached_tokens if prefix is not None else 0}}
 
 
 def logprob_entry(lp: TokenLogprob, piece: Any) -> LogprobEntry:

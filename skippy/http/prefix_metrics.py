@@ -8,14 +8,13 @@ share is `usage.prompt_tokens_details.cached_tokens`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-COUNTS = {"hits": "prefix_cache_hit", "lookup_misses": "prefix_cache_lookup_miss",
-          "chain_misses": "prefix_cache_chain_misses", "evictions": "prefix_cache_evictions",
-          "cached_tokens": "prefix_cache_cached_tokens"}
-GAUGES = {"entries": "prefix_cache_entries", "bytes": "prefix_cache_bytes"}
+from skippy.protocol.stats import PrefixStats
+
+COUNTS = {"hits": "hit", "lookup_misses": "lookup_miss", "chain_misses": "chain_misses", "evictions": "evictions",
+          "cached_tokens": "cached_tokens"}  # metric -> PrefixStats field
+GAUGES = {"entries": "entries", "bytes": "bytes"}
 
 
 class PrefixCacheMetrics:
@@ -25,16 +24,11 @@ class PrefixCacheMetrics:
         self.gauges = {name: Gauge(f"skippy_prefix_cache_{name}", f"prefix cache {name} on all stages together"
                                    " (as of the last finished request)", registry=registry) for name in GAUGES}
 
-    def observe(self, stats: Mapping[str, float]) -> None:
-        """A finished request's prefix cache numbers (none when the cache is off)."""
-        if GAUGES["bytes"] not in stats:
-            return
+    def observe(self, stats: PrefixStats) -> None:
+        """A finished request's prefix cache numbers."""
         for name, key in COUNTS.items():
-            if stats.get(key, 0) > 0:
-                self.counts[name].inc(stats[key])
+            value = float(getattr(stats, key))
+            if value > 0:
+                self.counts[name].inc(value)
         for name, key in GAUGES.items():
-            self.gauges[name].set(stats[key])
-
-
-def cached_tokens(stats: Mapping[str, float]) -> int:
-    return int(stats.get(COUNTS["cached_tokens"], 0))
+            self.gauges[name].set(getattr(stats, key))

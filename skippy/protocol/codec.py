@@ -8,8 +8,8 @@ only to say which field of a refused message is wrong.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -62,6 +62,7 @@ from skippy.protocol.specs import (  # noqa: F401 - the schema building blocks
     _str_keyed_map,
     _Struct,
 )
+from skippy.protocol.stats import PrefixStats, RequestStats, SpeculativeStats
 
 if TYPE_CHECKING:
     import zmq
@@ -70,7 +71,8 @@ if TYPE_CHECKING:
 # 3: prefix cache (Window.restore/record/evict, Batch/Predictions.missed, Ready.cache, ReleaseSessions.keep/evict):
 #    a peer that ignored a restore would compute on an empty KV, so older peers are refused
 # 4: Predictions.credit (an older stage 0 would never get that credit back)
-PROTOCOL_VERSION: int = 4
+# 5: TokenEvents.stats typed (RequestStats), TokenEvents.sent_direct
+PROTOCOL_VERSION: int = 5
 MAX_HEADER_BYTES = 1 << 20
 MAX_WINDOWS = 1024
 MAX_ROWS = 16384
@@ -145,9 +147,9 @@ _NUMBER = _atom("number", lambda v: type(v) in (int, float), "type({v}) in (int,
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_NUMBER,
                    top=_seq(_PAIR, 64))
 _LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
-_STAT = _atom("[name, number] pair", lambda v: type(v) is tuple and len(v) == 2 and type(v[0]) is str
-              and (type(v[1]) is int or type(v[1]) is float and math.isfinite(v[1])))
-_STATS = _seq(_STAT, 64)
+_SPECULATIVE = _Struct(SpeculativeStats, **{f.name: _float if f.type == "float" else _int() for f in fields(SpeculativeStats)})
+_PREFIX_STATS = _Struct(PrefixStats, **{f.name: _BOOL if f.type == "bool" else _int() for f in fields(PrefixStats)})
+_STATS = _Struct(RequestStats, speculative=_opt(_SPECULATIVE), prefix_cache=_opt(_PREFIX_STATS))
 _RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logprobs=_LOGPROBS)
 
 _SCHEMAS: dict[MessageKind, _Struct] = {
@@ -171,7 +173,8 @@ _SCHEMAS: dict[MessageKind, _Struct] = {
                       stop_tokens=_seq(_int(0, _I31), MAX_ROWS), events_to=_opt(_str), optional=("events_to",)),
     MessageKind.CANCEL: _Struct(Cancel, request_id=_str),
     MessageKind.TOKENS: _Struct(TokenEvents, request_id=_str, tokens=_TOKENS, finish_reason=_opt(_enum(FinishReason)),
-                      error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS, stats=_STATS),
+                      error=_opt(_str), code=_opt(_enum(ErrorCode)), logprobs=_LOGPROBS, stats=_opt(_STATS),
+                      sent_direct=_opt(_int())),
     MessageKind.STATUS_QUERY: _Struct(StatusQuery, nonce=_int()),
     MessageKind.STATUS: _Struct(Status, nonce=_int(), ready=_BOOL, dead_stage=_opt(_str),
                       running=_int(), waiting=_int(), lane_count=_int(), ctx_size=_int()),

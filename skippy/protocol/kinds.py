@@ -20,13 +20,26 @@ class ErrorCode(enum.StrEnum):
     STAGE_STOPPED = "stage_stopped"
     BATCH_FAILED = "batch_failed"
     SESSION_CONTROL = "session_control"
-    # a request's outcome, as a client sees it
-    QUEUE_FULL = "queue_full"  # HTTP 429
-    ADMISSION_TIMEOUT = "admission_timeout"  # HTTP 429
-    UNAVAILABLE = "unavailable"  # HTTP 503
-    BAD_REQUEST = "bad_request"  # HTTP 400
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # HTTP 400
-    PIPELINE_FAILED = "pipeline_failed"  # HTTP 502
+    # a request's outcome, as a client sees it (HTTP_STATUS below)
+    QUEUE_FULL = "queue_full"
+    ADMISSION_TIMEOUT = "admission_timeout"
+    UNAVAILABLE = "unavailable"
+    BAD_REQUEST = "bad_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    PIPELINE_FAILED = "pipeline_failed"
+
+
+# The one ErrorCode -> HTTP status mapping (the adapter answers with it, the broker counts its 429s by it);
+# any other code a request ends with is a 502.
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.QUEUE_FULL: 429, ErrorCode.ADMISSION_TIMEOUT: 429, ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.BAD_REQUEST: 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400, ErrorCode.PIPELINE_FAILED: 502,
+}
+
+
+def http_status(code: str) -> int:
+    """The HTTP status a request that ended with error `code` answers with."""
+    return HTTP_STATUS.get(code, 502)  # type: ignore[call-overload]  # a StrEnum key matches its str
 
 
 class FinishReason(enum.StrEnum):

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from skippy.protocol.kinds import ErrorCode, FinishReason, MessageKind, WireDtype  # noqa: F401 - re-exported
+from skippy.protocol.stats import RequestStats
 
 _FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
 
@@ -228,7 +229,7 @@ class Submit:
 
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
     TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
-    copy of the final event, marked with the ``EVENTS_SENT_DIRECT`` stat (skippy.driver.direct_events).
+    copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
     """
     request_id: str
     prompt: tuple[int, ...]
@@ -248,7 +249,10 @@ class Cancel:
 class TokenEvents:
     """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
 
-    ``code`` classifies an error (see ErrorCode for the HTTP status each maps to).
+    ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
+    last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
+    of the final event of a request whose events went straight to its client (``Submit.events_to``):
+    how many tokens went that way.
     """
     request_id: str
     tokens: tuple[int, ...]
@@ -256,7 +260,8 @@ class TokenEvents:
     error: str | None = None
     code: ErrorCode | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
-    stats: tuple[tuple[str, float], ...] = ()  # on the last message: the request's numbers (speculation)
+    stats: RequestStats | None = None
+    sent_direct: int | None = None
 
 
 @dataclass(frozen=True)

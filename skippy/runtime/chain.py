@@ -15,7 +15,9 @@ from skippy.runtime.errors import ModelError
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.slices import Progress, read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 
 def layer_ranges(n_layer: int, split_points: Sequence[int]) -> list[tuple[int, int]]:

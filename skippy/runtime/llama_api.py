@@ -2,73 +2,24 @@
 
 Everything here is mechanical: load a GGUF, create a context, build a `llama_batch` that points
 straight at numpy buffers (no per-row Python work), and turn llama.cpp's log lines into the reason
-a load failed. The stage logic lives in `stage_runtime`.
+a load failed (`llama_backend` holds the process-wide part). The stage logic lives in `stage_runtime`.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
-import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from skippy.runtime.errors import ModelError
-
-if TYPE_CHECKING:
-    from skippy.runtime.llama_model import LlamaModel
-
-_init_lock = threading.Lock()
-_initialised = False
-# Recent llama.cpp warnings/errors, quoted when a load fails (llama.cpp only logs the reason).
-_recent_log: collections.deque[str] = collections.deque(maxlen=8)
-# "<buffer type> model buffer size = <MiB>" lines of the last load: where the weights went.
-_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
-_model_buffers: dict[str, float] = {}
-_LOG_WARN, _LOG_ERROR = 3, 4  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
-
-
-@L.llama_log_callback
-def _log_sink(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    if not text:
-        return
-    line = text.decode("utf-8", "replace").strip()
-    if level in (_LOG_WARN, _LOG_ERROR):
-        _recent_log.append(line)
-    elif (match := _BUFFER_LINE.search(line)) is not None:
-        _model_buffers[match.group(1)] = float(match.group(2))
-
-
-def init_backend() -> None:
-    """Initialise llama.cpp once per process and route its logging away from stderr."""
-    global _initialised
-    with _init_lock:
-        if not _initialised:
-            L.llama_log_set(_log_sink, None)
-            L.llama_backend_init()
-            _initialised = True
-
-
-def clear_llama_log() -> None:
-    _recent_log.clear()
-    _model_buffers.clear()
-
-
-def model_buffers() -> dict[str, float]:
-    """MiB of weights per llama.cpp buffer type (CPU, CPU_REPACK, CUDA0, ...) in the last load."""
-    return dict(_model_buffers)
-
-
-def last_llama_error() -> str:
-    return _recent_log[-1] if _recent_log else "no reason logged"
-
+from skippy.runtime.llama_backend import clear_llama_log, last_llama_error
+from skippy.runtime.llama_model import LlamaModel
 
 _ggml = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml-base.so"))
 _ggml.ggml_get_name.restype = ctypes.c_char_p

@@ -14,7 +14,7 @@ from pathlib import Path
 import llama_cpp as L
 
 from skippy.runtime.errors import ModelError
-from skippy.runtime.llama_api import clear_llama_log, init_backend, last_llama_error, model_buffers
+from skippy.runtime.llama_backend import clear_llama_log, init_backend, last_llama_error, model_buffers
 
 _ggml_full = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libggml.so"))  # the backend registry
 _ggml_full.ggml_backend_dev_count.restype = ctypes.c_size_t

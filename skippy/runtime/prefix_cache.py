@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -33,9 +33,7 @@ from skippy.faults import fault_active
 from skippy.protocol import CacheCaps, KeptPrefix, PrefixRef
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.kv_ledger import CellLedger
-
-if TYPE_CHECKING:
-    from skippy.runtime.stage_runtime import DecodeResult, SessionWindow
+from skippy.runtime.windows import DecodeResult, SessionWindow
 
 
 class KvSequences(Protocol):

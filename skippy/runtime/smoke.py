@@ -23,7 +23,7 @@ def decode_greedy(model_path: Path, n_tokens: int) -> str:
     import llama_cpp as L
     import numpy as np
 
-    from skippy.runtime.llama_api import init_backend
+    from skippy.runtime.llama_backend import init_backend
 
     init_backend()
     model = L.llama_model_load_from_file(str(model_path).encode(), L.llama_model_default_params())

@@ -13,11 +13,9 @@ evict its entries. Not thread-safe: one thread at a time (skippy.stage.worker) c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from skippy.protocol import PrefixRef, TokenLogprob
+from skippy.protocol import TokenLogprob
 from skippy.runtime.capture import eval_capture
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.llama_api import (
@@ -31,28 +29,7 @@ from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, w
 from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
-
-
-@dataclass(frozen=True)
-class SessionWindow:
-    """A contiguous run of one session's positions inside a decode batch."""
-
-    session_id: int
-    pos_start: int
-    n_tokens: int
-    outputs: tuple[int, ...] = ()  # offsets in [0, n_tokens) whose logits the final stage keeps
-    tokens: np.ndarray | None = None  # int32[n_tokens]; first stage only
-    restore: PrefixRef | None = None  # prefix cache operations, as in skippy.protocol.Window
-    record: tuple[PrefixRef, ...] = ()
-    evict: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodeResult:
-    hidden: np.ndarray | None  # float32[n_rows, n_embd] from a non-final stage
-    output_rows: list[list[int]]  # per window, the batch rows whose logits were kept (final stage)
-    missed: tuple[int, ...] = ()  # sessions whose windows were dropped: a restored entry was missing
-
+from skippy.runtime.windows import DecodeResult, SessionWindow
 
 MAX_DRAFT_TOKENS = 16  # longest speculative draft a verify window may carry (sizes the final stage's logits)
 

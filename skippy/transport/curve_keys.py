@@ -18,9 +18,9 @@ import zmq
 import zmq.auth
 
 from skippy.config import ConfigError, ServingOptions, StageTopology
-from skippy.config.link_keys import secret_key_path
-from skippy.curve.guard import LinkKeys
-from skippy.transport import request_endpoint
+from skippy.config.topology import secret_key_path
+from skippy.transport.curve_guard import LinkKeys
+from skippy.transport.endpoints import request_endpoint
 
 __all__ = ["client_link_keys", "link_keys", "load_key_pair", "stage_link_keys", "write_key_pair"]
 

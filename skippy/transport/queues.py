@@ -6,8 +6,8 @@ and hands back decoded messages, or the :class:`ProtocolError` of a bad one so
 the caller can log and answer it and keep serving.  :class:`PushQueue` connects
 and sends large activation frames zero-copy: the array behind a sent
 ``Batch.hidden`` must not be mutated until ZeroMQ has put it on the wire.
-Every socket is opened by `_open`, which asks skippy.curve.guard for CURVE
-first: on a context given link keys (`skippy.curve.guard.secure`) every bind is a
+Every socket is opened by `_open`, which asks `curve_guard` for CURVE
+first: on a context given link keys (`curve_guard.secure`) every bind is a
 CURVE server admitting the topology's keys and every connect a CURVE client.
 """
 
@@ -15,41 +15,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from skippy.curve.guard import configure_socket
-from skippy.loop_socket import LoopSocket
 from skippy.protocol import Message, ProtocolError, decode, encode
+from skippy.transport.curve_guard import configure_socket
+from skippy.transport.loop_socket import LoopSocket
 
-__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue", "ipc_endpoint", "request_endpoint"]
+__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue"]
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
-_IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 Decoder = Callable[[list[zmq.Frame]], Message]
 Encoder = Callable[[Message], Sequence[bytes | memoryview]]
-
-
-def ipc_endpoint(directory: Path, name: str) -> str:
-    """``ipc://`` endpoint for socket file ``name`` in ``directory`` (which must exist to bind)."""
-    if not name or "/" in name:
-        raise ValueError(f"ipc socket name must be a plain file name, got {name!r}")
-    path = str(Path(directory).absolute() / name)
-    if len(path.encode()) > _IPC_PATH_MAX:
-        raise ValueError(f"ipc socket path is {len(path.encode())} bytes, over the {_IPC_PATH_MAX}-byte limit: {path}")
-    return f"ipc://{path}"
-
-
-def request_endpoint(pipeline_endpoint: str) -> str:
-    if pipeline_endpoint.startswith("ipc://"):
-        return pipeline_endpoint + ".req"
-    if pipeline_endpoint.startswith("tcp://"):
-        host, _, port = pipeline_endpoint[len("tcp://") :].rpartition(":")
-        return f"tcp://{host}:{int(port) + 1}"
-    raise ValueError(f"cannot derive a request endpoint from {pipeline_endpoint!r} (use ipc:// or tcp://)")
 
 
 def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,

@@ -2,7 +2,7 @@
 
 - overload: concurrency 2, queue capacity 2, six simultaneous requests -> two run, two queue and
   complete after a running one has finished, two are refused with queue_full; the output equals
-  what stage 0 gives directly, and a DriverClient pointed at the broker works unchanged;
+  what stage 0 gives directly, and a PipelineClient pointed at the broker works unchanged;
 - admission timeout 0.2 s: the queued requests are refused with admission_timeout;
 - cancel of a queued and of a running request; Status reflects running / waiting throughout;
 - a client with its own event endpoint gets every event straight from stage 0 (skippy.driver.direct_events);
@@ -19,9 +19,8 @@ from pathlib import Path
 import zmq.asyncio
 from broker_helpers import WAIT_S, BrokerClient, PipelineProcs, Stream, run, running_broker
 
+from skippy.client import PipelineClient
 from skippy.config import AdmissionOptions
-from skippy.driver.client import DriverClient
-from skippy.driver.direct_events import EVENTS_SENT_DIRECT
 
 LONG = 480  # tokens: >= 2.4 s at the 5 ms wire delay, so these outlast every wait below; cancelled at the end
 ADMISSION = AdmissionOptions(generation_concurrency=2, queue_capacity=2)
@@ -50,8 +49,8 @@ def test_overload_runs_two_queues_two_refuses_two(shared_pipeline: PipelineProcs
             assert (status.ready, status.running, status.waiting, status.lane_count) == (True, 0, 0, 2)
             assert dict(broker.outcomes) == {"length": 4, "queue_full": 2}
 
-            direct = DriverClient(shared_pipeline.request_endpoint)  # the same prompt straight to stage 0
-            via = DriverClient(broker.endpoint)  # and a DriverClient against the broker: same protocol
+            direct = PipelineClient(shared_pipeline.request_endpoint)  # the same prompt straight to stage 0
+            via = PipelineClient(broker.endpoint)  # and a PipelineClient against the broker: same protocol
             try:
                 assert (await via.status()).ready
                 expected, _ = await (await direct.submit([5, 6, 7, 8], max_tokens=40)).collect()
@@ -142,17 +141,16 @@ def test_an_adapter_on_the_host_gets_its_events_straight_from_stage_0(shared_pip
     async def body() -> None:
         async with running_broker([shared_pipeline.request_endpoint], ADMISSION,
                                   bind=f"ipc://{tmp_path}/broker.sock") as (broker, _client):
-            relayed = DriverClient(broker.endpoint)
-            via_broker = DriverClient(broker.endpoint, events_endpoint=f"ipc://{tmp_path}/a.sock")
-            no_broker = DriverClient(shared_pipeline.request_endpoint, events_endpoint=f"ipc://{tmp_path}/b.sock")
+            relayed = PipelineClient(broker.endpoint)
+            via_broker = PipelineClient(broker.endpoint, events_endpoint=f"ipc://{tmp_path}/a.sock")
+            no_broker = PipelineClient(shared_pipeline.request_endpoint, events_endpoint=f"ipc://{tmp_path}/b.sock")
             try:
                 expected, _ = await (await relayed.submit([5, 6, 7, 8], max_tokens=40)).collect()
                 assert relayed.direct_events == 0
                 for client in (via_broker, no_broker):
                     tokens, final = await (await client.submit([5, 6, 7, 8], max_tokens=40)).collect()
                     assert (tokens, final.finish_reason) == (expected, "length")
-                    assert client.direct_events == 41  # 40 tokens and the final event
-                    assert EVENTS_SENT_DIRECT not in dict(final.stats)
+                    assert client.direct_events == 41  # 40 tokens and the final event (not stage 0's copy of it)
                 handle = await via_broker.submit([5, 6, 7, 8], max_tokens=LONG)
                 events = aiter(handle)
                 first = await anext(events)
@@ -179,7 +177,7 @@ def test_an_events_endpoint_stage_0_cannot_reach_falls_back_to_the_submitter(sha
             stream = await client.submit(max_tokens=8, events_to="ipc://")
             final = await stream.finished()
             assert (final.finish_reason, len(stream.tokens)) == ("length", 8)
-            assert EVENTS_SENT_DIRECT not in dict(final.stats)
+            assert final.sent_direct is None
         finally:
             client.close()
             ctx.term()

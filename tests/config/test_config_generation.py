@@ -26,14 +26,13 @@ FRONTS = pytest.mark.parametrize(
 def test_prefill_flags_resolve_with_or_without_front(serve: Serve, front: list[str]) -> None:
     prefill = serve(
         *front,
-        "--openai-prefill-chunk-size", "64",
         "--openai-prefill-chunk-policy", "adaptive",
         "--openai-prefill-adaptive-start", "32",
         "--openai-prefill-adaptive-step", "16",
         "--openai-prefill-adaptive-max", "96",
         "--openai-prefill-adaptive-target-ms", "250",
     ).prefill  # fmt: skip
-    assert prefill.policy is PrefillChunkPolicy.ADAPTIVE_RAMP and prefill.chunk_size == 64
+    assert prefill.policy is PrefillChunkPolicy.ADAPTIVE_RAMP
     assert (prefill.adaptive_start, prefill.adaptive_step, prefill.adaptive_max) == (32, 16, 96)
     assert prefill.adaptive_target_ms == 250.0
 
@@ -49,8 +48,32 @@ def test_schedule_policy(serve: Serve, policy: str | None) -> None:
 
 
 def test_fixed_policy(serve: Serve) -> None:
-    prefill = serve("--openai-prefill-chunk-policy", "fixed").prefill
-    assert prefill.policy is PrefillChunkPolicy.FIXED and prefill.schedule == ()
+    options = serve("--openai-prefill-chunk-policy", "fixed", "--openai-prefill-chunk-size", "64")
+    assert options.prefill.policy is PrefillChunkPolicy.FIXED and options.prefill.schedule == ()
+    assert options.prefill.chunk_size == 64 and unsupported_options(options) == []
+
+
+INERT_PREFILL_FLAGS = [  # (flags, the one line each given flag gets)
+    ("--openai-prefill-chunk-size 64",
+     ["--openai-prefill-chunk-size is read only by --openai-prefill-chunk-policy fixed, but the policy is adaptive-ramp"]),
+    ("--openai-prefill-chunk-schedule 64,128 --openai-prefill-chunk-size 64",
+     ["--openai-prefill-chunk-size is read only by --openai-prefill-chunk-policy fixed, but the policy is schedule"]),
+    ("--openai-prefill-chunk-policy fixed --openai-prefill-adaptive-start 64 --openai-prefill-adaptive-target-ms 50",
+     ["--openai-prefill-adaptive-start is read only by --openai-prefill-chunk-policy adaptive-ramp, but the policy is fixed",
+      "--openai-prefill-adaptive-target-ms is read only by --openai-prefill-chunk-policy adaptive-ramp,"
+      " but the policy is fixed"]),
+    ("--openai-prefill-chunk-schedule 64 --openai-prefill-adaptive-max 512",
+     ["--openai-prefill-adaptive-max is read only by --openai-prefill-chunk-policy adaptive-ramp, but the policy is schedule"]),
+]
+
+
+@FRONTS
+@pytest.mark.parametrize(("flags", "lines"), INERT_PREFILL_FLAGS)
+def test_prefill_flags_the_policy_ignores_are_refused(serve: Serve, front: list[str], flags: str, lines: list[str]) -> None:
+    options = serve(*front, *flags.split())
+    assert unsupported_options(options) == lines
+    with pytest.raises(ConfigError, match="read only by"):
+        refuse_unsupported(options)
 
 
 BAD_STAGE0_FLAGS = [

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from skippy.config import ConfigError, StageTopology, parse_serving_args, refuse_unsupported
-from skippy.config.link_keys import non_loopback, secret_key_path
+from skippy.config.link_keys import non_loopback
+from skippy.config.topology import secret_key_path
 
 KEYS = ["rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID",
         "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"]

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from skippy.config import KvCacheConfig, KvCacheMode, PrefillChunkOptions, PrefillChunkPolicy
-from skippy.driver.events import RequestHandle
 from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.scheduler import PlannedWindow, plan_iteration
 from skippy.driver.sequence import Sequence
 from skippy.protocol import CacheCaps, KeptPrefix, PrefixRef
+from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 CONFIG = KvCacheConfig(mode=KvCacheMode.LOOKUP_RECORD, min_tokens=16, shared_prefix_stride_tokens=32,
@@ -140,7 +140,7 @@ def test_chain_miss_restarts_at_zero_and_forgets_the_entries_on_every_stage() ->
     assert follow.prefix.points == (64, 104)  # recorded again from 0, the forgotten entries too (32 is kept)
     again = index.window_ops(plan_iteration([follow], 10_000, 1))
     assert set(again[0].evict) == {index.key(first), index.key(follow.prompt)}  # restored; recorded
-    assert again[0].restore is None and follow.prefix.stats()[3] == ("prefix_cache_chain_misses", 1.0)
+    assert again[0].restore is None and follow.prefix.stats(0, 0, 0).chain_misses == 1
 
 
 def test_a_finished_request_keeps_its_prompt_and_reply_at_release() -> None:
@@ -176,7 +176,7 @@ def test_nothing_is_kept_after_a_failure_or_when_the_kv_runs_past_the_reply() ->
 def test_off_unless_recording(config: KvCacheConfig | None) -> None:
     index = PrefixIndex(config, "m|t", CAPS)
     seq = admitted(index, prompt(100))
-    assert not index.enabled and seq.prefix.status == "disabled" and index.stats(seq) == ()
+    assert not index.enabled and seq.prefix.status == "disabled" and index.stats(seq) is None
     assert index.window_ops([PlannedWindow(seq, 0, seq.prompt, ())])[0].record == ()
 
 

@@ -23,7 +23,8 @@ import pytest
 from pipeline_helpers import REQUEST_TIMEOUT_S, Pipeline, random_prompt, run, running_driver
 
 from skippy.driver.driver import Driver
-from skippy.driver.events import TokenEvent
+from skippy.protocol.stats import PrefixStats
+from skippy.request_events import TokenEvent
 from skippy.runtime.chain import LocalChain
 from skippy.testing.replay import check_against_alone, greedy_with_margins, replay_op_log
 
@@ -49,13 +50,14 @@ def replay(pipe: Pipeline, op_log: list[tuple[str, Any]]) -> dict[int, list[int]
         chain.close()
 
 
-async def ask(driver: Driver, prompt: Sequence[int]) -> tuple[int, list[int], dict[str, float]]:
+async def ask(driver: Driver, prompt: Sequence[int]) -> tuple[int, list[int], PrefixStats]:
     handle = driver.submit(list(prompt), max_tokens=MAX_TOKENS)
     session = driver.table.get(handle.request_id)
     assert session is not None
     tokens, final = await asyncio.wait_for(handle.collect(), REQUEST_TIMEOUT_S)
     assert final.finish_reason == "length", final
-    return session.session_id, tokens, dict(final.stats)
+    assert final.stats is not None and final.stats.prefix_cache is not None, final
+    return session.session_id, tokens, final.stats.prefix_cache
 
 
 def stage_caches(pipe: Pipeline) -> dict[str, dict[str, Any]]:
@@ -134,9 +136,9 @@ def test_entries_are_evicted_under_the_byte_cap(tiny_model: Callable[..., Path],
 
     stats, stage0, op_log = run(body())
     # the second and third prompt evict the first's entries: its prompt, and prompt + reply kept at release
-    assert [s["prefix_cache_evictions"] for s in stats[:3]] == [0, 2, 2]
-    assert [s["prefix_cache_cached_tokens"] for s in stats[3:]] == [60, 0]
-    assert all(s["prefix_cache_bytes"] <= 100 * (512 + 384) for s in stats)  # both stages' cells
+    assert [s.evictions for s in stats[:3]] == [0, 2, 2]
+    assert [s.cached_tokens for s in stats[3:]] == [60, 0]
+    assert all(s.bytes <= 100 * (512 + 384) for s in stats)  # both stages' cells
     for cache in (stage0, *stage_caches(pipe).values()):
         assert 0 < cache["peak_bytes"] <= min(cap, cache["max_bytes"]), cache
         assert cache["own_evictions"] == 0 and cache["misses"] == 0, cache
@@ -167,9 +169,9 @@ def test_a_miss_at_one_stage_falls_back_to_a_full_prefill(
             return follow, tokens, final, driver.prefix.snapshot()
 
     follow, tokens, final, index = run(body())
-    stats = dict(final.stats)
     assert final.finish_reason == "length", final
-    assert (stats["prefix_cache_chain_misses"], stats["prefix_cache_cached_tokens"]) == (1, 0), stats
+    stats = final.stats.prefix_cache if final.stats is not None else None
+    assert stats is not None and (stats.chain_misses, stats.cached_tokens) == (1, 0), stats
     assert index["chain_misses"] == 1 and index["hits"] == 1, index
     caches = stage_caches(pipe)
     for index_, stage_id in enumerate(pipe.stage_ids[1:], start=1):

@@ -39,7 +39,8 @@ from wire_split import WireSplit
 
 from skippy.protocol import WireDtype
 from skippy.runtime.models import resolve_model_path
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.tokenizer import Tokenizer
 
 N_NEW = 16  # teacher-forced rows fit one batch: n_outputs_max is lane_count + 16

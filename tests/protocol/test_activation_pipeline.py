@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 from wire_split import WireSplit
 
-from skippy.driver.client import DriverClient
+from skippy.client import PipelineClient
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.protocol import WireDtype
 from skippy.runtime.slices import read_model_info
-from skippy.transport import request_endpoint
+from skippy.transport.endpoints import request_endpoint
 
 SPLIT, CTX, LANES, N_NEW = 3, 128, 1, 12
 TIMEOUT_S = 60.0
 
 
 async def generate(endpoint: str, prompts: Sequence[Sequence[int]], n_new: int) -> list[list[int]]:
-    client = DriverClient(endpoint)
+    client = PipelineClient(endpoint)
     try:
         await client.status(timeout_s=TIMEOUT_S)
         out = []

@@ -51,6 +51,7 @@ from skippy.protocol import (
     encode,
 )
 from skippy.protocol.compiled import compile_schemas
+from skippy.protocol.stats import PrefixStats, RequestStats, SpeculativeStats
 from skippy.protocol.specs import _int, _str, _Struct
 
 IDENTITY = StageIdentity("s1", 1, 9, 18, "sha256:abc", 640)
@@ -364,6 +365,19 @@ def test_codes_and_reasons_decode_as_enums() -> None:
     assert "one of stop, length" in rejects([pack({**header, "finish_reason": "done"})], "malformed")
 
 
+def test_request_stats_are_typed_and_refused_by_field() -> None:
+    stats = RequestStats(SpeculativeStats(windows=1, proposed=3, accepted=2, alpha=0.5), PrefixStats(4, True, entries=2))
+    msg = decode(encode(TokenEvents("r", (), FinishReason.LENGTH, stats=stats, sent_direct=7)))
+    assert isinstance(msg, TokenEvents) and (msg.stats, msg.sent_direct) == (stats, 7)
+    header = header_of(TokenEvents("r", (), FinishReason.LENGTH, stats=stats))
+    bad = {**header["stats"], "speculative": {**header["stats"]["speculative"], "proposed": -1}}
+    assert "stats.speculative.proposed" in rejects([pack({**header, "stats": bad})], "malformed")
+    bad = {**header["stats"], "prefix_cache": {**header["stats"]["prefix_cache"], "hit": 1}}
+    assert "stats.prefix_cache.hit" in rejects([pack({**header, "stats": bad})], "malformed")
+    assert "stats: expected map" in rejects([pack({**header, "stats": [["n", 1]]})], "malformed")
+    assert "sent_direct" in rejects([pack({**header, "sent_direct": "all"})], "malformed")
+
+
 def test_prefix_cache_operations_must_fit_their_window() -> None:
     window = Window(7, 64, 2, (1,), restore=PrefixRef(5, 64))
     header = header_of(Batch(1, (window,)))
@@ -380,7 +394,9 @@ EDGE_VALUES = [-1, 0, 1, 2, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, True,
                {1: 2}, {"key": 1, "n_tokens": 1}]
 MORE_KINDS: list[Message] = [
     TokenEvents("r", (5, 6), FinishReason.STOP, None, None, (TokenLogprob(5, -0.5, ((5, -0.5), (7, -2))),
-                                                             TokenLogprob(6, 0)), (("ttft_ms", 12.5), ("n", 3))),
+                                                             TokenLogprob(6, 0)),
+                RequestStats(SpeculativeStats(windows=2, proposed=5, accepted=3, alpha=0.6), PrefixStats(12, True))),
+    TokenEvents("r", (), FinishReason.LENGTH, stats=RequestStats(prefix_cache=PrefixStats(lookup_miss=True)), sent_direct=40),
     Submit("r", (1, 2, 3), {"temperature": 0.0}, 8, (1,)),
     Status(3, True, None, 1, 0, 4, 512), Status(4, False, "s1", 0, 2, 4, 512),
     SetWire(20.0, 100.0, WireDtype.F16), SetWire(0.0), StatusQuery(9), Cancel("r"),

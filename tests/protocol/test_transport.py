@@ -14,7 +14,8 @@ import zmq
 import zmq.asyncio
 
 from skippy.protocol import Batch, Credit, ProtocolError, Window, decode, encode
-from skippy.transport import DealerQueue, PullQueue, PushQueue, RouterQueue, ipc_endpoint
+from skippy.transport.endpoints import ipc_endpoint
+from skippy.transport.queues import DealerQueue, PullQueue, PushQueue, RouterQueue
 
 N_ROWS, N_EMBD = 256, 640
 

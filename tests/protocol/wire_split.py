@@ -15,7 +15,9 @@ import numpy as np
 
 from skippy.protocol import Batch, Window, WireDtype, decode, encode
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 Send = Callable[[np.ndarray], np.ndarray]
 

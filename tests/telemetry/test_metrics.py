@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from skippy.config import TelemetryLevel
 from skippy.http.metrics import Metrics
+from skippy.protocol.stats import RequestStats, SpeculativeStats
 from skippy.telemetry.options import TelemetryOptions
 from skippy.telemetry.process import Telemetry, metrics_host
 from skippy.telemetry.scrape import parse, scrape, summarise
@@ -86,7 +87,7 @@ def test_adapter_metrics_keep_their_names() -> None:
     for _ in range(3):
         metrics.token("r1")
     metrics.generation_done("r1", None, stopped=True)
-    metrics.observe_stats((("speculative_proposed", 4.0), ("speculative_accepted", 3.0)))
+    metrics.observe_stats(RequestStats(speculative=SpeculativeStats(proposed=4, accepted=3)))
     got = samples_of(metrics.render())
     assert got["skippy_http_requests_total[('route', '/v1/completions'), ('status', '200')]"] == 1
     assert got["skippy_prompt_tokens_total[]"] == 5 and got["skippy_completion_tokens_total[]"] == 3

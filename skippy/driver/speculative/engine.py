@@ -22,6 +22,7 @@ from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence as SchedSequence
 from skippy.driver.speculative import Proposer, ProposerFactory
 from skippy.driver.speculative.window import CostModelWindow, WindowPolicy, WindowStats
+from skippy.protocol.stats import SpeculativeStats
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS
 
 
@@ -174,6 +175,17 @@ class Speculation:
                        stale_rows=spec.stale_rows,
                        proposer_us_per_call=round(spec.proposer_us / max(1, spec.proposer_calls), 1))
         return summary
+
+    def stats(self, session_id: int) -> SpeculativeStats | None:
+        """The session's numbers for its client (TokenEvents.stats; None when it did not speculate)."""
+        spec = self.sessions.get(session_id)
+        if spec is None:
+            return None
+        s = spec.stats
+        return SpeculativeStats(s.windows, s.proposed, s.accepted, s.full_accepts, s.early_rejects, s.tail_rejects,
+                                s.stops, s.wasted_rows, round(s.alpha, 4), s.k_start, s.k_last, s.k_min, s.k_max,
+                                spec.proposer_calls, round(spec.proposer_us / max(1, spec.proposer_calls), 1),
+                                spec.stale_windows, spec.stale_rows)
 
     def release(self, session_ids: Sequence[int]) -> None:
         """Free finished sessions' proposers (in the thread that runs the proposers)."""
