@@ -1,6 +1,6 @@
 """The floor under a pipeline's per-token overhead: the same split with no skippy code between the stages.
 
-`python -m skippy.cli.bench_floor MODEL SPLIT TOKENS` runs a bare 2-process llama.cpp pipeline: this
+`python -m skippy.bench.floor MODEL SPLIT TOKENS` runs a bare 2-process llama.cpp pipeline: this
 process computes layers [0, SPLIT) and sends the activations as raw bytes on a blocking pyzmq PUSH;
 a child process computes the rest, takes the greedy token and sends it back with its compute time.
 No protocol, no asyncio, no scheduling: what a token costs beyond the two computes here is ZeroMQ and
@@ -25,7 +25,9 @@ import zmq
 
 from skippy.launcher import die_with_parent
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 _STOP = struct.pack("<ii", 0, 0)
 
@@ -76,7 +78,7 @@ def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, fl
         here, there = f"ipc://{Path(tmp) / 'a'}", f"ipc://{Path(tmp) / 'b'}"
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         pull, push = _sockets(ctx, here, there)
-        child = subprocess.Popen([sys.executable, "-m", "skippy.cli.bench_floor", "--serve", model, str(split), there, here],
+        child = subprocess.Popen([sys.executable, "-m", "skippy.bench.floor", "--serve", model, str(split), there, here],
                                  preexec_fn=die_with_parent)  # a child blocked on its PULL must not outlive us
         try:
             def step(pos: int, ids: np.ndarray) -> tuple[int, float, float, float]:
@@ -111,7 +113,7 @@ def measure(model: str, split: int, tokens: int, warm: int = 20) -> dict[str, fl
 
 async def floor_in_child(model: Path, split: int, tokens: int, timeout_s: float = 600.0) -> dict[str, float]:
     """`measure` in a process of its own (this one's event loop keeps serving its stages meanwhile)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "skippy.cli.bench_floor", str(model), str(split),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "skippy.bench.floor", str(model), str(split),
                                                 str(tokens), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                 preexec_fn=die_with_parent)
     try:
@@ -133,4 +135,4 @@ if __name__ == "__main__":
     elif len(args) == 3 and args[1].isdigit() and args[2].isdigit():
         print(json.dumps(measure(args[0], int(args[1]), int(args[2]))))
     else:
-        raise SystemExit("usage: python -m skippy.cli.bench_floor MODEL SPLIT TOKENS")
+        raise SystemExit("usage: python -m skippy.bench.floor MODEL SPLIT TOKENS")

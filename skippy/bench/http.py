@@ -12,9 +12,9 @@ noise hits them alike. Every server gets all cores: llama-cpp-python with `--int
 (else a new request cuts the running stream short), llama-server with `--parallel N -c N*512 -t <cpus>`
 (N = 16 or the highest level, as skippy's lanes). llama-cpp-python's server extras, and matplotlib for the
 plot, are pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never
-rebuilt; llama-server is built once from the same llama.cpp sources (skippy.cli.llama_server_build).
-This module runs the benchmark; the servers are started in skippy.cli.bench_http_servers, the requests
-and the sweep are in skippy.cli.bench_http_load, the tables, plot and JSON in skippy.cli.bench_http_report.
+rebuilt; llama-server is built once from the same llama.cpp sources (skippy.bench.llama_server_build).
+This module runs the benchmark; the servers are started in skippy.bench.http_servers, the requests
+and the sweep are in skippy.bench.http_load, the tables, plot and JSON in skippy.bench.http_report.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from skippy.cli.bench_http_load import PROMPT, Server, sweep
-from skippy.cli.bench_http_report import pairs, table, write_report
-from skippy.cli.bench_http_servers import (
+from skippy.bench.http_load import PROMPT, Server, sweep
+from skippy.bench.http_report import pairs, table, write_report
+from skippy.bench.http_servers import (
     llama_server_args,
     start_llama_cpp_python,
     start_llama_server,
     start_skippy,
     stop,
 )
-from skippy.cli.llama_server_build import ensure_llama_server_binary, llama_server_version
+from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
 from skippy.runtime.models import resolve_model_path
 
 LLAMA_CPP_PYTHON_REQ = "llama-cpp-python[server]==0.3.36"

@@ -1,8 +1,8 @@
 """`skippy bench http`, the measurement: streamed /v1/completions requests over raw HTTP on asyncio
 streams, each content chunk timed as it arrives; a level of the concurrency sweep is N requests with
 C in flight, summarised as percentiles (ms) and aggregate tok/s; the sweep alternates the servers
-level by level so machine noise hits both alike.  Starting the servers: skippy.cli.bench_http;
-the table, plot and JSON: skippy.cli.bench_http_report.
+level by level so machine noise hits both alike.  Starting the servers: skippy.bench.http;
+the table, plot and JSON: skippy.bench.http_report.
 """
 
 from __future__ import annotations

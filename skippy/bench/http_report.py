@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skippy.cli.bench_http_load import Results
+from skippy.bench.http_load import Results
 
 __all__ = ["ABBREV", "OURS", "TARGETS", "pairs", "plot", "ratios", "table", "write_report"]
 
@@ -19,7 +19,7 @@ __all__ = ["ABBREV", "OURS", "TARGETS", "pairs", "plot", "ratios", "table", "wri
 # speculative variant is held to its plain one's targets
 TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85},
            "llama-server-spec": {1: 0.9, 8: 0.85}}
-OURS = ("skippy", "skippy-spec")  # skippy up plain, and with speculative decoding (bench_http.SPECULATIVE_PLAN)
+OURS = ("skippy", "skippy-spec")  # skippy up plain, and with speculative decoding (http.SPECULATIVE_PLAN)
 ABBREV = {"skippy": "sk", "skippy-spec": "sk+s", "llama-cpp-python": "ll", "llama-server": "ls", "llama-server-spec": "ls+s"}
 
 
@@ -52,7 +52,7 @@ def table(results: Results, peer: str, ours: str = "skippy") -> str:
 
 
 def plot(results: Results, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415  (installed by bench_http.ensure_matplotlib)
+    import matplotlib  # noqa: PLC0415  (installed by skippy.bench.http.ensure_matplotlib)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

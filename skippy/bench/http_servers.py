@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from skippy.cli.bench_http_load import Server
+from skippy.bench.http_load import Server
 
 __all__ = ["LLAMA_SERVER_SLOT_CTX", "llama_server_args", "start_llama_cpp_python", "start_llama_server", "start_skippy", "stop"]
 

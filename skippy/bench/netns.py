@@ -14,89 +14,28 @@ talks to stage 0's request endpoint from this namespace, and removes everything 
 - pipelining: `--streams` concurrent streams, aggregate tok/s: one batch in flight (the same stages
   announced on one host), micro-batches (one per host), and micro-batches with each stage pinned
   to its own CPU (--stage-cpus 0,1); restarts the stages for each, rounds cycle through them.
-- dtype (`skippy.cli.bench_netns_dtype`): TTFT of a long prompt per `--activation-wire-dtype`.
+- dtype (`skippy.bench.netns_dtype`): TTFT of a long prompt per `--activation-wire-dtype`.
+
+The host set, the stages' placement and the timed request they share are in `skippy.bench.netns_pipeline`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 
-import numpy as np
-
+from skippy.bench import netns_dtype
+from skippy.bench.netns_pipeline import PREFIX, SPLITS, SUBNET, delay_emulator, netns_pipeline, prompt, timed_request
+from skippy.client import PipelineClient
 from skippy.config.serving_args import flag_owner
-from skippy.driver.client import DriverClient
-from skippy.launcher import StageProcesses, write_local_topology
-from skippy.netns import HostSet, LinkConditions, down, netem_available, set_conditions, up
-from skippy.netns.topology import place_on_hosts
-from skippy.runtime.models import resolve_model_path
-from skippy.runtime.slices import read_model_info
-from skippy.transport import request_endpoint
-
-PREFIX, SUBNET = "skbench", "10.77.200"
-SPLITS = {2: [9], 3: [5, 13]}
-REQUEST_TIMEOUT_S = 300.0
-
-
-def delay_emulator() -> str:
-    """netem where the kernel has it, else the userspace wire (so the delay can change live)."""
-    return "netem" if netem_available() else "wire"
-
-
-@contextmanager
-def netns_pipeline(stages: int, conditions: LinkConditions, *, ctx_size: int = 512, lane_count: int = 4,
-                   flags: Sequence[str] = (), one_host: bool = False, hosts: HostSet | None = None,
-                   emulator: str | None = None) -> Iterator[tuple[HostSet, StageProcesses]]:
-    """The default model over `stages` namespace hosts (made here unless `hosts` is given; `emulator`
-    default: `delay_emulator()`), all stages running."""
-    made = hosts is None
-    if hosts is None:
-        down(PREFIX)  # a previous run that was killed
-        hosts = up(stages, conditions, prefix=PREFIX, subnet=SUBNET, emulator=emulator or delay_emulator())
-    try:
-        with tempfile.TemporaryDirectory(prefix="skippy-bench-netns-") as tmp:
-            model = resolve_model_path("default")
-            topology, configs = write_local_topology(Path(tmp) / "topology", model, read_model_info(model).n_layer,
-                                                     SPLITS[stages], lane_count=lane_count, ctx_size=ctx_size)
-            place_on_hosts(topology, configs, [address for _, address in hosts.hosts])
-            if one_host:  # the driver keeps one micro-batch in flight per distinct host
-                data = json.loads(topology.read_text())
-                for stage in data["stages"]:
-                    stage["host"] = "shared-host"
-                topology.write_text(json.dumps(data))
-            insecure = ["--insecure-links"] if flag_owner("--insecure-links") is not None else []
-            with StageProcesses(topology, configs, Path(tmp) / "run", [*flags, *insecure], include_stage0=True) as procs:
-                yield hosts, procs
-    finally:
-        if made:
-            down(PREFIX)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(100, 5000, n).tolist()
-
-
-async def timed_request(client: DriverClient, tokens: Sequence[int], max_tokens: int) -> list[float]:
-    """Seconds from submit to each token's arrival (a request that takes REQUEST_TIMEOUT_S fails the bench)."""
-    start = time.perf_counter()
-    handle = await client.submit(tokens, max_tokens=max_tokens)
-    arrivals = []
-    async with asyncio.timeout(REQUEST_TIMEOUT_S):  # a stage that died leaves the request waiting
-        async for event in handle:
-            if event.token is not None:
-                arrivals.append(time.perf_counter() - start)
-            elif event.finish_reason == "error":
-                raise RuntimeError(f"request failed: {event.error}")
-    return arrivals
+from skippy.launcher import StageProcesses
+from skippy.netns import HostSet, LinkConditions, down, set_conditions, up
+from skippy.transport.endpoints import request_endpoint
 
 
 def tpot_ms(arrivals: Sequence[float]) -> float:
@@ -105,7 +44,7 @@ def tpot_ms(arrivals: Sequence[float]) -> float:
 
 async def _latency(procs: StageProcesses, hosts: HostSet, delays: Sequence[float], rounds: int, tokens: int
                    ) -> dict[float, list[float]]:
-    client = DriverClient(request_endpoint(procs.topology.first().endpoint))
+    client = PipelineClient(request_endpoint(procs.topology.first().endpoint))
     try:
         await client.status(timeout_s=30.0)
         await timed_request(client, prompt(32, 0), 8)  # warm up
@@ -141,7 +80,7 @@ def run_latency(args: argparse.Namespace) -> int:
 
 
 async def _aggregate_rate(procs: StageProcesses, streams: int, tokens: int, seed: int) -> float:
-    client = DriverClient(request_endpoint(procs.topology.first().endpoint))
+    client = PipelineClient(request_endpoint(procs.topology.first().endpoint))
     try:
         await client.status(timeout_s=30.0)
         await timed_request(client, prompt(32, 0), 4)  # warm up
@@ -193,9 +132,7 @@ def parser() -> argparse.ArgumentParser:
     pipe.add_argument("--tokens", type=int, default=32)
     pipe.add_argument("--rounds", type=int, default=2)
     pipe.set_defaults(run=run_pipelining)
-    from skippy.cli import bench_netns_dtype
-
-    bench_netns_dtype.add_to(sub)
+    netns_dtype.add_to(sub)
     return top
 
 

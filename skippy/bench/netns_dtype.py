@@ -16,9 +16,8 @@ import asyncio
 import statistics
 import time
 
-from skippy.cli.bench_netns import PREFIX, netns_pipeline, prompt, timed_request
-from skippy.cli.pipeline import _send_wire
-from skippy.driver.client import DriverClient
+from skippy.bench.netns_pipeline import PREFIX, netns_pipeline, prompt, timed_request
+from skippy.client import PipelineClient
 from skippy.launcher import StageProcesses, read_events
 from skippy.netns import HostSet, LinkConditions, set_conditions
 from skippy.netns.commands import run
@@ -26,7 +25,8 @@ from skippy.protocol import SetWire, WireDtype
 from skippy.protocol.activations import row_bytes
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
-from skippy.transport import request_endpoint
+from skippy.stage.set_wire import send_wire
+from skippy.transport.endpoints import request_endpoint
 
 
 def _egress_bytes(hosts: HostSet) -> int:
@@ -40,7 +40,7 @@ async def _switch(procs: StageProcesses, dtype: WireDtype) -> None:
     """Set stage 0's activation dtype and wait until its log says so."""
     stage0 = procs.topology.first()
     seen = len([e for e in read_events(procs.log_path(stage0.stage_id)) if e.get("event") == "wire_changed"])
-    await _send_wire([stage0.endpoint], SetWire(0.0, None, dtype))
+    await send_wire([stage0.endpoint], SetWire(0.0, None, dtype))
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         changes = [e for e in read_events(procs.log_path(stage0.stage_id)) if e.get("event") == "wire_changed"]
@@ -61,7 +61,7 @@ def _cases(rates: list[float]) -> list[Case]:
 async def _measure(procs: StageProcesses, hosts: HostSet, cases: list[Case], prompt_tokens: int, rounds: int
                    ) -> dict[Case, list[tuple[float, int]]]:
     """Per case: (TTFT s, bytes host 1 sent) of each round."""
-    client = DriverClient(request_endpoint(procs.topology.first().endpoint))
+    client = PipelineClient(request_endpoint(procs.topology.first().endpoint))
     try:
         await client.status(timeout_s=30.0)
         await timed_request(client, prompt(64, 0), 1)  # warm up

@@ -3,7 +3,8 @@
 Stage 1 runs as a real process; stage 0 (the driver) runs in this process so the bench can switch
 its micro-batch depth and, through SetWire, the wire delay of the running link between scenarios.
 `--pin` runs only the 16-stream micro-batch comparison, stages sharing every core vs pinned to their own
-cores (skippy.cli.bench_pipeline_pin).
+cores (skippy.bench.pipeline_pin). The row type, the prompts and the driver's decode rate that both use
+are in skippy.bench.streams.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from skippy.cli.bench_floor import floor_in_child
-from skippy.cli.bench_timeline import recorded, timeline_table, token_segments
+from skippy.bench.floor import floor_in_child
+from skippy.bench.pipeline_pin import pin_rows
+from skippy.bench.streams import Row, pipeline_rate, random_prompts
+from skippy.bench.timeline import recorded, timeline_table, token_segments
 from skippy.config import parse_serving_args
 from skippy.driver.driver import Driver
 from skippy.launcher import StageProcesses, write_local_topology
@@ -31,15 +34,10 @@ from skippy.protocol import Batch, SetWire, StageTiming, Window, decode, encode
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 from skippy.stage.links import apply_wire
-
-Row = tuple[str, float, float, str]  # (measure, reference, pipeline, target)
-
-
-def _prompts(n: int, length: int = 32) -> list[list[int]]:
-    rng = np.random.default_rng(7)
-    return [rng.integers(100, 5000, length).tolist() for _ in range(n)]
 
 
 def unsplit_batch_rate(chain: LocalChain, prompts: list[list[int]], steps: int) -> float:
@@ -58,53 +56,20 @@ def unsplit_batch_rate(chain: LocalChain, prompts: list[list[int]], steps: int) 
     return rate
 
 
-def _compute_total(driver: Driver) -> float:
-    return sum(driver.stats.compute_ms.values())
-
-
-async def pipeline_rate(driver: Driver, prompts: list[list[int]], max_tokens: int) -> tuple[float, float, float]:
-    """(aggregate decode tok/s after the first token, mean ms per token per stream,
-    stages' compute ms per decode step between the first and the last token — for one stream)."""
-    handles = [driver.submit(p, max_tokens=max_tokens) for p in prompts]
-    firsts: list[float] = []
-    ends: list[float] = []
-    counts: list[int] = []
-    compute: list[float] = []
-
-    async def consume(h):  # type: ignore[no-untyped-def]
-        n, first = 0, None
-        async for event in h:
-            if event.token is not None:
-                n += 1
-                if first is None:
-                    first = time.perf_counter()
-                    compute.append(_compute_total(driver))
-        firsts.append(first or time.perf_counter())
-        ends.append(time.perf_counter())
-        counts.append(n)
-        compute.append(_compute_total(driver))
-
-    await asyncio.gather(*(consume(h) for h in handles))
-    tokens = sum(c - 1 for c in counts)
-    rate = tokens / (max(ends) - min(firsts))
-    tpot = statistics.mean((e - f) * 1e3 / max(1, c - 1) for f, e, c in zip(firsts, ends, counts))
-    return rate, tpot, (compute[-1] - compute[0]) / max(1, counts[0] - 1)
-
-
 async def single_stream(unsplit: LocalChain, driver: Driver, tokens: int, rounds: int
                         ) -> tuple[float, float, float, str]:
     """Alternating rounds of one stream, unsplit then pipeline: (unsplit tok/s, pipeline tok/s, pipeline ms per
     token outside the stages' compute, one token's timeline), each a median over rounds; the pipeline's rate
     is the unsplit median times the median of the rounds' ratios, so slow spells of the machine hit both
     sides of a pair alike."""
-    unsplit_batch_rate(unsplit, _prompts(1), 8)
-    await pipeline_rate(driver, _prompts(1), 8)
+    unsplit_batch_rate(unsplit, random_prompts(1), 8)
+    await pipeline_rate(driver, random_prompts(1), 8)
     pairs: list[tuple[float, float, float]] = []
     steps: list[tuple[float, ...]] = []
     for _ in range(rounds):
-        u = unsplit_batch_rate(unsplit, _prompts(1), tokens)
+        u = unsplit_batch_rate(unsplit, random_prompts(1), tokens)
         with recorded(driver) as messages:
-            p, tpot, compute_ms = await pipeline_rate(driver, _prompts(1), tokens)
+            p, tpot, compute_ms = await pipeline_rate(driver, random_prompts(1), tokens)
         steps += token_segments(messages[2:])  # after the prompt's batch and the first decode
         pairs.append((u, p, tpot - compute_ms))
     u1 = statistics.median(u for u, _, _ in pairs)
@@ -229,7 +194,7 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
                 rows.append(("per-token overhead vs raw round trip, one process (ms)", raw, overhead, "<= 2x"))
                 raw = await raw_round_trip_ms(d, runtime.n_embd, other_process=True)
                 rows.append(("per-token overhead vs raw round trip, 2 processes (ms)", raw, overhead, "<= 2x"))
-                # the floor: the same split with no skippy code between the stages (skippy.cli.bench_floor)
+                # the floor: the same split with no skippy code between the stages (skippy.bench.floor)
                 floor = (await floor_in_child(model, split, max(200, tokens)))["overhead_ms"]
                 rows.append(("per-token overhead vs a bare llama.cpp + ZeroMQ pipeline (ms)", floor, overhead, "(the floor)"))
                 rows.append(("bare pipeline's per-token overhead vs raw round trip (ms)", raw, floor, "(not a target)"))
@@ -238,18 +203,18 @@ async def _bench(model: Path, split: int, tokens: int, delay_ms: float, threads:
                 rows.append(("pipeline token - unsplit token vs raw round trip, 2 processes (ms)", raw,
                              1e3 / p1 - 1e3 / u1, "(not a target)"))
                 # 8 concurrent: unsplit one batch vs pipeline
-                u8 = unsplit_batch_rate(unsplit, _prompts(8), tokens)
-                p8, _, _ = await pipeline_rate(driver, _prompts(8), tokens)
+                u8 = unsplit_batch_rate(unsplit, random_prompts(8), tokens)
+                p8, _, _ = await pipeline_rate(driver, random_prompts(8), tokens)
                 rows.append(("8 concurrent aggregate tok/s", u8, p8, ">= 0.85"))
                 # wire delay on the stage0 -> stage1 hop (predictions return directly, undelayed)
                 apply_wire(driver.downstream, SetWire(delay_ms), driver.log)
-                _, tpot_d, compute_d = await pipeline_rate(driver, _prompts(1), max(8, tokens // 4))
+                _, tpot_d, compute_d = await pipeline_rate(driver, random_prompts(1), max(8, tokens // 4))
                 expected = compute_d + 1 * delay_ms
                 rows.append((f"TPOT with {delay_ms:g} ms/hop vs compute + 1 hop (ms)", expected, tpot_d, "within 15%"))
                 driver.max_iterations = 1
-                one, _, _ = await pipeline_rate(driver, _prompts(16), max(8, tokens // 2))
+                one, _, _ = await pipeline_rate(driver, random_prompts(16), max(8, tokens // 2))
                 driver.max_iterations = 2
-                micro, _, _ = await pipeline_rate(driver, _prompts(16), max(8, tokens // 2))
+                micro, _, _ = await pipeline_rate(driver, random_prompts(16), max(8, tokens // 2))
                 rows.append((f"16 concurrent tok/s, {delay_ms:g} ms: 1 batch vs micro-batches", one, micro,
                              ">= 1.15 pinned (--pin)"))
             finally:
@@ -267,8 +232,6 @@ def run_pipeline_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     print(f"model {model.name}, 2 stages split at {args.split} (stage 1 a separate process), one run")
     if args.pin:
-        from skippy.cli.bench_pipeline_pin import pin_rows
-
         where, rows = asyncio.run(pin_rows(model, args.split, args.tokens, args.delay_ms, args.rounds))
         print(where)
         timeline = ""

@@ -20,14 +20,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from skippy.affinity import pin_process
-from skippy.cli.bench_pipeline import Row, _prompts, pipeline_rate
+from skippy.bench.streams import Row, pipeline_rate, random_prompts
 from skippy.config import parse_serving_args
 from skippy.config.affinity import format_cpu_list
 from skippy.driver.driver import Driver
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.protocol import SetWire
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.stage.links import apply_wire
 
 __all__ = ["pin_rows"]
@@ -72,7 +73,7 @@ async def pin_rows(model: Path, split: int, tokens: int, delay_ms: float, rounds
                                 pin_process(mask)
                                 for depth in (1, 2):
                                     driver.max_iterations = depth
-                                    rate, _, _ = await pipeline_rate(driver, _prompts(16), max(8, tokens // 2))
+                                    rate, _, _ = await pipeline_rate(driver, random_prompts(16), max(8, tokens // 2))
                                     rates.setdefault((name, depth), []).append(rate)
                 finally:
                     pin_process(cpus)

@@ -2,7 +2,7 @@
 
 Two pipelines of the same model and split run at once, one with `kv_cache` lookup-record on every
 stage (bounded by `--max-bytes`) and one with none. Both stages of each are real processes (`skippy
-stage`); this process only submits requests (`DriverClient`) and relays stage 1's messages back to
+stage`); this process only submits requests (`PipelineClient`) and relays stage 1's messages back to
 stage 0 over the wire condition, as `skippy bench speculative` does, so both hops can be delayed.
 The pipelines take turns (one request or wave at a time on the whole machine): turn k of a
 conversation runs on one side and right after on the other, the order alternating, so noise hits
@@ -12,7 +12,7 @@ Workloads: multi-turn chat (the model's chat template; a system prompt and 10 us
 75 tokens, each greedy reply of up to `--reply-tokens` appended, the history growing to ~1,500
 tokens; every conversation on its own topic) at 0 and `--delay-ms` per hop, TTFT per turn; then
 waves of short unique prompts (80-200 tokens, c=4): throughput and CPU per token. Memory: each
-stage's peak bytes of cache entries against its cap. Table and doc: skippy.cli.bench_prefix_cache_report.
+stage's peak bytes of cache entries against its cap. Table and doc: skippy.bench.prefix_cache_report.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import zmq.asyncio
 
-from skippy.cli.bench_http import DOCS
-from skippy.cli.bench_prefix_cache_report import ChatTurn, Wave, write_report
-from skippy.cli.bench_speculative import ReturnRelay
+from skippy.bench.http import DOCS
+from skippy.bench.prefix_cache_report import ChatTurn, Wave, write_report
+from skippy.bench.speculative import ReturnRelay
+from skippy.client import PipelineClient
 from skippy.config import WireCondition
-from skippy.driver.client import DriverClient
 from skippy.http.chat_template import ChatMessage, ChatTemplate
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging, get_logger
@@ -45,7 +45,8 @@ from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import apply_wire
-from skippy.transport import PushQueue, request_endpoint
+from skippy.transport.endpoints import request_endpoint
+from skippy.transport.queues import PushQueue
 
 SIDES = ("off", "on")
 TOPICS = ("a community garden", "a small bakery", "a mountain railway", "a school science fair", "a lighthouse",
@@ -65,14 +66,14 @@ class Timed:
     first: float = 0.0
     last: float = 0.0
     tokens: list[int] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens the prefix cache restored
     prefill_cpu_s: float = 0.0  # CPU of both stage processes from submit to the first token
 
 
 @dataclass
 class Side:
     name: str
-    client: DriverClient
+    client: PipelineClient
     relay: ReturnRelay
     control: PushQueue  # to stage 0's endpoint: SetWire
     stages: StageProcesses
@@ -97,7 +98,8 @@ class Side:
             if event.final:
                 if event.error is not None:
                     raise RuntimeError(f"bench: {self.name}: {event.error}")
-                timed.stats = dict(event.stats)
+                prefix = event.stats.prefix_cache if event.stats is not None else None
+                timed.cached_tokens = prefix.cached_tokens if prefix is not None else 0
                 return timed
             timed.last = time.perf_counter()
             if not timed.first:
@@ -117,7 +119,7 @@ async def running_side(name: str, directory: Path, model: Path, split: int, lane
     stages = StageProcesses(topology, configs, directory / "run", include_stage0=True, first_flags=["--bind-addr", stage0])
     ctx = zmq.asyncio.Context()
     relay = ReturnRelay(ctx, stages.topology.first().endpoint, stage0)
-    client, control = DriverClient(request_endpoint(stage0), ctx), PushQueue(ctx, stage0)
+    client, control = PipelineClient(request_endpoint(stage0), ctx), PushQueue(ctx, stage0)
     try:
         with stages:
             yield Side(name, client, relay, control, stages)
@@ -159,7 +161,7 @@ class Bench:
                 side.messages.append(ChatMessage("assistant", self.tokenizer.decode(
                     [t for t in timed.tokens if t not in self.stop])))
                 turns.append(ChatTurn(side.name, delay_ms, topic, turn, len(prompt),
-                                      int(timed.stats.get("prefix_cache_cached_tokens", 0)),
+                                      timed.cached_tokens,
                                       (timed.first - timed.submitted) * 1e3, timed.prefill_cpu_s))
         return turns
 

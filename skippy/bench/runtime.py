@@ -21,7 +21,9 @@ from skippy.runtime.chain import LocalChain, layer_ranges
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 
 def _prefill_rate(chain: LocalChain, prompt: np.ndarray) -> float:
@@ -48,7 +50,7 @@ def _decode_rate(chain: LocalChain, prompt: np.ndarray, n_tokens: int) -> float:
 def _slice_rss(model: str, start: int, end: int, prompt_len: int, decode_tokens: int) -> dict[str, float]:
     """Run one slice alone in a child process; returns its peak RSS and budget in MiB."""
     code = (
-        "import sys, json; from skippy.cli.bench import slice_worker; "
+        "import sys, json; from skippy.bench.runtime import slice_worker; "
         "print(json.dumps(slice_worker(sys.argv[1], *map(int, sys.argv[2:]))))"
     )
     out = subprocess.run(
@@ -138,9 +140,7 @@ def run_runtime_bench(model: str, split: int, rounds: int, prompt_len: int, deco
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
-    kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+def add_to(kinds: argparse._SubParsersAction) -> None:
     r = kinds.add_parser("runtime", help="2-slice chain vs unsplit llama.cpp: prefill, decode, RSS per slice")
     r.add_argument("--model", default="default")
     r.add_argument("--split", type=int, default=9)
@@ -148,21 +148,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--prompt-tokens", type=int, default=128)
     r.add_argument("--decode-tokens", type=int, default=64)
     r.set_defaults(run=lambda a: run_runtime_bench(a.model, a.split, a.rounds, a.prompt_tokens, a.decode_tokens))
-    from skippy.cli import bench_pipeline
-
-    bench_pipeline.add_to(kinds)
-    from skippy.cli import bench_http
-
-    bench_http.add_to(kinds)
-    from skippy.cli import bench_soak
-
-    bench_soak.add_to(kinds)
-    from skippy.cli import bench_speculative
-
-    bench_speculative.add_to(kinds)
-    from skippy.cli import bench_prefix_cache
-
-    bench_prefix_cache.add_to(kinds)
-    from skippy.cli import bench_telemetry
-
-    bench_telemetry.add_to(kinds)

@@ -20,7 +20,8 @@ from skippy.config import parse_serving_args
 from skippy.driver.driver import Driver
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.log import configure_logging
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.testing.tiny_models import tiny_model_path
 
 

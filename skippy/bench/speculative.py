@@ -13,7 +13,7 @@ The wire delay conditions both hops of a round trip. The forward hop (stage 0 ->
 endpoint in the topology, so the driver binds another endpoint (`--bind-addr`; stage 1's Ready and
 credits go there, to the Hello's reply endpoint) and a relay in this process, bound at the topology's
 endpoint, forwards every message to it through a DownstreamLink with the same wire condition.
-Workloads and timing: skippy.cli.bench_speculative_load; table, doc, plot: skippy.cli.bench_speculative_report.
+Workloads and timing: skippy.bench.speculative_load; table, doc, plot: skippy.bench.speculative_report.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from skippy.cli.bench_http import DOCS, ensure_matplotlib
-from skippy.cli.bench_speculative_load import ModeResult, Prompt, divergence_margin, prose_prompts, reemission_prompts, run_wave
-from skippy.cli.bench_speculative_report import Cell, write_report
+from skippy.bench.http import DOCS, ensure_matplotlib
+from skippy.bench.speculative_load import ModeResult, Prompt, divergence_margin, prose_prompts, reemission_prompts, run_wave
+from skippy.bench.speculative_report import Cell, write_report
 from skippy.config import WireCondition, parse_serving_args
 from skippy.config.speculative import NgramConfig, NgramKind
 from skippy.driver.driver import Driver
@@ -45,10 +45,11 @@ from skippy.protocol import SetWire, decode
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import DownstreamLink, apply_wire
-from skippy.transport import PullQueue
+from skippy.transport.queues import PullQueue
 
 FIXED_K = 8
 MODES = ("plain", f"fixed k={FIXED_K}", "cost model")

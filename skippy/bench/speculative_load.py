@@ -24,8 +24,8 @@ import numpy as np
 from skippy.driver.driver import Driver
 from skippy.driver.speculative.engine import SpeculationTotals
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.stage_runtime import SessionWindow
 from skippy.runtime.tokenizer import Tokenizer
+from skippy.runtime.windows import SessionWindow
 
 __all__ = ["PROSE", "ModeResult", "Prompt", "divergence_margin", "prose_prompts", "reemission_prompts", "run_wave"]
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skippy.cli.bench_speculative_load import ModeResult
+from skippy.bench.speculative_load import ModeResult
 
 __all__ = ["NOTES_MARKER", "TTFT_TOLERANCE", "Cell", "table", "targets", "write_report"]
 
@@ -136,7 +136,7 @@ def cpu_model() -> str:
 
 
 def plot(cells: list[Cell], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415  (installed by bench_http.ensure_matplotlib)
+    import matplotlib  # noqa: PLC0415  (installed by skippy.bench.http.ensure_matplotlib)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

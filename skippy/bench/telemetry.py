@@ -22,20 +22,20 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from skippy.cli.bench_pipeline import _prompts
-from skippy.driver.client import DriverClient
-from skippy.driver.events import RequestHandle
+from skippy.bench.streams import random_prompts
+from skippy.client import PipelineClient
 from skippy.launcher import StageProcesses, write_local_topology
+from skippy.request_events import RequestHandle
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.telemetry.scrape import scrape
 from skippy.telemetry.targets import TARGETS_FILE, read_targets
-from skippy.transport import request_endpoint
+from skippy.transport.endpoints import request_endpoint
 
 SETUPS = ("none", "none (again)", "stalled", "unreachable")
 
 
-async def decode_rate(client: DriverClient, prompts: list[list[int]], max_tokens: int) -> float:
+async def decode_rate(client: PipelineClient, prompts: list[list[int]], max_tokens: int) -> float:
     """Aggregate decode tok/s of `prompts` run together: tokens after each one's first, over first to last token."""
     handles = [await client.submit(p, max_tokens=max_tokens) for p in prompts]
     firsts: list[float] = []
@@ -83,16 +83,16 @@ Row = tuple[str, list[float], int]  # (setup, decode tok/s per round, spans drop
 async def _bench(model: Path, split: int, streams: int, tokens: int, rounds: int, tmp: Path) -> list[Row]:
     n_layer = read_model_info(model).n_layer
     with ExitStack() as stack:
-        pipelines: dict[str, tuple[DriverClient, Path]] = {}
+        pipelines: dict[str, tuple[PipelineClient, Path]] = {}
         for i, (setup, url) in enumerate(collectors(stack).items()):
             d = tmp / f"p{i}"
             topology, configs = write_local_topology(d, model, n_layer, [split], lane_count=max(4, streams), ctx_size=512)
             flags = ["--telemetry-level", "debug", *(["--metrics-otlp-grpc", url] if url else [])]
             stages = stack.enter_context(StageProcesses(topology, configs, d / "run", flags, include_stage0=True))
-            client = DriverClient(request_endpoint(stages.topology.first().endpoint))
+            client = PipelineClient(request_endpoint(stages.topology.first().endpoint))
             stack.callback(client.close)
             pipelines[setup] = (client, d / "run")
-        prompts = _prompts(streams)
+        prompts = random_prompts(streams)
         for client, _run in pipelines.values():  # warm-up: first-touch costs out of the rounds
             await decode_rate(client, prompts, 8)
         rates: dict[str, list[float]] = {setup: [] for setup in SETUPS}

@@ -7,17 +7,18 @@ import sys
 from collections.abc import Sequence
 
 from skippy.config import ConfigError
-from skippy.driver.events import DriverUnavailable
 from skippy.launcher import LaunchError
+from skippy.request_events import PipelineUnavailable
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.stage.handshake import HandshakeError
 
-EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, DriverUnavailable, LaunchError,
+EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, PipelineUnavailable, LaunchError,
                    FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skippy.cli import adapter, bench, broker, check_config, generate, keys, logs, pipeline, slice_cmd, stage, up
+    from skippy import bench
+    from skippy.cli import adapter, broker, check_config, generate, keys, logs, pipeline, slice_cmd, stage, up
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."

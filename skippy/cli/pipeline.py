@@ -10,13 +10,12 @@ from pathlib import Path
 
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.config import StageTopology, WireCondition
-from skippy.config.link_keys import with_keys_dir
-from skippy.curve.guard import LinkKeys, secured_context
-from skippy.curve.keys import client_link_keys
+from skippy.config.topology import with_keys_dir
 from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
 from skippy.protocol import SetWire
-from skippy.transport import PushQueue
+from skippy.stage.set_wire import send_wire
+from skippy.transport.curve_keys import client_link_keys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,21 +42,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return stages.supervise("skippy pipeline", lambda: (stages.start(), ready)[1])
 
 
-async def _send_wire(endpoints: list[str], msg: SetWire, keys: LinkKeys | None = None) -> None:
-    with secured_context(keys) as ctx:
-        for endpoint in endpoints:
-            queue = PushQueue(ctx, endpoint)
-            await queue.send(msg)
-            queue.close(linger_ms=2000)
-
-
 def run_wire(args: argparse.Namespace) -> int:
     WireCondition(delay_ms=args.delay_ms, mbps=args.mbps)  # validate before sending
     configure_logging("off", role="wire")  # warnings (a refused link) to stderr
     topology = with_keys_dir(StageTopology.load(args.topology), args.topology)
     targets = [s for s in topology.stages[:-1] if not args.stage or s.stage_id in args.stage]
-    asyncio.run(_send_wire([s.endpoint for s in targets], SetWire(args.delay_ms, args.mbps),
-                           client_link_keys([topology])))
+    asyncio.run(send_wire([s.endpoint for s in targets], SetWire(args.delay_ms, args.mbps),
+                          client_link_keys([topology])))
     print(f"wire condition delay_ms={args.delay_ms} mbps={args.mbps} sent to "
           f"{', '.join(s.stage_id for s in targets)} (see their wire_changed log lines)")
     return 0

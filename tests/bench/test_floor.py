@@ -1,4 +1,4 @@
-"""`skippy.cli.bench_floor`: the bare 2-process llama.cpp + ZeroMQ pipeline that `bench pipeline` reports as its floor."""
+"""`skippy.bench.floor`: the bare 2-process llama.cpp + ZeroMQ pipeline that `bench pipeline` reports as its floor."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from skippy.cli.bench_floor import _await_answer, floor_in_child
+from skippy.bench.floor import _await_answer, floor_in_child
 
 
 def test_the_floor_runs_both_halves_and_splits_each_token_into_compute_and_the_rest(

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from skippy.cli import bench_http
-from skippy.cli import llama_server_build as build
-from skippy.cli.bench_http_report import pairs, ratios, table
-from skippy.cli.bench_http_servers import llama_server_args
+from skippy.bench import http as bench_http
+from skippy.bench import llama_server_build as build
+from skippy.bench.http_report import pairs, ratios, table
+from skippy.bench.http_servers import llama_server_args
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_failed_step_is_named_with_the_tail_of_its_log(cache: Path, tmp_path: 
 
 
 def level(c: int, tok_s: float) -> dict[str, Any]:
-    """One concurrency level's summary, as bench_http_load.run_level returns it."""
+    """One concurrency level's summary, as skippy.bench.http_load.run_level returns it."""
     return {"concurrency": c, "tok_s": tok_s, "ttft_p50_ms": 1, "ttft_p95_ms": 2, "tpot_p50_ms": 3, "tpot_p95_ms": 4,
             "status_429": 0}
 
