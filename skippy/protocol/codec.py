@@ -9,7 +9,6 @@ only to say which field of a refused message is wrong.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -147,8 +146,13 @@ _NUMBER = _atom("number", lambda v: type(v) in (int, float), "type({v}) in (int,
 _LOGPROB = _Struct(TokenLogprob, token=_int(0, _I31), logprob=_NUMBER,
                    top=_seq(_PAIR, 64))
 _LOGPROBS = _seq(_LOGPROB, MAX_ROWS)
-_SPECULATIVE = _Struct(SpeculativeStats, **{f.name: _float if f.type == "float" else _int() for f in fields(SpeculativeStats)})
-_PREFIX_STATS = _Struct(PrefixStats, **{f.name: _BOOL if f.type == "bool" else _int() for f in fields(PrefixStats)})
+_COUNT = _int()
+_SPECULATIVE = _Struct(SpeculativeStats, windows=_COUNT, proposed=_COUNT, accepted=_COUNT, full_accepts=_COUNT,
+                       early_rejects=_COUNT, tail_rejects=_COUNT, stops=_COUNT, wasted_rows=_COUNT, alpha=_float,
+                       k_start=_COUNT, k_last=_COUNT, k_min=_COUNT, k_max=_COUNT, proposer_calls=_COUNT,
+                       proposer_us_per_call=_float, stale_windows=_COUNT, stale_rows=_COUNT)
+_PREFIX_STATS = _Struct(PrefixStats, cached_tokens=_COUNT, hit=_BOOL, lookup_miss=_BOOL, chain_misses=_COUNT,
+                        evictions=_COUNT, entries=_COUNT, bytes=_COUNT)
 _STATS = _Struct(RequestStats, speculative=_opt(_SPECULATIVE), prefix_cache=_opt(_PREFIX_STATS))
 _RESULT = _Struct(SessionPrediction, session_id=_SESSION, tokens=_TOKENS, logprobs=_LOGPROBS)
 

@@ -469,3 +469,18 @@ def test_compiled_decoders_refuse_a_class_whose_init_does_more_than_set_fields()
             compile_schemas({"k": _Struct(cls, n=_int())}, PROTOCOL_VERSION)
     decoders, _ = compile_schemas({"k": _Struct(Cancel, request_id=_str)}, PROTOCOL_VERSION)
     assert decoders["k"]({"request_id": "r"}) == Cancel("r")
+
+
+def test_every_schema_covers_every_field_of_its_class() -> None:
+    """A field missing from a schema would be dropped on the wire without a word (stats included)."""
+    def structs(spec: Any) -> list[_Struct]:
+        if isinstance(spec, _Struct):
+            return [spec, *(s for inner in spec.specs.values() for s in structs(inner))]
+        inner = getattr(spec, "inner", None) or getattr(spec, "item", None)  # an optional's or a sequence's spec
+        return structs(inner) if inner is not None else []
+
+    seen = [s for schema in codec._SCHEMAS.values() for s in structs(schema)]
+    assert {s.cls for s in seen} >= {SpeculativeStats, PrefixStats, RequestStats}
+    for schema in seen:
+        header_fields = {f.name for f in dataclasses.fields(schema.cls) if not f.metadata.get("frame")}
+        assert set(schema.specs) == header_fields, schema.cls
