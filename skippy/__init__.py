@@ -3,13 +3,14 @@
 import os
 
 # llama.cpp's CPU backend runs on OpenMP, whose idle threads spin ~300k iterations by default: the
-# spinning threads of one stage process starve the other stages on the same cores (2 stages on 2
-# cores: 2.3 tok/s). Fully passive waiting costs a futex sleep per op barrier (halves decode speed);
-# a short spin keeps both (measured: 91 tok/s unsplit, 70 tok/s over 2 stage processes).
+# spinning threads of one stage process starve the other stages on the same cores. Fully passive
+# waiting costs a futex sleep per op barrier, which slows decode badly; a short spin keeps both the
+# single process and stages sharing cores fast (measured: docs/measurements.md, 'OpenMP spin count').
 # OMP_WAIT_POLICY=active keeps that spin when a process holds more OpenMP threads than cores (a
 # second thread that calls llama.cpp brings its own team): libgomp otherwise "throttles" the spin
-# to 100 iterations, and batch-8 decode measured 136 tok/s instead of 175 once a second thread had
-# run llama.cpp in the process (175 with both settings, either thread).
+# to 100 iterations, and decode slows down once a second thread has run llama.cpp in the process;
+# with the policy active it runs at the same speed whichever thread calls llama.cpp
+# (measured: docs/measurements.md, 'OpenMP spin throttle').
 # Must be set before llama_cpp is imported; an explicit setting by the user wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 os.environ.setdefault("OMP_WAIT_POLICY", "active")

@@ -6,7 +6,7 @@ writes the flags back and the broker's CLI parses them with the same resolver, s
 ``resolve_admission(to_flags())`` gives the same object.
 
 Two callers, one resolver.  Stage 0 with an OpenAI front (and ``skippy up``) knows its
-``lane_count``, so it applies the reference ``serve-binary`` rules (notes §3.4): concurrency
+``lane_count``, so it applies the reference system's ``serve-binary`` rules: concurrency
 defaults to ``lane_count`` and may not exceed it, the queue capacity defaults to
 ``clamp(8 * concurrency, 16, 256)`` and must be > 0.  ``skippy broker`` serves replicas whose lane
 counts it learns from their Status, so it leaves unset values unset (resolved per pipeline by

@@ -1,4 +1,4 @@
-"""The llama.cpp load and context knobs of a StageConfig (reference notes §3.1), and their rules.
+"""The llama.cpp load and context knobs of a StageConfig (the reference system's fields), and their rules.
 
 A reference StageConfig carries llama-server style knobs (`n_gpu_layers`, `mmap`, `repack`,
 `kv_unified`, ...). Each is honoured where llama.cpp has it; a value that would break what skippy

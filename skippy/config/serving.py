@@ -1,8 +1,8 @@
 """Serving options: the stage server's CLI flags resolved against its config.
 
 ``resolve_serving_options`` turns parsed flags (see ``serving_args``) into a
-typed, validated :class:`ServingOptions`, applying the reference
-``serve-binary`` defaults (notes §3.4) that depend on the stage config:
+typed, validated :class:`ServingOptions`, applying the reference system's
+``serve-binary`` defaults that depend on the stage config:
 ``max_inflight`` clamped to ``lane_count``, reply credit =
 ``max_inflight - 1``.  The front's admission options (the broker's) are
 resolved by ``admission``; stage 0's generation options (prefill chunking,

@@ -1,7 +1,7 @@
 """Command-line flags of a stage server and typed reading of their values.
 
-``add_serving_arguments`` declares the reference ``serve-binary`` flags
-(notes §3.4).  Every flag defaults to None so the resolver can tell "unset"
+``add_serving_arguments`` declares the reference system's ``serve-binary``
+flags.  Every flag defaults to None so the resolver can tell "unset"
 from "set to the default" and derive defaults from the stage config; values
 are left as strings and converted by :class:`FlagReader`, so any bad value
 becomes a one-line ConfigError naming the flag (``--flag must be ..., got X``).

@@ -1,4 +1,4 @@
-"""SpeculativeDecodeConfig: the typed speculative-decoding plan (notes §9.1).
+"""SpeculativeDecodeConfig: the typed speculative-decoding plan (the reference system's plan JSON).
 
 A plan says which proposers run (native MTP heads, an N-gram proposer, an
 N-gram tail extending an MTP prefix) and how verify windows are sized.  Like

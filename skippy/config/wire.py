@@ -1,6 +1,6 @@
 """WireCondition: the link between a stage and its downstream — emulated delay and activation encoding.
 
-A simulator for WAN experiments (reference notes §5): every downstream write
+A simulator for WAN experiments, like the reference system's: every downstream write
 is delayed by a fixed propagation delay plus the time to serialise the message
 at ``mbps`` megabits per second (1 Mbps = 125 kB/s).  Both delays are capped
 at one hour.  Jitter and stalls from newer reference versions are not modelled

@@ -5,7 +5,8 @@ gets float32 ``[n_rows, n_embd]`` back, which is what llama.cpp takes.
 
 - ``f32``: the rows as little-endian float32, C order, sent as a zero-copy view: bitwise exact.
 - ``f16``: little-endian IEEE half. Values beyond half's range (+-65504) saturate to it instead
-  of becoming inf (Gemma 3's residual stream reaches ~1e5 in a few channels of the first row).
+  of becoming inf (Gemma 3's residual stream goes beyond half's range in a few channels of the first row;
+  measured: docs/measurements.md, 'Activation magnitudes').
 - ``q8``: per-row absmax int8. The frame is every row's float32 scale (``absmax / 127``) first,
   then every row's int8 values: ``4 + n_embd`` bytes per row. A row decodes as ``q * scale``.
 

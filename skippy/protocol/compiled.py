@@ -2,11 +2,12 @@
 
 The schemas (`skippy.protocol.specs`) check a value through a closure per field, which is what a
 failure's field path needs; on the token's critical path that was the larger part of a message's
-decode (a decode-sized batch: 98 us cold after llama.cpp has run, 21 us warm). The functions built
-here run the same checks inline from generated source, name no path and raise anything on a bad
-value; `codec.decode` then decodes again through the schema, which accepts it after all (never the
-case, tests/protocol) or raises the ProtocolError that names the field. Encoders are the reverse: a
-dataclass's header fields straight into a map, nested structs through their own encoder.
+decode, most of all cold, after llama.cpp has swept the caches (measured: docs/measurements.md,
+'Compiled codec'). The functions built here run the same checks inline from generated source, name
+no path and raise anything on a bad value; `codec.decode` then decodes again through the schema,
+which accepts it after all (never the case, tests/protocol) or raises the ProtocolError that names
+the field. Encoders are the reverse: a dataclass's header fields straight into a map, nested structs
+through their own encoder.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class _Source:
         # fields outside the header (a batch's frame): their defaults
         args += [f"{f.name}={self.default(f)}" for f in defaults.values() if f.name not in schema.specs]
         # the frozen dataclass's __init__ sets each field through object.__setattr__: filling __dict__ at
-        # once is half the cost (0.62 -> 0.33 us an object warm, ~10 -> ~7 us cold after llama.cpp)
+        # once costs much less, warm and cold (measured: docs/measurements.md, 'Message construction')
         body += [f"    o = _new({self.const(schema.cls)})", f"    o.__dict__.update({', '.join(args)})"]
         if schema.check is not None:
             body.append(f"    {self.const(schema.check)}(o, None)")

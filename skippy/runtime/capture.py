@@ -1,9 +1,9 @@
 """A non-final stage's eval callback, compiled: llama.cpp calls it for every graph node.
 
 A slice reads its last layer's output with the context's eval callback (skippy.runtime.stage_runtime).
-llama.cpp asks the callback about every node of the graph, ~360 times a decode on Gemma 3's 9-layer
-slice; as a ctypes callback into Python that cost 0.25 ms of a 2.8 ms decode (measured side by side
-in one process, same hidden states bitwise). `capture.c` does the same in C. It is built once with
+llama.cpp asks the callback about every node of the graph, hundreds of times a decode; as a ctypes
+callback into Python that cost a large share of a non-final stage's decode (measured:
+docs/measurements.md, 'Stage eval callback'), so `capture.c` does the same in C. It is built once with
 the system C compiler ($CC or cc) against the installed llama.cpp's libggml-base into
 ~/.cache/skippy/capture/<key>/ (or $SKIPPY_CACHE_DIR); `scripts/setup` builds it ahead. Without a
 compiler `eval_capture()` gives the Python callback (same results). Either way: `callback` and

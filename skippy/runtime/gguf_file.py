@@ -1,7 +1,8 @@
 """A minimal GGUF (v2/v3) reader and re-writer that copies bytes instead of decoding them.
 
-`gguf.GGUFReader` builds a numpy view for every element of every metadata array, which takes ~15 s
-for Gemma's 262k-token vocabulary; a slice only needs a few keys decoded and everything else copied.
+`gguf.GGUFReader` builds a numpy view for every element of every metadata array, which is slow for a
+large vocabulary such as Gemma's 262k tokens (measured: docs/measurements.md, 'GGUF metadata reading');
+a slice only needs a few keys decoded and everything else copied.
 Here metadata values are kept as raw byte spans, decoded on request, and tensor data is streamed.
 """
 

@@ -54,7 +54,7 @@ _FRAGMENTS: dict[int | None, dict[int, bytes]] = {}  # vocab address -> tokens w
 
 def _fragments(vocab: ctypes.c_void_p) -> dict[int, bytes]:
     key = ctypes.cast(vocab, ctypes.c_void_p).value
-    if key not in _FRAGMENTS:  # once per vocabulary: ~0.4 s for Gemma's 262k tokens
+    if key not in _FRAGMENTS:  # once per vocabulary: a walk of every token (measured: docs/measurements.md, 'Vocabulary walks')
         buf, found = ctypes.create_string_buffer(256), {}
         for token in range(L.llama_vocab_n_tokens(vocab)):
             n = L.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)

@@ -5,8 +5,9 @@ thread, in submission order, while its event loop keeps moving frames. `compute`
 work on a batch: run its layers; at the final stage, sample every output row.
 
 A decode-sized batch (at most INLINE_MAX_ROWS rows) runs on the event loop's own thread when the
-runtime thread is idle: handing it over and back costs two thread wake-ups per stage and token, which
-measured 1 ms of a 21 ms token on 2 vCPUs (and the compute itself ran faster on the loop's thread).
+runtime thread is idle: handing it over and back costs two thread wake-ups per stage and token, a
+noticeable share of a token (and the compute itself ran faster on the loop's thread; measured:
+docs/measurements.md, 'Runtime-thread hand-off').
 Bigger batches (prefill chunks) go to the runtime thread so the loop keeps serving while they run.
 """
 

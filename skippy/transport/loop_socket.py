@@ -3,8 +3,9 @@
 A receive is a non-blocking recv first; only when nothing is queued does it wait for the socket's FD.
 A send goes onto the socket at once when there is room; otherwise it waits, in order behind every
 send already waiting, until the FD says the socket changed. Against pyzmq's asyncio sockets this
-saves, per message, a future, a turn of the loop and several ZMQ_EVENTS queries: 0.1-0.2 ms of a
-decode step on 2 vCPUs, where each wake-up runs cold after llama.cpp has swept the caches.
+saves, per message, a future, a turn of the loop and several ZMQ_EVENTS queries, which add up on a
+decode step's critical path because each wake-up runs cold after llama.cpp has swept the caches
+(measured: docs/measurements.md, 'LoopSocket').
 
 ZeroMQ's FD signals a change of the socket's state and stays readable until the socket processes
 its commands, and the loop polls it level-triggered. So every time it fires ZMQ_EVENTS is read

@@ -1,4 +1,4 @@
-"""The n-gram suffix proposer (`ngram.kind = "suffix"`, reference notes §9.2): model-free, per session.
+"""The n-gram suffix proposer (`ngram.kind = "suffix"`, as in the reference system): model-free, per session.
 
 Let h = h[0..n) be the history (prompt + committed tokens) and s = min(min_ngram, 8) the seed length.
 

@@ -37,8 +37,8 @@ DECAY = 0.7  # weight of older evidence per observed window (~3 windows of memor
 
 @dataclass
 class WindowStats:
-    """One session's verify windows. Counters follow issue 9: early = the first draft rejected,
-    tail = some drafts accepted, then one rejected (the reference's TailReject is narrower: last draft only)."""
+    """One session's verify windows. Counters: early = the first draft rejected, tail = some drafts
+    accepted, then one rejected (the reference's TailReject is narrower: last draft only)."""
 
     alpha: float = ALPHA_PRIOR  # acceptance estimate, S/T above
     weight: float = PRIOR_WEIGHT  # T: tested draft tokens behind alpha, decayed
@@ -164,8 +164,9 @@ class CostModelWindow:
     C(r): ms of one pipeline decode with r rows, from `cost_ms` (a sequence indexed by rows, index 0
     unused, NaN = not measured; or a mapping rows -> ms). Rows not measured are interpolated linearly
     between their measured neighbours; beyond the table, extrapolated from the last measured row with the
-    table's mean slope (last - first) / (rows between): the curve is a sawtooth (Gemma 270M: 16 -> 17 rows
-    is +17 ms, the mean is 4.3 ms/row), so the last segment's slope would price extra rows as steps.
+    table's mean slope (last - first) / (rows between): the curve is a sawtooth, a single step between two
+    row counts can be several times the mean slope (measured: docs/measurements.md, 'Decode cost by rows'),
+    so the last segment's slope would price extra rows as steps.
 
     One session: rows = k + 1. With n > 1 sessions active, assume each sends a window of the same k into
     one decode of n(k+1) rows, committing n * tau(k) tokens: the cap is the argmax of
