@@ -1,7 +1,7 @@
 """`skippy adapter --broker ENDPOINT --model PATH`: the OpenAI HTTP front door for a broker.
 
 Besides the OpenAI routes it serves its own /metrics and the live pipeline page /dashboard, which
-shows every process listed in `--metrics-targets` (the run's metrics-targets.json; skippy.telemetry).
+shows every process listed in `--metrics-targets` (the run's metrics-targets.json; skippy.http.dashboard).
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from skippy.client import PipelineClient
 from skippy.config import ConfigError
 from skippy.config.serving import parse_cors_origins
-from skippy.driver.client import DriverClient
 from skippy.http.adapter import OpenAIAdapter
 from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
+from skippy.http.dashboard import Dashboard
 from skippy.http.metrics import DirectEventsCollector
 from skippy.http.server import HttpServer
 from skippy.log import announce_ready, configure_logging, get_logger
@@ -25,7 +26,6 @@ from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import ignore_signals, stop_on_signals
-from skippy.telemetry.dashboard import Dashboard
 from skippy.telemetry.options import add_telemetry_arguments, resolve_telemetry
 from skippy.telemetry.process import start_telemetry
 
@@ -81,7 +81,7 @@ async def serve(args: argparse.Namespace) -> int:
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer(path)
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
-    broker = DriverClient(args.broker, events_endpoint=args.events_endpoint)
+    broker = PipelineClient(args.broker, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), api_key_from(args.openai_api_key))
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))

@@ -1,11 +1,12 @@
-"""`GET /dashboard` on the adapter: a live page of the whole pipeline, and the JSON it polls.
+"""`GET /dashboard`, a page of the adapter: a live view of the whole pipeline, and the JSON it polls.
 
-The page is static HTML + JS shipped in this package (skippy/telemetry/static; no CDN, no build
+The page is static HTML + JS + CSS shipped in this package (skippy/http/static; no CDN, no build
 step). It polls `GET /dashboard/data` (every second, `?interval=MS` to change) and computes rates
 between two polls: each stage's utilisation (compute seconds per second), tokens per second,
 TTFT and TPOT of the requests that finished in between, the speculative accept rate; plus
 micro-batches in flight and queue depths as read. `/dashboard/data` scrapes every process listed
-in the run's metrics-targets.json (skippy.telemetry.targets) and adds the adapter's own numbers.
+in the run's metrics-targets.json (skippy.telemetry.targets) and adds the adapter's own numbers;
+reading and summarising the samples is skippy.telemetry.scrape's (shared with the benchmarks).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _STATIC = {"/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
 
 
 def _static(name: str) -> bytes:
-    return resources.files("skippy.telemetry").joinpath("static", name).read_bytes()
+    return resources.files("skippy.http").joinpath("static", name).read_bytes()
 
 
 class Dashboard:
