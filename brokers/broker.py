@@ -14,6 +14,7 @@ broker and pipeline share a host (both broker endpoints ipc) it clears `events_t
 relay.  Refusals are error TokenEvents with a code: queue_full, admission_timeout, unavailable (no
 ready pipeline; queued requests too when the last one goes), bad_request / context_length_exceeded,
 pipeline_failed (stage 0 reported a failure, or stopped answering with the request in flight).
+Metrics and spans are `BrokerTelemetry`'s (brokers.telemetry), built from the queue, pool and tally.
 """
 
 from __future__ import annotations
