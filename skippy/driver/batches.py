@@ -2,8 +2,11 @@
 
 `BatchLauncher` owns what a batch needs between planning and its predictions coming back: the
 batch ids, the record of every batch in flight, stage 0's compute, and the downstream link (its
-credits and wire condition). An `OpRecorder`, when a test installs one, sees every batch and
-release in stage order so the run can be replayed on the unsplit model; nothing is kept otherwise.
+credits and wire condition). `complete` hands a returned batch's record to the driver, except for a
+batch launched by `round_trip` (the speculation calibration's sweeps, skippy.driver.calibrate): its
+predictions go to the one awaiting them, and never reach the driver's post-processing. An
+`OpRecorder`, when a test installs one, sees every batch and release in stage order so the run can
+be replayed on the unsplit model; nothing is kept otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Protocol
 
 from skippy.driver.prefix_index import CacheOps
 from skippy.driver.scheduler import PlannedWindow
+from skippy.log import get_logger
 from skippy.protocol import KeptPrefix, Predictions, PrefixRef, StageTiming, Window
-from skippy.runtime.stage_runtime import SessionWindow
+from skippy.runtime.windows import SessionWindow
 from skippy.stage.links import DownstreamLink
 from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
@@ -41,6 +45,7 @@ class InFlight:
     compute_ms: float
     credit_wait_ms: float = 0.0
     sent: asyncio.Future[float] | None = None
+    waiter: asyncio.Future[Predictions] | None = None  # set by `BatchLauncher.round_trip`: its predictions go there
 
     @property
     def rows(self) -> int:
@@ -83,13 +88,16 @@ class BatchLauncher:
         self.inflight: dict[int, InFlight] = {}
         self.stats = DriverStats()
         self.recorder: OpRecorder | None = None
+        self.log = get_logger()
         self._ids = itertools.count(1)
 
-    async def launch(self, plan: list[PlannedWindow], ops: Sequence[CacheOps] = ()) -> Predictions | None:
+    async def launch(self, plan: list[PlannedWindow], ops: Sequence[CacheOps] = (), *,
+                     waiter: asyncio.Future[Predictions] | None = None) -> Predictions | None:
         """Run stage 0's layers on `plan` (with each window's prefix cache `ops`) and send the result on.
         A single-stage pipeline has its predictions at once and returns them, and so does a batch
         none of whose windows is left to send (all missed a restore); otherwise they arrive later on
-        stage 0's PULL. Raises what the runtime raises (the caller fails the plan's requests)."""
+        stage 0's PULL. Raises what the runtime raises (the caller fails the plan's requests). A
+        `waiter` gets the batch's predictions instead of the driver (`round_trip`)."""
         batch_id = next(self._ids)
         for pw in plan:
             pw.seq.in_flight += 1
@@ -105,22 +113,45 @@ class BatchLauncher:
         wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head, *c)
                      for w, pw, c in zip(windows, plan, cache) if w.session_id not in computed.missed)
         if self.downstream is None or not wire:
-            self._register(batch_id, InFlight(plan, computed.compute_ms))
+            self._register(batch_id, InFlight(plan, computed.compute_ms, waiter=waiter))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
             return Predictions(batch_id, computed.predictions, (timing,), computed.missed)
         sent, wait_ms = await self.downstream.forward(
             batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms,
             missed=computed.missed)
         # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)
-        self._register(batch_id, InFlight(plan, computed.compute_ms, wait_ms, sent))
+        self._register(batch_id, InFlight(plan, computed.compute_ms, wait_ms, sent, waiter))
         return None
+
+    async def round_trip(self, plan: list[PlannedWindow]) -> Predictions:
+        """Launch `plan` and await its predictions; they are this call's, not the driver's."""
+        waiter: asyncio.Future[Predictions] = asyncio.get_running_loop().create_future()
+        done = await self.launch(plan, waiter=waiter)
+        if done is not None:  # answered at once (a single stage)
+            self.complete(done.batch_id, done)
+        return await waiter
 
     def _register(self, batch_id: int, entry: InFlight) -> None:
         self.inflight[batch_id] = entry
         self.stats.count(entry, len(self.inflight))
 
-    def complete(self, batch_id: int) -> InFlight | None:
-        return self.inflight.pop(batch_id, None)
+    def complete(self, batch_id: int, msg: Predictions | None = None) -> InFlight | None:
+        """Forget batch `batch_id`, back with its predictions `msg` or failed (no `msg`): its record, for the
+        driver to post-process or fail. None when it was not in flight (logged, when `msg` came for it) or
+        when a `round_trip` awaits it: that call has `msg` now, or fails at once."""
+        entry = self.inflight.pop(batch_id, None)
+        if entry is None:
+            if msg is not None:
+                self.log.warning("unknown_batch", batch_id=batch_id)
+            return None
+        if entry.waiter is None:
+            return entry
+        if not entry.waiter.done():  # (a round trip that timed out is gone)
+            if msg is not None:
+                entry.waiter.set_result(msg)
+            else:
+                entry.waiter.set_exception(RuntimeError(f"batch {batch_id} failed downstream"))
+        return None
 
     def record_release(self, session_ids: tuple[int, ...], kept: tuple[KeptPrefix, ...] = (),
                        evict: tuple[int, ...] = ()) -> None:

@@ -3,11 +3,13 @@
 One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `BatchLauncher.launch`
 (stage 0's layers, then the wire) -> later, when the final stage's predictions arrive,
 `postprocess` (committed tokens, finishes) and delivery. Requests live in a `SequenceTable`;
-downstream liveness is `Liveness`. Python API: `submit(...)` returns a handle whose async iterator
-yields `TokenEvent`s ending with a finish reason; `cancel(request_id)`. A finished request's session
-is released on every stage. A silent stage fails the requests in flight with an error naming it,
-and new requests are refused until it is back. Every loop runs under a `Supervisor`: if one
-raises, the live requests fail with the cause and the owning process exits nonzero.
+downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which calls back the driver
+(`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
+`submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
+`cancel(request_id)`. A finished request's session is released on every stage. A silent stage fails
+the requests in flight with an error naming it, and new requests are refused until it is back.
+Every loop runs under a `Supervisor`: if one raises, the live requests fail with the cause and the
+owning process exits nonzero.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import zmq.asyncio
 
 from skippy.config import ServingOptions, prompt_length_error
 from skippy.config.affinity import stage_groups
-from skippy.driver.batches import BatchLauncher, DriverStats, InFlight, OpRecorder
-from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_speculation
-from skippy.driver.events import DriverUnavailable, RequestHandle
+from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
+from skippy.driver.calibrate import calibrate_speculation
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
@@ -32,9 +33,11 @@ from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.telemetry import DriverTelemetry
 from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
+    CacheCaps,
     ConfigureSession,
     ErrorCode,
     FinishReason,
@@ -45,6 +48,8 @@ from skippy.protocol import (
     StageIdentity,
     decode,
 )
+from skippy.protocol.stats import RequestStats
+from skippy.request_events import PipelineUnavailable, RequestHandle
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
@@ -52,8 +57,7 @@ from skippy.stage.handshake import open_downstream
 from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
-from skippy.telemetry.driver import DriverTelemetry
-from skippy.transport import PullQueue
+from skippy.transport.queues import PullQueue
 
 
 class Driver:
@@ -80,14 +84,14 @@ class Driver:
         self.prefix = PrefixIndex.for_stage0(options, runtime)
         self.liveness = Liveness(())
         self.speculation = speculation
-        self.calibration_waiter: asyncio.Future[Predictions] | None = None
         self.failed: str | None = None  # set when this process failed: no new requests
         self._ids = itertools.count(1)
         self._wakeup = asyncio.Event()
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
-        self.inbound_handler = Inbound(self)
-        self.telemetry = DriverTelemetry(self)  # metrics and spans (skippy.telemetry.driver)
+        self.inbound_handler = Inbound(self, self.identity, self.log)
+        self.telemetry = DriverTelemetry(self.identity, self.table, self.launcher, lambda: self.max_iterations,
+                                         lanes=runtime.spec.lane_count, n_batch=runtime.params.n_batch)
 
     @property
     def stats(self) -> DriverStats:
@@ -113,9 +117,9 @@ class Driver:
             topology = self.options.topology
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
-        self.supervisor.spawn("receive loop", self.inbound_handler.run(early))
+        self.supervisor.spawn("receive loop", self.inbound_handler.run(self.inbound, early))
         if self.speculation is not None and self.speculation.calibrate:
-            await calibrate_speculation(self, self.speculation)
+            await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
         self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
@@ -149,9 +153,9 @@ class Driver:
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
                stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
         if self.failed is not None:
-            raise DriverUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
+            raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         if self.liveness.dead is not None:
-            raise DriverUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
+            raise PipelineUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
         tokens = np.asarray(prompt, np.int32)
         unfit = prompt_length_error(len(tokens), self.runtime.spec.ctx_size)
         if unfit is not None:
@@ -198,9 +202,7 @@ class Driver:
                     try:
                         done = await self.launcher.launch(plan, self.prefix.window_ops(plan))
                     except (RuntimeUsageError, RuntimeError) as exc:
-                        for pw in plan:
-                            pw.seq.in_flight = 0
-                            self.finish(pw.seq, FinishReason.ERROR, f"stage {self.identity.stage_id}: {exc}")
+                        self._fail([pw.seq for pw in plan], f"stage {self.identity.stage_id}: {exc}")
                         continue
                     if done is not None:
                         self.on_predictions(done)
@@ -249,12 +251,8 @@ class Driver:
             self.speculation.release(session_ids)
 
     def on_predictions(self, msg: Predictions) -> None:
-        entry = self.launcher.complete(msg.batch_id)
-        if entry is None:
-            self.log.warning("unknown_batch", batch_id=msg.batch_id)
-            return
-        if self.calibration_waiter is not None and entry.plan[0].seq.session_id == CALIBRATION_SESSION:
-            self.calibration_waiter.set_result(msg)
+        entry = self.launcher.complete(msg.batch_id, msg)
+        if entry is None:  # not in flight, or the launcher's own round trip (calibration)
             return
         self.launcher.stats.observe(msg)
         hops = self.launcher.stats.hop_ms[-1]
@@ -267,13 +265,7 @@ class Driver:
         for outcome in outcomes:
             self._deliver(outcome)
         # what was in flight is counted now: by the time the observation runs the next batch is in flight too
-        asyncio.get_running_loop().call_soon(self._observe_iteration, entry, msg, hops, len(self.launcher.inflight) + 1)
-
-    def _observe_iteration(self, entry: InFlight, msg: Predictions, hops: list[float], in_flight: int) -> None:
-        self.telemetry.iteration(entry, msg, in_flight)
-        self.log.debug("iteration_done", batch_id=msg.batch_id, rows=entry.rows, sessions=len(entry.plan),
-                       hop_ms=[round(h, 3) for h in hops],
-                       stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
+        asyncio.get_running_loop().call_soon(self.telemetry.iteration, entry, msg, hops, len(self.launcher.inflight) + 1)
 
     def _deliver(self, outcome: Outcome) -> None:
         self.telemetry.outcome(outcome)
@@ -291,18 +283,36 @@ class Driver:
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
                 code: ErrorCode | None = None) -> None:
         speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
-        stats = tuple((f"speculative_{k}", float(v)) for k, v in (speculative or {}).items() if isinstance(v, int | float))
-        if self.table.finish(seq, reason, error, code, (*stats, *self.prefix.stats(seq))):
+        stats = RequestStats(self.speculation.stats(seq.session_id) if self.speculation is not None else None,
+                             self.prefix.stats(seq))
+        if self.table.finish(seq, reason, error, code, stats):
             self.prefix.finish(seq, keep=reason in (FinishReason.STOP, FinishReason.LENGTH))
             self.telemetry.finished(seq, reason, error, speculative)
             self.log.info("request_done", **seq.summary(reason, error), speculative=speculative)
             self._wakeup.set()
 
+    # -- Inbound's callbacks (skippy.driver.inbound.DriverCallbacks) ---------------------------
+    def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
+        entry = self.launcher.complete(batch_id) if batch_id is not None else None
+        named = [s for s in self.table.live() if s.session_id in session_ids]
+        self._fail([*(pw.seq for pw in entry.plan), *named] if entry else named, error)
+
     def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
-        for seq in self.table.live():
+        self._fail(self.table.live(), error, code)
+        self.launcher.inflight.clear()
+
+    def _fail(self, seqs: list[Sequence], error: str, code: ErrorCode | None = None) -> None:
+        for seq in seqs:
             seq.in_flight = 0
             self.finish(seq, FinishReason.ERROR, error, code)
-        self.launcher.inflight.clear()
+
+    def downstream_ready(self, cache: CacheCaps | None) -> None:
+        self.prefix.set_downstream(cache)
+
+    async def forget_prefixes(self) -> None:
+        self.prefix.clear()
+        if self.runtime.prefix is not None:
+            await self.worker.call(self.runtime.prefix.clear)
 
     def _on_process_failure(self, cause: str) -> None:
         self.failed = cause

@@ -10,6 +10,9 @@ sessions it held) and serving resumes only when the Ready comes back; its Ready 
 prefix cache bounds. A greeting refused (a restarted stage with another model or layer range) is
 logged (`stage_refused`), the stage stays down, and it is greeted again at most every
 `REFUSED_RETRY_S`; a greeting not answered within `GREETING_TIMEOUT_S` is sent again.
+
+`Inbound` holds no driver: it answers to `DriverCallbacks`, the few operations it needs of stage 0's
+driver (which implements them), as brokers.link's `PipelineLink` answers to its broker's callbacks.
 """
 
 from __future__ import annotations
@@ -17,16 +20,26 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from skippy.driver.liveness import Heard
-from skippy.protocol import ErrorCode, ErrorReport, FinishReason, Heartbeat, Hello, Message, Predictions, ProtocolError, Ready
+from skippy.driver.liveness import Heard, Liveness
+from skippy.protocol import (
+    CacheCaps,
+    ErrorCode,
+    ErrorReport,
+    Heartbeat,
+    Hello,
+    Message,
+    Predictions,
+    ProtocolError,
+    Ready,
+    StageIdentity,
+)
 from skippy.stage.handshake import connectable
-from skippy.stage.links import handle_link_control
+from skippy.stage.links import DownstreamLink, handle_link_control
+from skippy.transport.queues import PullQueue
 
-if TYPE_CHECKING:
-    from skippy.driver.driver import Driver
-
+__all__ = ["DriverCallbacks", "Greeting", "Inbound"]
 
 GREETING_TIMEOUT_S = 10.0  # no Ready by then: greet again on the stage's next heartbeat
 REFUSED_RETRY_S = 5.0  # a refused greeting is tried again after this long (logged each time)
@@ -40,22 +53,53 @@ class Greeting:
     deadline: float
 
 
+class DriverCallbacks(Protocol):
+    """What `Inbound` needs of stage 0's driver."""
+
+    @property
+    def downstream(self) -> DownstreamLink | None:
+        """The link to stage 1 (None: a single stage)."""
+
+    @property
+    def liveness(self) -> Liveness:
+        """Which stages were heard from lately."""
+
+    def on_predictions(self, msg: Predictions) -> None:
+        """A batch's predictions are back."""
+
+    def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
+        """A stage reported `error` for a batch and sessions: fail their requests."""
+
+    def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
+        """Fail every live request (a stage is down)."""
+
+    def downstream_ready(self, cache: CacheCaps | None) -> None:
+        """The chain below answered a greeting; `cache`: its prefix cache bounds."""
+
+    async def forget_prefixes(self) -> None:
+        """A greeting empties every stage's prefix cache: forget stage 0's entries too."""
+
+
 class Inbound:
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: DriverCallbacks, identity: StageIdentity, log: Any) -> None:
+        """`identity`: stage 0's, sent in each greeting; `log`: the driver's logger."""
         self.driver = driver
+        self.identity = identity
+        self.log = log
+        self.queue: PullQueue | None = None  # stage 0's PULL, from `run`
         self.greeting: Greeting | None = None
         self.retry_at = 0.0  # after a refusal, no greeting before this (monotonic)
 
-    async def run(self, early: list[Message]) -> None:
-        inbound = self.driver.inbound
-        assert inbound is not None
+    async def run(self, queue: PullQueue, early: list[Message]) -> None:
+        """Dispatch `early` (what came during the handshake), then everything stage 0's PULL `queue` receives."""
+        self.queue = queue
         for msg in early:
             await self.dispatch(msg)
         while True:
-            await self.dispatch(await inbound.recv())
+            await self.dispatch(await queue.recv())
 
     async def dispatch(self, msg: Message | ProtocolError) -> None:
-        d = self.driver
+        d, log = self.driver, self.log
         if isinstance(msg, Predictions):
             if msg.credit and d.downstream is not None:
                 d.downstream.credits.release()
@@ -70,55 +114,46 @@ class Inbound:
         elif isinstance(msg, ErrorReport):
             self.on_error(msg)
         elif isinstance(msg, ProtocolError):
-            d.log.warning("bad_message", code=msg.code, error=msg.message)
+            log.warning("bad_message", code=msg.code, error=msg.message)
         elif isinstance(msg, Ready):
-            d.prefix.set_downstream(msg.cache)  # a stage came back: its prefix cache bounds may differ
-            d.log.info("downstream_ready", downstream=msg.sender.stage_id, prefix_cache=msg.cache)
+            d.downstream_ready(msg.cache)  # a stage came back: its prefix cache bounds may differ
+            log.info("downstream_ready", downstream=msg.sender.stage_id, prefix_cache=msg.cache)
             if self.greeting is not None:
                 self.greeting = None
-                d.log.info("stage_back", stage=d.liveness.revived())
-        elif not await handle_link_control(msg, d.downstream, d.log):
-            d.log.warning("unexpected_message", kind=type(msg).__name__)
+                log.info("stage_back", stage=d.liveness.revived())
+        elif not await handle_link_control(msg, d.downstream, log):
+            log.warning("unexpected_message", kind=type(msg).__name__)
 
     def on_error(self, msg: ErrorReport) -> None:
-        d = self.driver
-        d.log.error("stage_error", from_stage=msg.stage_id, code=msg.code, error=msg.message, batch_id=msg.batch_id)
+        self.log.error("stage_error", from_stage=msg.stage_id, code=msg.code, error=msg.message, batch_id=msg.batch_id)
         error = f"stage {msg.stage_id}: {msg.message}"
         if msg.code is ErrorCode.HANDSHAKE and self.greeting is not None:
-            d.log.error("stage_refused", stage=self.greeting.stage_id, error=error, retry_in_s=REFUSED_RETRY_S)
+            self.log.error("stage_refused", stage=self.greeting.stage_id, error=error, retry_in_s=REFUSED_RETRY_S)
             self.greeting, self.retry_at = None, time.monotonic() + REFUSED_RETRY_S
             return
         if msg.code is ErrorCode.STAGE_STOPPED:
             self.mark_dead(msg.stage_id, error)
             return
-        entry = d.launcher.complete(msg.batch_id) if msg.batch_id is not None else None
-        seqs = [pw.seq for pw in entry.plan] if entry else []
-        seqs += [s for s in d.table.live() if s.session_id in msg.session_ids]
-        for seq in seqs:
-            seq.in_flight = 0
-            d.finish(seq, FinishReason.ERROR, error)
+        self.driver.fail_batch(msg.batch_id, msg.session_ids, error)
 
     def mark_dead(self, stage_id: str, error: str) -> None:
-        d = self.driver
-        if d.liveness.mark_dead(stage_id):
-            d.log.error("stage_dead", dead_stage=stage_id, error=error)
-        d.fail_live(error, ErrorCode.PIPELINE_FAILED)
+        if self.driver.liveness.mark_dead(stage_id):
+            self.log.error("stage_dead", dead_stage=stage_id, error=error)
+        self.driver.fail_live(error, ErrorCode.PIPELINE_FAILED)
 
     async def revive(self, stage_id: str) -> None:
         """Greet the chain again (unless a greeting is pending or was just refused); the stage is back
         when the Ready arrives."""
-        d = self.driver
-        assert d.downstream is not None and d.inbound is not None
+        downstream = self.driver.downstream
+        assert downstream is not None and self.queue is not None
         now = time.monotonic()
         if (self.greeting is not None and now < self.greeting.deadline) or now < self.retry_at:
             return
-        d.downstream.credits.reset()
-        d.prefix.clear()  # the Hello empties the prefix caches downstream: start every stage afresh
-        if d.runtime.prefix is not None:
-            await d.worker.call(d.runtime.prefix.clear)
+        downstream.credits.reset()
+        await self.driver.forget_prefixes()  # the Hello empties the prefix caches downstream: start every stage afresh
         self.greeting = Greeting(stage_id, now + GREETING_TIMEOUT_S)
-        d.downstream.enqueue(Hello(d.identity, connectable(d.inbound.endpoint)))  # not awaited: a PUSH may block
-        d.log.info("stage_greeted", stage=stage_id)
+        downstream.enqueue(Hello(self.identity, connectable(self.queue.endpoint)))  # not awaited: a PUSH may block
+        self.log.info("stage_greeted", stage=stage_id)
 
     async def monitor(self) -> None:
         while True:

@@ -47,14 +47,15 @@ from skippy.protocol import (
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.prefix_cache import chain_caps
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 from skippy.stage.handshake import PROCESS_INCARNATION, check_upstream, greet_again, open_downstream, stage0_endpoint
 from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
 from skippy.stage.predict import VerifySpec
+from skippy.stage.telemetry import StageTelemetry
 from skippy.stage.worker import INLINE_MAX_ROWS, RuntimeWorker
 from skippy.supervise import Supervisor
-from skippy.telemetry.stage import StageTelemetry
-from skippy.transport import PullQueue, PushQueue
+from skippy.transport.queues import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
 STOP_REPORT_TIMEOUT_S = 2.0
@@ -81,7 +82,8 @@ class StageServer:
         self.downstream: DownstreamLink | None = None
         self.upstream: PushQueue | None = None
         self.stage0: PushQueue | None = None
-        self.telemetry = StageTelemetry(self)  # metrics and spans (skippy.telemetry.stage)
+        self.telemetry = StageTelemetry(self.identity, options, final=runtime.is_final, queue_depth=self.work.qsize,
+                                        downstream=lambda: self.downstream)  # metrics and spans (skippy.stage.telemetry)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:

@@ -1,14 +1,16 @@
-"""Observability: OTLP spans through a bounded non-blocking queue, Prometheus metrics from every process,
-and the adapter's live /dashboard.
+"""Observability's low layer: process-wide telemetry setup and the metric types components share.
 
 - `options`: the telemetry flags (level, queue capacity, OTLP endpoint) and span resource attributes.
 - `events`: the bounded event queue (full: dropped and counted) drained by one background thread.
 - `otlp`: that thread's sink: OTLP gRPC export with opentelemetry-sdk's span model and exporter.
 - `process`: one process's `Telemetry` (installed by its entry point; `current()`), its /metrics server.
-- `stage`, `driver`, `broker`: each component's Prometheus metrics and spans (small hooks in the component);
-  the adapter's are in skippy.http.metrics.
+- `metrics`: `StageMetrics` (every stage's, stage 0's too), the histogram buckets, activation bytes.
 - `targets`: `<run_dir>/metrics-targets.json`, where each process serves /metrics (Prometheus file_sd).
-- `scrape`, `dashboard`: `/dashboard` and the JSON it polls, merged from every process's /metrics.
+- `scrape`: reading every process's /metrics back and summarising it (the dashboard's, the benchmarks').
+
+Each component's observer lives with it and feeds these: skippy.stage.telemetry, skippy.driver.telemetry,
+brokers.telemetry, skippy.http.metrics; the adapter's /dashboard page is skippy.http.dashboard. Nothing
+here imports a component (driver, stage, broker, adapter).
 
 The hot path only ever puts an event on a bounded queue or bumps a prometheus_client counter;
 gauges are read when scraped.

@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry
 from skippy.config import TelemetryLevel
 from skippy.http.metrics import Metrics
 from skippy.protocol.stats import RequestStats, SpeculativeStats
+from skippy.telemetry.metrics import StageMetrics
 from skippy.telemetry.options import TelemetryOptions
 from skippy.telemetry.process import Telemetry, metrics_host
 from skippy.telemetry.scrape import parse, scrape, summarise
-from skippy.telemetry.stage import StageMetrics
 from skippy.telemetry.targets import TARGETS_FILE, read_targets, record_target
 
 

@@ -1,31 +1,33 @@
-"""Stage 0's driver numbers: Prometheus metrics of the scheduler and the whole pipeline, and its spans.
+"""Stage 0's observer: Prometheus metrics of the scheduler and the whole pipeline, its spans, its batch log.
 
 The driver is where the pipeline's timings meet: every batch comes back with each stage's compute
 and credit wait (`StageTiming`), so `skippy_pipeline_stage_compute_seconds_total{stage_id}` shows
 every stage's utilisation from stage 0 alone. Stage 0's own batches feed the same `StageMetrics`
-as every other stage. Hooks: `iteration` when a batch's predictions are back, `outcome` for each
-request's share of it, `finished` when a request ends. Spans: summary `stage.openai_prefill` (a
-request's first token) and `stage.openai_generation_summary` (its totals); debug
-`stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0's compute) and
+as every other stage. `DriverTelemetry` is built from the driver's parts (its identity, its
+`SequenceTable`, its `BatchLauncher` with the batches in flight and the downstream link, a getter of
+their limit), never from the driver itself. Hooks: `iteration` when a batch's predictions are back (and its debug log
+`iteration_done`), `outcome` for each request's share of it, `finished` when a request ends. Spans:
+summary `stage.openai_prefill` (a request's first token) and `stage.openai_generation_summary` (its
+totals); debug `stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0's compute) and
 `stage.openai_decode_token` (phase cold, warmup, steady).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from skippy.protocol import FinishReason, Predictions
+from skippy.driver.batches import BatchLauncher, InFlight
+from skippy.driver.postprocess import Outcome
+from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.log import get_logger
+from skippy.protocol import FinishReason, Predictions, StageIdentity
+from skippy.stage.telemetry import bytes_out, credits_outstanding
+from skippy.telemetry.metrics import SECONDS_BUCKETS, StageMetrics
 from skippy.telemetry.process import Telemetry, current, wall_time
-from skippy.telemetry.stage import SECONDS_BUCKETS, StageMetrics, activation_bytes
-
-if TYPE_CHECKING:
-    from skippy.driver.batches import InFlight
-    from skippy.driver.driver import Driver
-    from skippy.driver.postprocess import Outcome
-    from skippy.driver.sequence import Sequence
 
 __all__ = ["DriverTelemetry"]
 
@@ -33,21 +35,25 @@ WARMUP_TOKENS = 4  # decode tokens after the first that count as warm-up in stag
 
 
 class DriverTelemetry:
-    def __init__(self, driver: Driver, telemetry: Telemetry | None = None) -> None:
-        self.driver = driver
+    def __init__(self, identity: StageIdentity, table: SequenceTable, launcher: BatchLauncher,
+                 max_iterations: Callable[[], int], *, lanes: int, n_batch: int, telemetry: Telemetry | None = None) -> None:
+        """`table` and `launcher` (the batches in flight, the downstream link) are read when scraped, and so is
+        `max_iterations` (micro-batches kept in flight at most); `lanes` and `n_batch` go on the start span."""
         self.telemetry = telemetry or current()
+        self.log = get_logger()
+        self.n_embd = identity.n_embd
+        self.launcher = launcher
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        table, launcher = driver.table, driver.launcher
         self.stage = StageMetrics(
-            registry, driver.identity.stage_id, queue_depth=lambda: len(table.waiting),
+            registry, identity.stage_id, queue_depth=lambda: len(table.waiting),
             kv_cells=lambda: sum(seq.length for seq in list(table.running)), sessions=lambda: len(table.running),
-            credits_outstanding=lambda: (link.credits.stats.outstanding if (link := driver.downstream) is not None else 0))
+            credits_outstanding=lambda: credits_outstanding(launcher.downstream))
         for name, doc, read in (
                 ("skippy_driver_sessions_running", "requests holding a session on every stage", lambda: len(table.running)),
                 ("skippy_driver_sessions_waiting", "requests waiting for a free lane", lambda: len(table.waiting)),
                 ("skippy_driver_micro_batches_in_flight", "micro-batches between stage 0 and the predictions' return",
                  lambda: len(launcher.inflight)),
-                ("skippy_driver_micro_batches_limit", "micro-batches kept in flight at most", lambda: driver.max_iterations)):
+                ("skippy_driver_micro_batches_limit", "micro-batches kept in flight at most", max_iterations)):
             Gauge(name, doc, registry=registry).set_function(read)
         self.prefill_tokens = Counter("skippy_driver_prefill_tokens", "prompt tokens run through the pipeline", registry=registry)
         self.decode_tokens = Counter("skippy_driver_decode_tokens", "tokens generated and delivered", registry=registry)
@@ -65,16 +71,15 @@ class DriverTelemetry:
                               registry=registry, buckets=SECONDS_BUCKETS)
         self._last_token: dict[int, float] = {}  # session -> wall time of its last delivered token
         self.telemetry.attach(registry)
-        self.telemetry.span("stage.scheduler_start", self.telemetry.started_at, max_iterations_in_flight=driver.max_iterations,
-                            max_active_sequences=driver.runtime.spec.lane_count, n_batch=driver.runtime.params.n_batch)
+        self.telemetry.span("stage.scheduler_start", self.telemetry.started_at, max_iterations_in_flight=max_iterations(),
+                            max_active_sequences=lanes, n_batch=n_batch)
 
-    def iteration(self, entry: InFlight, msg: Predictions, in_flight: int) -> None:
-        """A micro-batch's predictions are back (stage 0's compute, every stage's timings; `in_flight`: the
-        batches in flight when they came, this one included)."""
+    def iteration(self, entry: InFlight, msg: Predictions, hops: list[float], in_flight: int) -> None:
+        """A micro-batch's predictions are back (stage 0's compute, every stage's timings, the `hops` in ms;
+        `in_flight`: the batches in flight when they came, this one included)."""
         rows = entry.rows
-        link = self.driver.downstream
-        out = activation_bytes(rows, link.wire.activation_dtype, self.driver.identity.n_embd) if link is not None else 0
-        self.stage.observe(rows, entry.compute_ms, entry.credit_wait_ms, 0, out)
+        sent = bytes_out(self.launcher.downstream, rows, self.n_embd)
+        self.stage.observe(rows, entry.compute_ms, entry.credit_wait_ms, 0, sent)
         self.iterations.inc()
         prefill = sum(len(pw.tokens) for pw in entry.plan if pw.is_prefill)
         if prefill:
@@ -85,6 +90,9 @@ class DriverTelemetry:
                 self.stage_wait.labels(t.stage_id).inc(t.credit_wait_ms / 1e3)
         for a, b in zip(msg.timings, msg.timings[1:]):
             self.hops.labels(f"{a.stage_id}->{b.stage_id}").observe(max(0.0, b.recv_at - a.sent_at))
+        self.log.debug("iteration_done", batch_id=msg.batch_id, rows=rows, sessions=len(entry.plan),
+                       hop_ms=[round(h, 3) for h in hops],
+                       stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
         if not self.telemetry.debug_spans or not msg.timings:
             return
         first = msg.timings[0]
