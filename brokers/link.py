@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from skippy.log import get_logger
 from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
-from skippy.transport import DealerQueue
+from skippy.transport.queues import DealerQueue
 
 __all__ = ["PipelineLink"]
 

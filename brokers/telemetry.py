@@ -20,12 +20,11 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from brokers.admission import AdmissionQueue
 from skippy.protocol import TokenEvents
+from skippy.protocol.kinds import http_status
 from skippy.telemetry.metrics import SECONDS_BUCKETS
 from skippy.telemetry.process import Telemetry, current
 
-__all__ = ["HTTP_429_CODES", "BrokerTelemetry", "FinishedRequest"]
-
-HTTP_429_CODES = frozenset({"queue_full", "admission_timeout"})
+__all__ = ["BrokerTelemetry", "FinishedRequest"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class BrokerTelemetry:
             by_outcome.add_metric([outcome], n)
         yield by_outcome
         rejected = CounterMetricFamily("skippy_broker_rejected_429", "requests refused with queue_full or admission_timeout")
-        rejected.add_metric([], sum(n for outcome, n in outcomes.items() if outcome in HTTP_429_CODES))
+        rejected.add_metric([], sum(n for outcome, n in outcomes.items() if http_status(outcome) == 429))
         yield rejected
 
     def _wall(self, instant: float) -> float:

@@ -15,7 +15,7 @@ from skippy.bench.http_load import Results
 
 __all__ = ["ABBREV", "OURS", "TARGETS", "pairs", "plot", "ratios", "table", "write_report"]
 
-# skippy tok/s / peer tok/s, by peer and concurrency (issue 10: llama-server on the same cores); a peer's
+# skippy tok/s / peer tok/s, by peer and concurrency (llama-server on the same cores); a peer's
 # speculative variant is held to its plain one's targets
 TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85},
            "llama-server-spec": {1: 0.9, 8: 0.85}}

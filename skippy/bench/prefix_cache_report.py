@@ -128,7 +128,7 @@ def write_report(out_dir: Path, result: dict[str, Any], facts: dict[str, Any]) -
         f" Short unique prompts: {facts['unique_waves']} waves of 4 prompts of 80-200 tokens, {facts['unique_tokens']}"
         " tokens each; tok/s = generated tokens ÷ the wave's span from submit to the last token. A ratio is the"
         " median over pairs: a conversation's last turn (a wave) on one pipeline and right after it on the other.", "",
-        "## Targets (issue 13)", "", *_targets(turns, result["waves"], memory), "",
+        "## Targets", "", *_targets(turns, result["waves"], memory), "",
         "What a miss costs: a prompt that restores nothing still pays for the cells the cache holds. llama.cpp's"
         " CPU flash attention reads the KQ mask of every cell in use for each prefill row and computes whole tiles"
         " where cached cells sit among the session's own, so prefill costs more as the cache fills (measured on the"

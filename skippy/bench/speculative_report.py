@@ -23,7 +23,7 @@ __all__ = ["NOTES_MARKER", "TTFT_TOLERANCE", "Cell", "table", "targets", "write_
 
 NOTES_MARKER = "<!-- notes: kept across runs -->"
 TTFT_TOLERANCE = 1.10  # "TTFT unchanged": speculative TTFT, pooled over every request, within 10% of plain
-THIN_MARGIN = 0.5  # issue 9: speculative output may differ from plain only where the top-2 logit margin is below this
+THIN_MARGIN = 0.5  # speculative output may differ from plain only where the top-2 logit margin is below this
 
 
 @dataclass
@@ -196,7 +196,7 @@ window (tokens per window = acc/win + 1); ≠ plain = requests whose greedy outp
 common prefix) is {THIN_MARGIN} or more, i.e. not explained by a thin margin.
 Requests whose output differed from plain: {', '.join(f'{m} {k} of {total} ({w} wide)' for m, (k, w) in mism.items())}.
 
-## Targets (issue 9)
+## Targets
 
 {_targets_md(goals)}
 

@@ -35,14 +35,14 @@ from skippy.config import (
     resolve_admission,
 )
 from skippy.config.endpoint import normalize_zmq_endpoint
-from skippy.config.link_keys import with_keys_dir
-from skippy.curve.guard import LinkKeys, secure
-from skippy.curve.keys import client_link_keys
+from skippy.config.topology import with_keys_dir
 from skippy.log import configure_logging
 from skippy.stage.links import ignore_signals, stop_on_signals
 from skippy.telemetry.options import TelemetryOptions, add_telemetry_arguments, resolve_telemetry
 from skippy.telemetry.process import start_telemetry
-from skippy.transport import request_endpoint
+from skippy.transport.curve_guard import LinkKeys, secure
+from skippy.transport.curve_keys import client_link_keys
+from skippy.transport.endpoints import request_endpoint
 
 __all__ = ["BrokerSettings", "main", "register", "resolve_broker_settings", "run_broker"]
 

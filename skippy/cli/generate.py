@@ -10,7 +10,7 @@ from pathlib import Path
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
 from skippy.runtime.slices import stderr_progress
-from skippy.runtime.stage_runtime import RuntimeSpec
+from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from skippy.config import ConfigError, StageTopology
 from skippy.config.link_keys import CLIENT_NAME
 from skippy.config.schema import load_json_object
-from skippy.curve.keys import write_key_pair
+from skippy.transport.curve_keys import write_key_pair
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,18 +8,18 @@ import sys
 import time
 from pathlib import Path
 
+from skippy.client import PipelineClient
 from skippy.config import StageConfig, StageTopology
-from skippy.config.link_keys import with_keys_dir
-from skippy.curve.guard import LinkKeys, secured_context
-from skippy.curve.keys import client_link_keys
-from skippy.driver.client import DriverClient
-from skippy.driver.events import DriverUnavailable
+from skippy.config.topology import with_keys_dir
 from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
+from skippy.request_events import PipelineUnavailable
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
-from skippy.transport import request_endpoint
+from skippy.transport.curve_guard import LinkKeys, secured_context
+from skippy.transport.curve_keys import client_link_keys
+from skippy.transport.endpoints import request_endpoint
 
 
 def stage_config_paths(topology_path: Path, topology: StageTopology) -> list[Path]:
@@ -32,11 +32,11 @@ def stage_config_paths(topology_path: Path, topology: StageTopology) -> list[Pat
 
 async def _stage0_answers(endpoint: str, keys: LinkKeys | None) -> bool:
     with secured_context(keys) as ctx:
-        client = DriverClient(endpoint, ctx)
+        client = PipelineClient(endpoint, ctx)
         try:
             await client.status(timeout_s=0.5)
             return True
-        except DriverUnavailable:
+        except PipelineUnavailable:
             return False
         finally:
             client.close()
@@ -45,15 +45,15 @@ async def _stage0_answers(endpoint: str, keys: LinkKeys | None) -> bool:
 async def _generate(endpoint: str, keys: LinkKeys | None, tokenizer: Tokenizer, prompt: str, max_tokens: int,
                     sampling: SamplingParams) -> int:
     with secured_context(keys) as ctx:
-        return await _stream(DriverClient(endpoint, ctx), tokenizer, prompt, max_tokens, sampling)
+        return await _stream(PipelineClient(endpoint, ctx), tokenizer, prompt, max_tokens, sampling)
 
 
-async def _stream(client: DriverClient, tokenizer: Tokenizer, prompt: str, max_tokens: int,
+async def _stream(client: PipelineClient, tokenizer: Tokenizer, prompt: str, max_tokens: int,
                   sampling: SamplingParams) -> int:
     try:
         status = await client.status(timeout_s=10.0)
         if not status.ready:
-            raise DriverUnavailable(f"pipeline not ready: stage {status.dead_stage} is down")
+            raise PipelineUnavailable(f"pipeline not ready: stage {status.dead_stage} is down")
         ids = tokenizer.encode(prompt)
         handle = await client.submit(ids, sampling, max_tokens, tokenizer.eog_tokens())
         decoder = IncrementalDecoder(tokenizer)
@@ -65,7 +65,7 @@ async def _stream(client: DriverClient, tokenizer: Tokenizer, prompt: str, max_t
                 sys.stdout.write(decoder.push(event.token))
                 sys.stdout.flush()
             elif event.finish_reason == "error":
-                raise DriverUnavailable(f"generation failed: {event.error}")
+                raise PipelineUnavailable(f"generation failed: {event.error}")
         sys.stdout.write(decoder.flush() + "\n")
         elapsed = time.perf_counter() - start
         print(f"generated {n} tokens in {elapsed:.2f} s ({n / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)

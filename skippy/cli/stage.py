@@ -3,7 +3,7 @@
 Stage 0 runs the driver (scheduler + request endpoint); every later stage runs a StageServer. A flag
 whose feature is not built yet fails here, before the model loads (`refuse_unsupported`), and so does
 a topology on non-loopback addresses without link keys unless `--insecure-links` (then logged as a
-warning). With keys (`skippy keys --topology T`) every socket of the process is CURVE (skippy.curve). With
+warning). With keys (`skippy keys --topology T`) every socket of the process is CURVE (skippy.transport.curve_guard). With
 `--cpu-affinity` / `--stage-cpus` every thread of the process is pinned first, before the model loads
 and before llama.cpp starts a thread, so its default thread count is the number of pinned CPUs.
 Its telemetry starts before the model loads: /metrics served next to its endpoint (the URL is in
@@ -21,12 +21,13 @@ import zmq
 from skippy.affinity import pin_process
 from skippy.config import add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
 from skippy.config.affinity import format_cpu_list
-from skippy.curve.guard import LinkKeys, secure
-from skippy.curve.keys import stage_link_keys
 from skippy.log import configure_logging, get_logger
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.telemetry.options import TelemetryOptions
 from skippy.telemetry.process import start_telemetry
+from skippy.transport.curve_guard import LinkKeys, secure
+from skippy.transport.curve_keys import stage_link_keys
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ import zmq.asyncio
 from skippy.config import ConfigError, ServingOptions, StageTopology
 from skippy.protocol import ErrorCode, ErrorReport, Hello, Message, ProtocolError, Ready, StageIdentity
 from skippy.stage.links import DownstreamLink
-from skippy.transport import PullQueue
+from skippy.transport.queues import PullQueue
 
 PROCESS_INCARNATION = f"{os.getpid()}-{secrets.token_hex(4)}"
 

@@ -25,7 +25,7 @@ from skippy.config import ConfigError, WireCondition
 from skippy.faults import fault_point
 from skippy.protocol import Batch, Credit, Message, Ready, SetWire, StageTiming, Window, encode
 from skippy.stage.credits import ReplyCredits
-from skippy.transport import PushQueue
+from skippy.transport.queues import PushQueue
 
 
 class LinkFailed(RuntimeError):

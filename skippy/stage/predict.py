@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skippy.protocol import SessionPrediction, TokenLogprob
-from skippy.runtime.stage_runtime import DecodeResult, SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import DecodeResult, SessionWindow
 
 Frontier = dict[int, tuple[int, int]]  # session -> (position, token) of its next input row
 

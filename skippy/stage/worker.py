@@ -25,7 +25,8 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 
 from skippy.protocol import KeptPrefix, SessionPrediction
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 from skippy.stage.predict import Frontier, VerifySpec, predict
 
 P = ParamSpec("P")

@@ -21,7 +21,7 @@ from skippy.driver.batches import WindowRecord
 from skippy.protocol import KeptPrefix
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import DecodeResult, SessionWindow
+from skippy.runtime.windows import DecodeResult, SessionWindow
 from skippy.stage.predict import Frontier, VerifySpec, predict
 
 

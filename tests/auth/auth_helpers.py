@@ -13,13 +13,13 @@ import zmq.asyncio
 from pipeline_helpers import Pipeline
 
 from skippy.cli.keys import keys_for_topology
+from skippy.client import PipelineClient
 from skippy.config import StageTopology
-from skippy.config.link_keys import with_keys_dir
-from skippy.curve.guard import LinkKeys
-from skippy.curve.keys import client_link_keys, load_key_pair
-from skippy.driver.client import DriverClient
+from skippy.config.topology import with_keys_dir
 from skippy.protocol import Message, encode
-from skippy.transport import request_endpoint
+from skippy.transport.curve_guard import LinkKeys
+from skippy.transport.curve_keys import client_link_keys, load_key_pair
+from skippy.transport.endpoints import request_endpoint
 
 WITHIN_S = 60.0  # bounded waits (not timing claims)
 
@@ -39,7 +39,7 @@ def client_keys(pipe: Pipeline) -> LinkKeys:
     return keys
 
 
-async def generate(client: DriverClient, prompt: list[int], max_tokens: int) -> tuple[list[int], Any]:
+async def generate(client: PipelineClient, prompt: list[int], max_tokens: int) -> tuple[list[int], Any]:
     handle = await client.submit(prompt, max_tokens=max_tokens)
     return await asyncio.wait_for(handle.collect(), WITHIN_S)
 

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
 from fixture_sharing import fixtures_of  # noqa: E402
 
-from skippy.curve.keys import write_key_pair  # noqa: E402
+from skippy.transport.curve_keys import write_key_pair  # noqa: E402
 
 _pipeline = fixtures_of("pipeline")
 make_pipeline = _pipeline.make_pipeline

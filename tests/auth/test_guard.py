@@ -1,4 +1,4 @@
-"""skippy.curve.guard without stage processes: the ZAP answers, fail-closed sockets, no plain fallback,
+"""skippy.transport.curve_guard without stage processes: the ZAP answers, fail-closed sockets, no plain fallback,
 and the queues of skippy.transport over CURVE on a secured context (ipc, as the tests' pipelines)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import zmq
 import zmq.asyncio
 from zmq.utils import z85
 
-from skippy.curve.guard import LinkKeyError, LinkKeys, configure_socket, guard_of, secure, secured_context
 from skippy.protocol import Heartbeat
-from skippy.transport import PullQueue, PushQueue
+from skippy.transport.curve_guard import LinkKeyError, LinkKeys, configure_socket, guard_of, secure, secured_context
+from skippy.transport.queues import PullQueue, PushQueue
 
 SERVER, CLIENT, STRANGER = (zmq.curve_keypair() for _ in range(3))
 

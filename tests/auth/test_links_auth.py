@@ -34,10 +34,10 @@ from auth_helpers import (
 from pipeline_helpers import Pipeline, random_prompt, run
 from revive_helpers import edited_json
 
-from skippy.curve.guard import secured_context
-from skippy.curve.keys import write_key_pair
-from skippy.driver.client import DriverClient
+from skippy.client import PipelineClient
 from skippy.protocol import Hello, SetWire, StageIdentity, Submit
+from skippy.transport.curve_guard import secured_context
+from skippy.transport.curve_keys import write_key_pair
 
 
 def _intrusions(pipe: Pipeline, ctx: zmq.Context[Any], stranger: Path) -> list[Intruder]:
@@ -64,7 +64,7 @@ def test_strangers_are_refused_logged_and_never_served(tiny_model: Callable[...,
 
     async def body() -> list[Any]:
         with secured_context(client_keys(pipe)) as ctx:
-            client = DriverClient(stage0_requests(pipe), ctx)
+            client = PipelineClient(stage0_requests(pipe), ctx)
             intruders: list[Intruder] = []
             try:
                 first = await generate(client, random_prompt(8, 1, 400), 6)
@@ -106,10 +106,10 @@ def test_a_rogue_stage_with_a_key_not_in_the_topology_is_refused(tiny_model: Cal
 
     rogue_topology = edited_json(pipe.topology, pipe.directory / "rogue-topology.json", rogue_keys)
 
-    async def ready(client: DriverClient) -> bool:
+    async def ready(client: PipelineClient) -> bool:
         return (await client.status(timeout_s=5.0)).ready
 
-    async def until_status(client: DriverClient, want: bool) -> None:
+    async def until_status(client: PipelineClient, want: bool) -> None:
         async def poll() -> None:
             while await ready(client) != want:
                 await asyncio.sleep(0.05)  # poll interval of a bounded poll
@@ -117,7 +117,7 @@ def test_a_rogue_stage_with_a_key_not_in_the_topology_is_refused(tiny_model: Cal
 
     async def body() -> str | None:
         with secured_context(client_keys(pipe)) as ctx:
-            client = DriverClient(stage0_requests(pipe), ctx)
+            client = PipelineClient(stage0_requests(pipe), ctx)
             try:
                 pipe.stages.kill("stage1")
                 await until_status(client, False)

@@ -28,7 +28,8 @@ from skippy.config import AdmissionOptions, StageTopology
 from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
 from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
-from skippy.transport import DealerQueue, RouterQueue, request_endpoint
+from skippy.transport.endpoints import request_endpoint
+from skippy.transport.queues import DealerQueue, RouterQueue
 
 TEST_TIMEOUT_S = 60.0
 WAIT_S = 15.0  # bound on any single wait for an event

@@ -19,9 +19,9 @@ from pipeline_helpers import Pipeline, random_prompt
 from test_pipeline_failures import Watched  # tests/pipeline's consumer of a request's events
 
 from skippy.driver.driver import Driver
-from skippy.driver.events import TokenEvent
 from skippy.launcher import read_events
 from skippy.log import configure_logging
+from skippy.request_events import TokenEvent
 
 FAIL_WITHIN_S = 10.0  # a killed stage fails the requests in flight within this (the bound)
 BACK_WITHIN_S = 60.0  # a restarted stage is serving again within this (bounded wait, not a timing claim)

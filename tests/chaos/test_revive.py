@@ -31,7 +31,7 @@ from revive_helpers import (
     until,
 )
 
-from skippy.driver.events import DriverUnavailable
+from skippy.request_events import PipelineUnavailable
 
 MAX_TOKENS = 10
 
@@ -49,7 +49,7 @@ def test_killed_stage_comes_back_and_serves_exactly(tiny_model: Callable[..., Pa
                 watched = await decoding(driver, 2)
                 pipe.stages.kill("stage1")
                 await failed_naming(watched, "stage1")
-                with pytest.raises(DriverUnavailable, match="stage1"):
+                with pytest.raises(PipelineUnavailable, match="stage1"):
                     driver.submit([5, 6, 7], max_tokens=2)
                 await restart_stage(pipe, 1)
                 await until(lambda: serving(driver), "serving again")
@@ -128,7 +128,7 @@ def test_restarted_stage_with_another_model_or_range_is_refused(tiny_model: Call
 
     async def refused(driver: Any, name: str) -> str:
         await until(lambda: bool(events_named(pipe, name, "handshake_refused")), f"{name} refused")
-        with pytest.raises(DriverUnavailable, match="stage1"):
+        with pytest.raises(PipelineUnavailable, match="stage1"):
             driver.submit([5, 6, 7], max_tokens=2)
         pipe.stages.kill(name)
         return str(events_named(pipe, name, "handshake_refused")[0]["error"])

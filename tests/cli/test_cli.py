@@ -12,8 +12,10 @@ import pytest
 
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.gguf_file import GGUFFile
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.tokenizer import Tokenizer
+from skippy.runtime.windows import SessionWindow
 from skippy.testing.tiny_models import tiny_model_path
 
 REPO = Path(__file__).resolve().parents[2]

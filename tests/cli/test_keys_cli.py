@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from skippy.config import StageTopology
-from skippy.curve.keys import load_key_pair
 from skippy.launcher import write_local_topology
+from skippy.transport.curve_keys import load_key_pair
 
 
 def skippy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

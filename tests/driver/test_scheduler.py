@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from skippy.config import PrefillChunkOptions, PrefillChunkPolicy
-from skippy.driver.events import RequestHandle
 from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence
+from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 NO_LIMIT = 1 << 30

@@ -14,11 +14,11 @@ from typing import Any
 
 from http_helpers import WAIT
 
-from skippy.driver.events import RequestHandle, TokenEvent
 from skippy.http.adapter import OpenAIAdapter
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.server import HttpServer
 from skippy.protocol import Status
+from skippy.request_events import RequestHandle, TokenEvent
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 

@@ -20,15 +20,16 @@ import numpy as np
 
 from skippy.config import ServingOptions, parse_serving_args
 from skippy.driver.driver import Driver
-from skippy.driver.events import TokenEvent
 from skippy.driver.liveness import DEAD_AFTER_S
 from skippy.driver.speculative.engine import Speculation
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging
+from skippy.request_events import TokenEvent
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.testing.replay import OpLog
 
 N_THREADS = 1

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
 
-from skippy.driver.client import DriverClient
+from skippy.client import PipelineClient
 from skippy.protocol import ErrorCode
-from skippy.transport import request_endpoint
+from skippy.transport.endpoints import request_endpoint
 
 EXIT_WITHIN_S = 30.0
 
@@ -35,7 +35,7 @@ def _exit_code(pipe: Pipeline, stage_id: str) -> int:
 
 def _request_through_stage0(pipe: Pipeline) -> tuple[str | None, str | None, str | None]:
     async def body() -> tuple[str | None, str | None, str | None]:
-        client = DriverClient(request_endpoint(pipe.endpoint(0)))
+        client = PipelineClient(request_endpoint(pipe.endpoint(0)))
         try:
             handle = await client.submit(random_prompt(12, 5, 400), max_tokens=8)
             _, final = await asyncio.wait_for(handle.collect(), EXIT_WITHIN_S)

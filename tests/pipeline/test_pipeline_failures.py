@@ -2,7 +2,7 @@
 
 - SIGKILL of the final stage while requests decode: every request ends with finish_reason "error"
   naming that stage within 10 s (the driver notices the missing heartbeats), later submits raise
-  DriverUnavailable, and after teardown no stage process of this run is left.
+  PipelineUnavailable, and after teardown no stage process of this run is left.
 - SIGTERM on a stage: it exits 0 and logs `stopped` with its counters; with requests decoding it
   first tells stage 0, whose requests fail at once with an error naming the stage.
 """
@@ -19,7 +19,7 @@ import pytest
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
 
 from skippy.driver.driver import Driver
-from skippy.driver.events import DriverUnavailable, RequestHandle, TokenEvent
+from skippy.request_events import PipelineUnavailable, RequestHandle, TokenEvent
 
 FAIL_WITHIN_S = 10.0
 
@@ -75,7 +75,7 @@ def test_killed_final_stage_fails_requests_and_refuses_new_ones(tiny_model: Call
                 assert final.finish_reason == "error", final
                 assert final.error and "stage2" in final.error, final
                 assert len(w.tokens) < 480
-            with pytest.raises(DriverUnavailable, match="stage2"):
+            with pytest.raises(PipelineUnavailable, match="stage2"):
                 driver.submit([5, 6, 7], max_tokens=4)
 
     run(body())
@@ -119,7 +119,7 @@ def test_sigterm_mid_generation_fails_requests_naming_the_stage(tiny_model: Call
             for final in finals:
                 assert final.finish_reason == "error", final
                 assert final.error and "stage1" in final.error, final
-            with pytest.raises(DriverUnavailable, match="stage1"):
+            with pytest.raises(PipelineUnavailable, match="stage1"):
                 driver.submit([5, 6, 7], max_tokens=4)
             # a bounded wait for the exit, off the event loop
             code = await asyncio.wait_for(asyncio.to_thread(proc.wait, 15), 20)

@@ -80,9 +80,9 @@ def check_multi_turn(pipe: Pipeline, n_vocab: int) -> None:
             return turns, lengths, list(driver.recorder or ())
 
     turns, lengths, op_log = run(body())
-    assert [t[2]["prefix_cache_cached_tokens"] for t in turns] == [0, *(n + MAX_TOKENS - 1 for n in lengths[:-1])]
-    assert [t[2]["prefix_cache_hit"] for t in turns] == [0, 1, 1, 1]
-    assert all(t[2]["prefix_cache_chain_misses"] == 0 for t in turns)
+    assert [t[2].cached_tokens for t in turns] == [0, *(n + MAX_TOKENS - 1 for n in lengths[:-1])]
+    assert [t[2].hit for t in turns] == [False, True, True, True]
+    assert all(t[2].chain_misses == 0 for t in turns)
     assert replay(pipe, op_log) == {sid: tokens for sid, tokens, _ in turns}
     for stage_id, cache in stage_caches(pipe).items():
         assert cache["restores"] == 3 and cache["misses"] == 0, (stage_id, cache)
@@ -112,7 +112,7 @@ def test_two_sessions_restore_the_same_prefix_at_once(tiny_model: Callable[..., 
             return list(both), list(driver.recorder or ())
 
     both, op_log = run(body())
-    assert [t[2]["prefix_cache_cached_tokens"] for t in both] == [96, 96]
+    assert [t[2].cached_tokens for t in both] == [96, 96]
     restoring = [sorted(w[0] for w in op[1] if w[6][0] is not None) for op in op_log if op[0] == "batch"]
     assert [r for r in restoring if r][-1] == sorted(t[0] for t in both)  # one batch restored both
     replayed = replay(pipe, op_log)
@@ -199,6 +199,6 @@ def test_a_repeated_prompt_and_a_fork_restore_the_first_part_of_an_entry(
             return [await ask(driver, p) for p in (first, first, fork)], list(driver.recorder or ())
 
     turns, op_log = run(body())
-    assert [t[2]["prefix_cache_cached_tokens"] for t in turns] == [0, 79, 60]
+    assert [t[2].cached_tokens for t in turns] == [0, 79, 60]
     replayed = replay(pipe, op_log)
     assert all(replayed[sid] == tokens for sid, tokens, _ in turns)

@@ -16,7 +16,8 @@ import pytest
 from runtime_helpers import N_LAYER, tiny_spec
 
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,7 +27,8 @@ def _fresh_slice_cache(skippy_cache_dir: Path) -> Path:
 
 _PROBE = """
 import sys
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 path, lanes, end, outputs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 StageRuntime(RuntimeSpec(model_path=path, layer_start=0, layer_end=end, lane_count=lanes, ctx_size=64,
                          n_outputs_max=outputs or None)).close()

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.windows import SessionWindow
 
 N_LAYER = 6  # layers of the tiny models
 TINY_CTX = 128

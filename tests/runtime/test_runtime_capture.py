@@ -16,7 +16,8 @@ from runtime_helpers import prompt_tokens, tiny_spec
 
 import skippy.runtime.capture as capture
 from skippy.runtime.capture import native_capture_library
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 
 def test_the_native_callback_builds_here() -> None:

@@ -14,7 +14,8 @@ from runtime_helpers import decode_logits, tiny_spec, window
 from skippy.runtime.chain import LocalChain, layer_ranges
 from skippy.runtime.errors import ModelError, RuntimeUsageError
 from skippy.runtime.slices import write_slice
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 
 @pytest.fixture

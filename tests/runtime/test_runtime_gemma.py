@@ -14,7 +14,7 @@ import pytest
 from runtime_helpers import batched_greedy, decode_logits, window
 
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.stage_runtime import RuntimeSpec
+from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.gemma

@@ -15,8 +15,8 @@ from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.grammar import Candidates, GrammarSampler
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import DecodeResult
 from skippy.runtime.tokenizer import Tokenizer
+from skippy.runtime.windows import DecodeResult
 from skippy.stage.predict import VerifySpec, predict
 from skippy.testing.tiny_models import EOS_ID
 

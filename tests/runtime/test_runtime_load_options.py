@@ -19,7 +19,8 @@ from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import ModelError
 from skippy.runtime.llama_model import LlamaModel, ModelLoadParams, amx_compiled, backend_devices, system_info
 from skippy.runtime.smoke import check as smoke_check
-from skippy.runtime.stage_runtime import RuntimeSpec, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
 
 
 def test_the_build_has_no_amx_backend() -> None:

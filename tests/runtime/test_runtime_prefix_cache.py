@@ -18,7 +18,8 @@ from runtime_helpers import prompt_tokens, tiny_spec
 
 from skippy.protocol import PrefixRef
 from skippy.runtime.kv_ledger import CellLedger, count_cells
-from skippy.runtime.stage_runtime import SessionWindow, StageRuntime
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 PROMPT = prompt_tokens(100, seed=11)  # longer than the tiny gemma3's 32-token window
 
