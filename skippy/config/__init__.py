@@ -1,6 +1,6 @@
 """Typed configuration for skippy: stage configs, topologies, plans, serving options.
 
-The lowest layer of the package (imports nothing else from skippy).  Every
+Below everything that runs (imports only the wire's vocabularies, skippy.protocol.kinds).  Every
 type loads from JSON or CLI flags with errors that name the file and field
 (or the flag), and serialises back to the same JSON.
 """

@@ -69,8 +69,8 @@ class Driver:
         self.runtime = runtime
         self.identity = StageIdentity(cfg.stage_id, 0, cfg.layer_start, cfg.layer_end, runtime.model_digest, runtime.n_embd)
         # micro-batches in flight: one per group of stages computing without sharing a core (a host, or
-        # disjoint --stage-cpus). Sharing cores, overlap only shrinks batches (2 cores, Gemma 3, 8 streams
-        # over 2 stages: 182 tok/s with one batch in flight vs 96 with two).
+        # disjoint --stage-cpus). Sharing cores, overlap only shrinks batches (measured: docs/measurements.md,
+        # 'Micro-batches on shared cores').
         self.max_iterations = max_iterations_in_flight or stage_groups(options.topology, options.stage_cpus)
         self.prefill = options.prefill
         self.dead_after_s = dead_after_s

@@ -1,1 +1,11 @@
-"""HTTP/1.1 server library (asyncio streams + h11) used by the OpenAI-compatible adapter."""
+"""The OpenAI-compatible HTTP adapter and the small HTTP/1.1 server under it (asyncio streams + h11).
+
+- `server`, `framing`, `routing`, `errors`, `auth`, `cors`, `sse`: the server library: request heads
+  and bodies with limits, the route table, OpenAI error envelopes, the API key, CORS, event streams.
+- `adapter`: the routes; `generation`: /v1/chat/completions and /v1/completions over the broker
+  (`skippy.client.PipelineClient`); `openai_request`, `request_fields`, `messages`, `openai_response`:
+  the OpenAI shapes; `chat_template`, `stops`, `tokenize`: text around the token ids.
+- `structured`, `json_schema`, `schema_pattern`, `tools`, `tool_output`: response formats and tool calls
+  as grammars for the final stage.
+- `metrics`, `prefix_metrics`: the adapter's /metrics; `dashboard` (with `static/`): the live pipeline page.
+"""
