@@ -23,10 +23,11 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import zmq.asyncio
+from msgspec.structs import replace
 
 from brokers.adaptive import AdaptiveConcurrency
 from brokers.admission import AdmissionError, AdmissionQueue, Permit

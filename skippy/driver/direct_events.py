@@ -13,8 +13,7 @@ client that is gone must not stall stage 0 (its events queue in ZeroMQ and are d
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -31,7 +30,7 @@ def usable(endpoint: str | None) -> bool:
 
 def submitter_copy(final: TokenEvents, tokens_sent: int) -> TokenEvents:
     """The final event as the submitter gets it when the client got every event directly."""
-    return dataclasses.replace(final, tokens=(), logprobs=(), sent_direct=tokens_sent)
+    return msgspec.structs.replace(final, tokens=(), logprobs=(), sent_direct=tokens_sent)
 
 
 class EventSinks:

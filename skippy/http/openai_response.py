@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from skippy.protocol import TokenLogprob
 from skippy.protocol.stats import RequestStats
@@ -86,7 +88,7 @@ def timings(stats: RequestStats | None) -> dict[str, Any]:
     spec = stats.speculative if stats is not None else None
     if spec is None:
         return {}
-    return {"timings": {"draft_n": spec.proposed, "draft_n_accepted": spec.accepted, "speculative": asdict(spec)}}
+    return {"timings": {"draft_n": spec.proposed, "draft_n_accepted": spec.accepted, "speculative": msgspec.structs.asdict(spec)}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, stats: RequestStats | None = None) -> dict[str, Any]:

@@ -1,18 +1,23 @@
 """The wire: every message between skippy processes and its one encoding.
 
 A message is a ZeroMQ multipart.  Frame 0 is a msgpack map
-``{"v": PROTOCOL_VERSION, "k": kind, **fields}``; a ``batch`` may add frame 1,
+``{"k": kind, "v": PROTOCOL_VERSION, **fields}``; a ``batch`` may add frame 1,
 its activations ``[n_rows, n_embd]`` (the windows' rows, concatenated) packed as
 its header's ``wire_dtype`` says: raw little-endian float32 in C order (``f32``,
 the default), float16 (``f16``) or per-row int8 with a float32 scale (``q8``);
 see :mod:`skippy.protocol.activations`.  A receiver always gets float32 back.
-:func:`decode` validates everything it returns and raises only
-:class:`ProtocolError`, so a stage can answer a bad peer and keep serving.
-Every field is always written; unknown header keys are ignored (an added field
-a peer may safely miss needs no version bump), any other change bumps
-``PROTOCOL_VERSION``.  ``wire_dtype`` is such an added field: a header without
-it means f32, and a receiver that predates it refuses an f16 or q8 frame by its
-size (it expects ``4 * n_embd`` bytes per row), never misreads it.
+
+The messages are frozen msgspec Structs (:mod:`skippy.protocol.messages`), their
+fields' types carrying the value rules; :mod:`skippy.protocol.codec` encodes and
+decodes a header with msgspec in one call, checks the few rules across fields
+in Python, and names the field of anything it refuses.  :func:`decode`
+validates everything it returns and raises only :class:`ProtocolError`, so a
+stage can answer a bad peer and keep serving.  Every field is always written;
+a missing field with a default takes it and unknown header keys are ignored (an
+added field a peer may safely miss needs no version bump), any other change
+bumps ``PROTOCOL_VERSION``.  ``wire_dtype`` is such an added field: a header
+without it means f32, and a receiver that predates it refuses an f16 or q8
+frame by its size (it expects ``4 * n_embd`` bytes per row), never misreads it.
 """
 
 from skippy.protocol.codec import (

@@ -1,9 +1,21 @@
 """The wire's vocabularies: error codes, finish reasons, message kinds, activation dtypes (all StrEnums,
-so they travel as their string values and are validated on decode)."""
+so they travel as their string values and are validated on decode), and the value rules the messages'
+fields share (``Annotated`` with a ``msgspec.Meta``: msgspec checks them while it decodes)."""
 
 from __future__ import annotations
 
 import enum
+import sys
+from typing import Annotated, TypeAlias
+
+import msgspec
+
+U63: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+"""An id or a count: an int >= 0 that fits an int64."""
+I31: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+"""A token id or a position: llama.cpp's are int32."""
+Finite: TypeAlias = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+"""A finite number (NaN fails both bounds); an int on the wire is read as a float."""
 
 
 class ErrorCode(enum.StrEnum):

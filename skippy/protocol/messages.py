@@ -1,19 +1,42 @@
-"""Every message type between skippy processes: small frozen dataclasses, one per kind.
+"""Every message type between skippy processes: small frozen msgspec Structs, one per kind.
 
-`skippy.protocol.codec` turns them into ZeroMQ multiparts and back; see the package docstring.
+Each field's type says what a peer may send: ``Annotated`` rules (`skippy.protocol.kinds`: ids and
+counts int64 >= 0, token ids and positions int32 >= 0, finite floats; the ``MAX_*`` lengths below;
+the StrEnums), which msgspec checks while it decodes. A message class is tagged with its kind, the
+``k`` of its header, and carries ``v``, the protocol version (a keyword field with this build's
+version as its default, so nobody passes it). Rules across fields (a window's outputs within its
+rows, unique sessions, ...) are `skippy.protocol.codec`'s; it also turns messages into ZeroMQ
+multiparts and back: see the package docstring.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 
-from skippy.protocol.kinds import ErrorCode, FinishReason, MessageKind, WireDtype  # noqa: F401 - re-exported
+from skippy.protocol.kinds import I31, U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype  # noqa: F401 - re-exported
 from skippy.protocol.stats import RequestStats
 
-_FRAME = {"frame": True}  # field metadata: travels as frame 1, not in the header
+# 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
+# 3: prefix cache (Window.restore/record/evict, Batch/Predictions.missed, Ready.cache, ReleaseSessions.keep/evict):
+#    a peer that ignored a restore would compute on an empty KV, so older peers are refused
+# 4: Predictions.credit (an older stage 0 would never get that credit back)
+# 5: TokenEvents.stats typed (RequestStats), TokenEvents.sent_direct
+PROTOCOL_VERSION: Final = 5  # also the Literal of _Message.v
+MAX_HEADER_BYTES: Final = 1 << 20
+MAX_WINDOWS: Final = 1024
+MAX_ROWS: Final = 16384
+MAX_SESSIONS_PER_MESSAGE: Final = 1024
+MAX_TIMINGS: Final = 256
+MAX_RECORDS: Final = 64  # prefix cache entries one window records
+MAX_TOP_LOGPROBS: Final = 64
+
+Tokens: TypeAlias = Annotated[tuple[I31, ...], Meta(max_length=MAX_ROWS)]
+Sessions: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]
+Keys: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]  # prefix cache entries
 
 
 class ProtocolError(Exception):
@@ -28,52 +51,52 @@ class ProtocolError(Exception):
         return f"{self.code}: {self.message}"
 
 
-@dataclass(frozen=True)
-class StageIdentity:
+class StageIdentity(msgspec.Struct, frozen=True):
     """What a stage announces: its layer range ``[layer_start, layer_end)`` of which model."""
     stage_id: str
-    stage_index: int
-    layer_start: int
-    layer_end: int
+    stage_index: I31
+    layer_start: I31
+    layer_end: I31  # >= layer_start
     model_digest: str
-    n_embd: int
+    n_embd: Annotated[int, Meta(ge=1, le=2**31 - 1)]
 
 
-@dataclass(frozen=True)
-class CacheCaps:
+class CacheCaps(msgspec.Struct, frozen=True):
     """What the prefix caches of a stage and every stage after it can hold, together: the fewest
     KV cells and entries any of them keeps, and the KV bytes of one cell summed over them."""
-    cells: int
-    entries: int
-    cell_bytes: int
+    cells: U63
+    entries: U63
+    cell_bytes: U63
 
 
-@dataclass(frozen=True)
-class PrefixRef:
+class PrefixRef(msgspec.Struct, frozen=True):
     """A prefix cache entry named by stage 0 (``key``: a hash of the model, topology and the entry's
     tokens). Recording: the entry is the session's first ``n_tokens`` positions. Restoring: copy the
     entry's first ``n_tokens`` positions (an entry at least that long; stage 0 checked the tokens)."""
-    key: int
-    n_tokens: int
+    key: U63
+    n_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
 
 
-@dataclass(frozen=True)
-class Hello:
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
+    """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
+
+    v: Literal[5] = PROTOCOL_VERSION
+
+
+class Hello(_Message, tag=MessageKind.HELLO.value, frozen=True):
     """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
     sender: StageIdentity
     reply_endpoint: str
 
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(_Message, tag=MessageKind.READY.value, frozen=True):
     """Downstream -> upstream: the Hello is accepted; ``cache`` is None when a stage from here on
     keeps no prefix cache (then stage 0 uses none)."""
     sender: StageIdentity
     cache: CacheCaps | None = None
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(msgspec.Struct, frozen=True):
     """One session's rows in a batch; ``outputs`` are row offsets whose predictions are wanted.
 
     A verify window carries ``draft``: the tokens proposed after its first row (rows 1..n-1 are
@@ -89,41 +112,42 @@ class Window:
     session's first ``n_tokens`` positions are kept as each entry of ``record``. A stage without the
     restored entry drops the window and reports the session in ``missed``.
     """
-    session_id: int
-    pos_start: int
-    n_tokens: int
-    outputs: tuple[int, ...] = ()
-    draft: tuple[int, ...] = ()
-    head: int | None = None
-    restore: PrefixRef | None = None
-    record: tuple[PrefixRef, ...] = ()
-    evict: tuple[int, ...] = ()
+    session_id: U63
+    pos_start: I31
+    n_tokens: Annotated[int, Meta(ge=1, le=2**63 - 1)]  # a batch's rows together: at most MAX_ROWS
+    outputs: Annotated[tuple[U63, ...], Meta(max_length=MAX_ROWS)] = ()  # strictly increasing, < n_tokens
+    draft: Tokens = ()
+    head: I31 | None = None
+    restore: PrefixRef | None = None  # n_tokens == pos_start
+    record: Annotated[tuple[PrefixRef, ...], Meta(max_length=MAX_RECORDS)] = ()  # n_tokens <= pos_start + n_tokens
+    evict: Keys = ()
 
 
-@dataclass(frozen=True)
-class StageTiming:
+class StageTiming(msgspec.Struct, frozen=True):
     """One stage's handling of a batch: wall-clock seconds (time.time()) and durations in ms."""
     stage_id: str
-    recv_at: float
-    compute_ms: float
-    credit_wait_ms: float
-    sent_at: float
+    recv_at: Finite
+    compute_ms: Finite
+    credit_wait_ms: Finite
+    sent_at: Finite
 
 
-@dataclass(frozen=True, eq=False)
-class Batch:
+Timings: TypeAlias = Annotated[tuple[StageTiming, ...], Meta(max_length=MAX_TIMINGS)]
+
+
+class Batch(_Message, tag=MessageKind.BATCH.value, frozen=True, eq=False):
     """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0).
 
     ``wire_dtype`` is how ``hidden`` travels in frame 1 (decoded back to float32 on arrival); a
     header without it (an older peer) means f32. ``missed``: sessions whose windows a stage on the way
     dropped because it did not have the prefix cache entry they restore.
     """
-    batch_id: int
-    windows: tuple[Window, ...]
-    hidden: np.ndarray | None = field(default=None, metadata=_FRAME)
-    timings: tuple[StageTiming, ...] = ()
+    batch_id: U63
+    windows: Annotated[tuple[Window, ...], Meta(min_length=1, max_length=MAX_WINDOWS)]  # one per session
+    hidden: np.ndarray | None = None  # frame 1, never in the header (a header may only say nil)
+    timings: Timings = ()
     wire_dtype: WireDtype = WireDtype.F32
-    missed: tuple[int, ...] = ()
+    missed: Sessions = ()
 
     @property
     def n_rows(self) -> int:
@@ -138,93 +162,85 @@ class Batch:
                      == (other.batch_id, other.windows, other.timings, other.wire_dtype, other.missed))
 
 
-@dataclass(frozen=True)
-class ConfigureSession:
+class ConfigureSession(_Message, tag=MessageKind.CONFIGURE.value, frozen=True):
     """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
-    session_id: int
+    session_id: U63
     sampling: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class KeptPrefix:
+class KeptPrefix(msgspec.Struct, frozen=True):
     """A finished session's first ``ref.n_tokens`` positions (its prompt and reply), kept as an entry."""
-    session_id: int
+    session_id: U63
     ref: PrefixRef
 
 
-@dataclass(frozen=True)
-class ReleaseSessions:
+class ReleaseSessions(_Message, tag=MessageKind.RELEASE.value, frozen=True):
     """Forget these sessions (KV and sampler state); first drop the prefix cache entries ``evict``
     names, then keep each of ``keep`` (a conversation's next turn restores its reply too)."""
-    session_ids: tuple[int, ...]
-    keep: tuple[KeptPrefix, ...] = ()
-    evict: tuple[int, ...] = ()
+    session_ids: Sessions
+    keep: Annotated[tuple[KeptPrefix, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)] = ()
+    evict: Keys = ()
 
 
-@dataclass(frozen=True)
-class Credit:
+class Credit(_Message, tag=MessageKind.CREDIT.value, frozen=True):
     """Receiver -> sender: batch ``batch_id`` was taken, one more may be sent."""
-    batch_id: int
+    batch_id: U63
     stage_id: str
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
+class TokenLogprob(msgspec.Struct, frozen=True):
     """log p(token) under the model's logits, and the `top` most likely (token, logprob) pairs."""
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+    token: I31
+    logprob: float  # any float: -inf for a token the sampler ruled out
+    top: Annotated[tuple[tuple[I31, float], ...], Meta(max_length=MAX_TOP_LOGPROBS)] = ()
 
 
-@dataclass(frozen=True)
-class SessionPrediction:
+Logprobs: TypeAlias = Annotated[tuple[TokenLogprob, ...], Meta(max_length=MAX_ROWS)]
+
+
+class SessionPrediction(msgspec.Struct, frozen=True):
     """One token per requested output position of a session's window, in order (+ logprobs if asked)."""
-    session_id: int
-    tokens: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] = ()
+    session_id: U63
+    tokens: Tokens
+    logprobs: Logprobs = ()
 
 
-@dataclass(frozen=True)
-class Predictions:
+class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):
     """Final stage -> stage 0: the sampled tokens of a batch; ``missed`` as in Batch (a stage that
     dropped every window of a batch answers for it itself). ``credit``: the answering stage is stage 0's
     own downstream and returns the batch's credit here instead of in a Credit message of its own."""
-    batch_id: int
-    results: tuple[SessionPrediction, ...]
-    timings: tuple[StageTiming, ...] = ()
-    missed: tuple[int, ...] = ()
+    batch_id: U63
+    results: Annotated[tuple[SessionPrediction, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]  # one per session
+    timings: Timings = ()
+    missed: Sessions = ()
     credit: bool = False
 
 
-@dataclass(frozen=True)
-class ErrorReport:
+class ErrorReport(_Message, tag=MessageKind.ERROR.value, frozen=True):
     """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
     code: ErrorCode
     message: str
     stage_id: str
-    batch_id: int | None = None
-    session_ids: tuple[int, ...] = ()
+    batch_id: U63 | None = None
+    session_ids: Sessions = ()
 
 
-@dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(_Message, tag=MessageKind.HEARTBEAT.value, frozen=True):
     """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed. ``incarnation``
     names the sending process: another one means the stage restarted (its sessions are gone)."""
     stage_id: str
     incarnation: str = ""
 
 
-@dataclass(frozen=True)
-class SetWire:
+class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     """Change the wire condition of a running stage's downstream link (scripts/wire-delay);
     ``activation_dtype`` None keeps the link's activation encoding."""
-    delay_ms: float
-    mbps: float | None = None
+    delay_ms: Finite
+    mbps: Finite | None = None
     activation_dtype: WireDtype | None = None
 
 
-@dataclass(frozen=True)
-class Submit:
+class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
 
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
@@ -232,21 +248,19 @@ class Submit:
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
     """
     request_id: str
-    prompt: tuple[int, ...]
+    prompt: Tokens
     sampling: dict[str, Any]
-    max_tokens: int
-    stop_tokens: tuple[int, ...] = ()
+    max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+    stop_tokens: Tokens = ()
     events_to: str | None = None
 
 
-@dataclass(frozen=True)
-class Cancel:
+class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
     """Client -> stage 0: stop a request (its sessions are released on every stage)."""
     request_id: str
 
 
-@dataclass(frozen=True)
-class TokenEvents:
+class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
 
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
@@ -255,31 +269,29 @@ class TokenEvents:
     how many tokens went that way.
     """
     request_id: str
-    tokens: tuple[int, ...]
+    tokens: Tokens
     finish_reason: FinishReason | None = None
     error: str | None = None
     code: ErrorCode | None = None
-    logprobs: tuple[TokenLogprob, ...] = ()
+    logprobs: Logprobs = ()
     stats: RequestStats | None = None
-    sent_direct: int | None = None
+    sent_direct: U63 | None = None
 
 
-@dataclass(frozen=True)
-class StatusQuery:
+class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):
     """Client -> stage 0: is the pipeline up, and how loaded is it."""
-    nonce: int
+    nonce: U63
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
     """Stage 0 -> client: pipeline readiness and load."""
-    nonce: int
+    nonce: U63
     ready: bool
     dead_stage: str | None
-    running: int
-    waiting: int
-    lane_count: int
-    ctx_size: int
+    running: U63
+    waiting: U63
+    lane_count: U63
+    ctx_size: U63
 
 
 Message: TypeAlias = (

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
+from msgspec.structs import replace
 from pipeline_helpers import N_THREADS, Pipeline, random_prompt, reference_generate
 
 from skippy.protocol import (
