@@ -13,7 +13,7 @@ decodes a header with msgspec in one call, checks the few rules across fields
 in Python, and names the field of anything it refuses.  :func:`decode`
 validates everything it returns and raises only :class:`ProtocolError`, so a
 stage can answer a bad peer and keep serving.  Every field is always written;
-a missing field with a default takes it and unknown header keys are ignored (an
+a missing field with a default takes it (``v`` is always required) and unknown header keys are ignored (an
 added field a peer may safely miss needs no version bump), any other change
 bumps ``PROTOCOL_VERSION``.  ``wire_dtype`` is such an added field: a header
 without it means f32, and a receiver that predates it refuses an f16 or q8

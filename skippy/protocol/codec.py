@@ -8,9 +8,8 @@ refused header is looked at again, slowly, to say why in skippy's words: the Err
 version or an unknown kind before anything else, an over-long array ``too_large``) and the field's
 path, ``batch.windows[2].n_tokens: expected int >= 1, got -3``.
 
-Every field is always written; a missing field with a default takes it (a header without ``v`` is
-read as this version: every skippy peer writes it, and an older one is refused by it); unknown
-keys are ignored, except ``hidden`` on a batch, which may only be nil (activations travel in
+Every field is always written; a missing field with a default takes it, except ``v``: every header
+must carry its version (checked first, by a decode that reads only ``v``); unknown keys are ignored, except ``hidden`` on a batch, which may only be nil (activations travel in
 frame 1). `decode` raises only ProtocolError, so a process can answer a bad peer and keep serving.
 How the activations are packed (f32, f16, q8) is in `activations`.
 """
@@ -70,6 +69,15 @@ def _numpy_scalar(value: Any) -> Any:
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 _DECODER = msgspec.msgpack.Decoder(Message)
 _ANY = msgspec.msgpack.Decoder()  # a refused header, as plain values (to say what is wrong with it)
+
+
+class _Version(msgspec.Struct):
+    """Every header's `v`, required: a message's own `v` defaults (so code never passes it), the wire's does not."""
+
+    v: int
+
+
+_VERSION = msgspec.msgpack.Decoder(_Version)  # skips the other fields in C: a fraction of a message's decode
 
 
 # --- what the types cannot say ---
@@ -240,7 +248,9 @@ def _refusal(view: memoryview, exc: Exception) -> ProtocolError:
         return ProtocolError(ErrorCode.MALFORMED, f"header: not valid msgpack ({reason[:100]})")
     if type(raw) is not dict:
         return _fail("header", "map", raw)
-    version = raw.get("v", PROTOCOL_VERSION)
+    if "v" not in raw:
+        return ProtocolError(ErrorCode.MALFORMED, "header: missing field(s) v (the protocol version)")
+    version = raw["v"]
     if type(version) is not int or not 0 <= version <= _U63:
         return _fail("header.v", "int >= 0", version)
     if version != PROTOCOL_VERSION:
@@ -314,6 +324,7 @@ def decode(frames: Sequence[bytes | memoryview | zmq.Frame], *, n_embd: int | No
     if view.nbytes > MAX_HEADER_BYTES:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"header: {view.nbytes} bytes, over the {MAX_HEADER_BYTES} limit")
     try:
+        _VERSION.decode(view)
         msg = _DECODER.decode(view)
     except Exception as exc:  # noqa: BLE001 - msgspec's DecodeError/ValidationError, or anything: a refusal
         raise _refusal(view, exc) from None

@@ -149,6 +149,12 @@ def test_wrong_version_names_both_versions() -> None:
     assert "99" in message and str(PROTOCOL_VERSION) in message
 
 
+def test_a_header_without_a_version_is_refused() -> None:
+    """A message's `v` defaults in code, never on the wire: every header must say its version."""
+    header = {k: v for k, v in header_of(EXAMPLES["credit"]).items() if k != "v"}
+    assert "missing field(s) v" in rejects([pack(header)], "malformed")
+
+
 def test_unknown_kind() -> None:
     assert "'bogus'" in rejects([pack({**header_of(EXAMPLES["credit"]), "k": "bogus"})], "unknown_kind")
 
