@@ -9,8 +9,9 @@ version or an unknown kind before anything else, an over-long array ``too_large`
 path, ``batch.windows[2].n_tokens: expected int >= 1, got -3``.
 
 Every field is always written; a missing field with a default takes it, except ``v``: every header
-must carry its version (checked first, by a decode that reads only ``v``); unknown keys are ignored, except ``hidden`` on a batch, which may only be nil (activations travel in
-frame 1). `decode` raises only ProtocolError, so a process can answer a bad peer and keep serving.
+must carry its version (checked first, by a decode that reads only ``v``); unknown keys are
+ignored, except ``hidden`` on a batch, which may only be nil (activations travel in frame 1).
+`decode` raises only ProtocolError, so a process can answer a bad peer and keep serving.
 How the activations are packed (f32, f16, q8) is in `activations`.
 """
 
