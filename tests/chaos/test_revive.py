@@ -126,8 +126,11 @@ def test_restarted_stage_with_another_model_or_range_is_refused(tiny_model: Call
     rogue_topology = edited_json(topology, pipe.directory / "rogue-topology.json", move_split)
     rogue_range = edited_json(config, pipe.directory / "rogue-range.json", move_split)
 
-    async def refused(driver: Any, name: str) -> str:
+    async def refused(driver: Any, name: str, stage0_refusals: Callable[[], int], before: int) -> str:
         await until(lambda: bool(events_named(pipe, name, "handshake_refused")), f"{name} refused")
+        # the rogue logs its refusal before its ErrorReport has left it: killed now, stage 0 might never hear
+        # of it (and would only greet again after GREETING_TIMEOUT_S); kill it once stage 0 has logged it
+        await until(lambda: stage0_refusals() > before, f"stage 0 told of {name}'s refusal")
         with pytest.raises(PipelineUnavailable, match="stage1"):
             driver.submit([5, 6, 7], max_tokens=2)
         pipe.stages.kill(name)
@@ -140,10 +143,13 @@ def test_restarted_stage_with_another_model_or_range_is_refused(tiny_model: Call
             async with running_driver(pipe) as driver:
                 pipe.stages.kill("stage1")
                 await until(lambda: driver.liveness.dead == "stage1", "stage1 dead")
+                def stage0_refusals() -> int:
+                    return len(events("stage_refused"))
+
                 await start_rogue(pipe, "rogue-model", rogue_model, topology)
-                model_error = await refused(driver, "rogue-model")
+                model_error = await refused(driver, "rogue-model", stage0_refusals, stage0_refusals())
                 await start_rogue(pipe, "rogue-range", rogue_range, rogue_topology)
-                range_error = await refused(driver, "rogue-range")
+                range_error = await refused(driver, "rogue-range", stage0_refusals, stage0_refusals())
                 await restart_stage(pipe, 1)
                 await until(lambda: serving(driver), "serving again")
                 _, final = await asyncio.wait_for(driver.submit([5, 6, 7, 8], max_tokens=4).collect(), 60.0)
