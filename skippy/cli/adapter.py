@@ -12,7 +12,9 @@ from pathlib import Path
 
 from skippy.client import PipelineClient
 from skippy.config import ConfigError
+from skippy.config.http_limits import ADAPTER_FLAGS, resolve_http_limits
 from skippy.config.serving import parse_cors_origins
+from skippy.config.serving_args import FlagReader
 from skippy.http.adapter import OpenAIAdapter
 from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
@@ -66,6 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--default-max-tokens", type=int, default=16)
     p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
                    help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
+    p.add_argument("--http-head-timeout-s", default=None, metavar="SECS",
+                   help="a request head must arrive whole within this, from the accept (kept alive: its first byte);"
+                        " then a 408 and close (default 30)")
+    p.add_argument("--http-body-timeout-s", default=None, metavar="SECS",
+                   help="a request body must arrive whole within this, from the end of its head (default 60)")
+    p.add_argument("--http-max-connections", default=None, metavar="N",
+                   help="open connections at most; one more is answered 503 and closed (default 512)")
     add_telemetry_arguments(p)
     p.add_argument("--metrics-targets", type=Path, default=None, metavar="PATH",
                    help="the run's metrics-targets.json: /dashboard shows every process listed there")
@@ -91,13 +100,14 @@ async def serve(args: argparse.Namespace) -> int:
     router = adapter.router()
     dashboard = Dashboard(adapter.metrics_page, args.metrics_targets)
     dashboard.add_routes(router)
-    server = HttpServer(router, host, port)
+    server = HttpServer(router, host, port, limits=args.http_limits, observer=adapter.metrics)
     await server.start()
     dashboard.own_url = f"http://{host}:{server.port}/metrics"
     stopped = asyncio.Event()
     stop_on_signals(stopped)
     announce_ready(log, url=f"http://{host}:{server.port}", metrics_url=dashboard.own_url, model_id=args.model_id,
-                   broker=args.broker, events_endpoint=args.events_endpoint, chat_template=template.source)
+                   broker=args.broker, events_endpoint=args.events_endpoint, chat_template=template.source,
+                   http_limits=args.http_limits.to_dict())
     await stopped.wait()
     ignore_signals()
     await server.close()
@@ -108,6 +118,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.http_limits = resolve_http_limits(FlagReader(args), ADAPTER_FLAGS)  # a bad value fails before anything starts
     telemetry = resolve_telemetry(args, {"stage_id": "adapter", "model_id": args.model_id})
     configure_logging(str(telemetry.level), stage_id="adapter", role="adapter")
     start_telemetry(telemetry, "adapter", serve=False)  # its /metrics is a route of its own HTTP server

@@ -5,7 +5,7 @@ stage-0 surface, `skippy stage ... --openai-bind-addr`, makes stage 0 start it a
 (logs in a run directory named in stage 0's `openai_ready` line; a dead child is logged by name,
 `child_died`). Either way it is configured from the resolved `--openai-*` options: admission goes
 to the broker (written back as flags by `AdmissionOptions.to_flags`, which the broker reads with the
-same resolver), the model id, default max tokens and CORS origins to the adapter; prefill and speculative options
+same resolver), the model id, default max tokens, CORS origins and HTTP limits to the adapter; prefill and speculative options
 stay with stage 0's driver; the telemetry flags go to both, and the adapter's /dashboard reads the
 run directory's metrics-targets.json (stage 0 lists itself there on its own surface). This is the
 one launch recipe of the front.
@@ -45,7 +45,7 @@ def start_front(children: Children, options: ServingOptions, topology: Path) -> 
                                        "--model", str(cfg.model_path or "default"),
                                        "--model-id", openai.model_id, "--bind", openai.bind_addr,
                                        "--default-max-tokens", str(openai.default_max_tokens), *level,
-                                       *cors_flags(openai.cors_origins),
+                                       *cors_flags(openai.cors_origins), *openai.http.adapter_flags(),
                                        "--metrics-targets", str(children.run_dir / TARGETS_FILE),
                                        "--restarts-file", str(children.run_dir / RESTARTS_FILE)])
     return str(ready["url"])

@@ -37,6 +37,7 @@ from skippy.config.generation import (
     resolve_speculative,
     speculative_problems,
 )
+from skippy.config.http_limits import HttpLimits, resolve_http_limits
 from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
 from skippy.config.stage import StageConfig
@@ -86,6 +87,7 @@ class OpenAIOptions(ConfigModel):
     admission: AdmissionOptions
     api_key: str | None = field(default=None, repr=False)  # --openai-api-key (the adapter also reads its env var)
     cors_origins: tuple[str, ...] = ()  # --openai-cors-origins: () = no CORS headers, preflights without them
+    http: HttpLimits = field(default_factory=HttpLimits)  # --openai-http-*: deadlines and the connection cap
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +164,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         admission=resolve_admission(flags, config.lane_count),
         api_key=flags.text("--openai-api-key"),
         cors_origins=_cors_origins(flags),
+        http=resolve_http_limits(flags),
     )
 
 

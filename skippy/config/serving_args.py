@@ -67,6 +67,9 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-api-key", "KEY", "Bearer key the HTTP API requires (default: $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
     ("--openai-cors-origins", "LIST", "origins browsers may call the HTTP API from, comma separated"
      " scheme://host[:port], or * for any (default: none, no CORS headers)", _A),
+    ("--openai-http-head-timeout-s", "SECS", "a request head must arrive within this, whole (default 30)", _A),
+    ("--openai-http-body-timeout-s", "SECS", "a request body must arrive within this, whole (default 60)", _A),
+    ("--openai-http-max-connections", "N", "open HTTP connections at most; one more gets a 503 (default 512)", _A),
     ("--openai-generation-concurrency", "N", "generation permits per pipeline (default lane_count)", _B),
     ("--openai-adaptive-generation-concurrency", None, "adapt permits to measured throughput", _B),
     ("--openai-adaptive-generation-min-concurrency", "N", "initial adaptive permits (default 1)", _B),

@@ -1,6 +1,7 @@
 """Between h11 and what handlers see: a request's head read into a `Request` and checked against
 the server's limits, a response head written, the error responses for requests the server will not
-serve (400 malformed, 413, 431, 505), and the one `http_request` log line per request.
+serve (400 malformed, 408 too slow, 413, 431, 503 too many connections, 505), and the one
+`http_request` log line per request.
 
 Pure functions over h11 events; the connection loop that drives them is skippy.http.server.
 """
@@ -28,7 +29,10 @@ __all__ = [
     "protocol_error",
     "read_request",
     "request_id_for",
+    "refusal_bytes",
+    "request_timeout",
     "response_head",
+    "too_many_connections",
 ]
 
 log = module_logger(component="http")
@@ -81,6 +85,25 @@ def _headers_too_large() -> HttpError:
 
 def body_too_large(limit: int) -> HttpError:
     return HttpError(413, f"request body over {limit} bytes", code="request_too_large")
+
+
+def request_timeout(part: str, seconds: float) -> HttpError:
+    """A request `part` (head or body) that did not arrive whole within its deadline."""
+    return HttpError(408, f"request {part} not received within {seconds:g} s", code="request_timeout")
+
+
+def too_many_connections(limit: int) -> HttpError:
+    return HttpError(503, f"too many open connections (at most {limit}); retry later", type="service_unavailable",
+                     code="too_many_connections", headers=[("retry-after", "1")])
+
+
+def refusal_bytes(exc: HttpError) -> bytes:
+    """`exc` as a whole response on the wire, with `Connection: close`, for a connection never read."""
+    conn = h11.Connection(h11.SERVER)
+    resp = error_response(exc)
+    head = response_head(exc.status, request_id_for(None), [*resp.headers, ("connection", "close")],
+                         resp.content_type, len(resp.body))
+    return b"".join(conn.send(event) or b"" for event in (head, h11.Data(data=resp.body), h11.EndOfMessage()))
 
 
 def error_response(exc: HttpError) -> Response:

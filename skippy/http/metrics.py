@@ -5,7 +5,9 @@ time per output token histograms, speculative counts summed over requests, and t
 broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
 generation is tracked from its first token to its end (`generation_started` / `token` /
 `generation_done`), which also emits its summary span `stage.openai_request_summary`.
-`DirectEventsCollector` counts the token events stage 0 sent straight to the adapter.
+`DirectEventsCollector` counts the token events stage 0 sent straight to the adapter. The HTTP server's
+connection events (skippy.http.server.ConnectionObserver): connections refused past the cap, clients
+closed as too slow (head, body or idle deadline), connections open.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from skippy.telemetry.process import Telemetry, current, wall_time
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 PIPELINE_GAUGES = ("pipeline_ready", "requests_running", "requests_waiting", "generation_concurrency")
+REFUSALS = ("max_connections",)
+TIMEOUTS = ("head_timeout", "body_timeout", "idle_timeout")
 
 
 @dataclass
@@ -56,6 +60,16 @@ class Metrics:
                                           registry=registry) for name in ("requests", *SPECULATIVE_COUNTS)}
         self.pipeline = {name: Gauge(f"skippy_{name}", f"the broker's {name}", registry=registry) for name in PIPELINE_GAUGES}
         self.prefix_cache = PrefixCacheMetrics(registry)
+        self.refused = Counter("skippy_http_connections_refused", "connections answered 503 and closed unread, by reason",
+                               ["reason"], registry=registry)
+        self.slow_clients = Counter("skippy_http_slow_clients_closed", "connections closed at a deadline: the request"
+                                    " head or body not whole in time, or idle between requests", ["reason"],
+                                    registry=registry)
+        self.open_connections = Gauge("skippy_http_connections_open", "HTTP connections being served", registry=registry)
+        for reason in REFUSALS:
+            self.refused.labels(reason)
+        for reason in TIMEOUTS:
+            self.slow_clients.labels(reason)
         self._live: dict[str, _Generation] = {}
         self.telemetry.attach(registry)
 
@@ -64,6 +78,15 @@ class Metrics:
 
     def requests_total(self) -> int:
         return int(sum(s.value for m in self.requests.collect() for s in m.samples if s.name.endswith("_total")))
+
+    def connection_refused(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
+
+    def connection_timed_out(self, reason: str) -> None:
+        self.slow_clients.labels(reason).inc()
+
+    def connections_open(self, count: int) -> None:
+        self.open_connections.set(count)
 
     def count_error(self, code: str) -> None:
         self.errors.labels(code).inc()

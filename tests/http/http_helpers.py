@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from skippy.http.errors import HttpError
-from skippy.http.server import HttpServer, Request, Response, Router, StreamResponse, json_response
+from skippy.http.server import HttpLimits, HttpServer, Request, Response, Router, StreamResponse, json_response
 from skippy.http.sse import SSE_DONE, sse_event
 
 WAIT = 5.0
@@ -83,9 +83,10 @@ def make_router(probe: Probe) -> Router:
 
 
 @asynccontextmanager
-async def serving(**kwargs: Any) -> AsyncIterator[tuple[HttpServer, Probe]]:
+async def serving(observer: Any = None, **limits: Any) -> AsyncIterator[tuple[HttpServer, Probe]]:
+    """The test router served on port 0 with `limits` (HttpLimits fields) over the defaults."""
     probe = Probe()
-    server = HttpServer(make_router(probe), **kwargs)
+    server = HttpServer(make_router(probe), limits=HttpLimits(**limits), observer=observer)
     await server.start()
     try:
         yield server, probe
