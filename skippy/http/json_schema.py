@@ -32,6 +32,7 @@ ALLOWED = {  # keywords the converter enforces exactly, per type
 }
 STRICT_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
 MAX_DEPTH = 64
+MAX_COUNT = 10_000  # minItems / maxItems / minLength / maxLength: more would not fit in a grammar anyway
 _UNSUPPORTED = "is not supported (the grammar cannot enforce it exactly; anyOf, $ref and enum are)"
 
 
@@ -56,6 +57,8 @@ def _count(node: dict[str, Any], key: str, path: str) -> int | None:
     value = node.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise SchemaError(f"{path}.{key}", f"expected a non-negative integer, got {value!r}")
+    if value is not None and value > MAX_COUNT:  # the converter spells out every repetition: bound it first
+        raise SchemaError(f"{path}.{key}", f"must be at most {MAX_COUNT} (the grammar spells out each repetition)")
     return value
 
 

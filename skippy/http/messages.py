@@ -14,6 +14,7 @@ from typing import Any
 
 from skippy.http.chat_template import ChatMessage
 from skippy.http.errors import invalid
+from skippy.http.json_body import JsonBodyError, loads
 from skippy.http.tools import CLOSE, OPEN
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -49,9 +50,9 @@ def _calls(calls: Any, param: str) -> str:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
             raise invalid(f"{param}[{j}]", 'expected {"type": "function", "function": {"name": ..., "arguments": "..."}}')
         try:
-            arguments = json.loads(fn["arguments"])
-        except ValueError:
-            raise invalid(f"{param}[{j}].function.arguments", "is not valid JSON") from None
+            arguments = loads(fn["arguments"])
+        except JsonBodyError as exc:
+            raise invalid(f"{param}[{j}].function.arguments", f"is not valid JSON: {exc}") from None
         rendered.append(OPEN + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + CLOSE)
     return "\n".join(rendered)
 

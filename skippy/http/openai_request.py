@@ -4,6 +4,13 @@ Which fields are honoured, accepted as meaningless or refused is skippy.http.req
 README's table); messages are skippy.http.messages; `response_format` and tools become the sampling
 grammar in skippy.http.structured. A grammar excludes `stop` strings (one could cut the structured
 output short while reporting `stop`) and `ignore_eos` (a finished grammar allows only end-of-generation).
+
+Sampling values outside their range are a 400 naming the field, never rewritten: `temperature` in
+[0, 2], `top_p` in [0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2] (OpenAI's ranges);
+llama.cpp's extensions `top_k` an integer in [0, 2^31 - 1] (0: off), `min_p` in [0, 1] (0: off) and
+`repeat_penalty` > 0 (1: off; llama.cpp divides by it). `top_p` 0 reaches llama.cpp's top-p sampler,
+which keeps at least one token: the most likely one, so it is greedy at any temperature. `n` is 1;
+`seed` is any integer, taken modulo 2^32 (llama.cpp's uint32 seed; -1, like no seed, is random).
 """
 
 from __future__ import annotations
@@ -40,15 +47,42 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
-def _number(body: dict[str, Any], name: str, default: float, lo: float | None = None, hi: float | None = None) -> float:
+INT32_MAX = 2**31 - 1
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _bounds(lo: float | None, hi: float | None, *, above: bool = False) -> str:
+    def text(bound: float) -> str:
+        return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+    if hi is None:
+        return f"{'>' if above else '>='} {text(lo or 0)}"
+    if lo is None:
+        return f"<= {text(hi)}"
+    return f"in {'(' if above else '['}{text(lo)}, {text(hi)}]"
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float | None = None, hi: float | None = None,
+            *, above: bool = False) -> float:
+    """A finite number in [lo, hi] ((lo, hi] when `above`), else a 400 naming `name`."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(name, f"expected a number, got {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise invalid(name, f"must be in [{lo}, {hi}], got {value}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(name, f"expected a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the double range
+        number = math.inf
+    if not math.isfinite(number):
+        raise invalid(name, f"expected a finite number, got {_show(value)}")
+    if (lo is not None and (number <= lo if above else number < lo)) or (hi is not None and number > hi):
+        raise invalid(name, f"must be {_bounds(lo, hi, above=above)}, got {_show(value)}")
+    return number
 
 
 def _integer(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
@@ -56,9 +90,9 @@ def _integer(body: dict[str, Any], name: str, lo: int | None = None, hi: int | N
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"expected an integer, got {value!r}")
+        raise invalid(name, f"expected an integer, got {_show(value)}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise invalid(name, f"must be in [{lo}, {hi}], got {value}")
+        raise invalid(name, f"must be {_bounds(lo, hi)}, got {_show(value)}")
     return value
 
 
@@ -67,7 +101,7 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid(name, f"expected true or false, got {value!r}")
+        raise invalid(name, f"expected true or false, got {_show(value)}")
     return value
 
 
@@ -93,7 +127,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
         except (TypeError, ValueError):
             raise invalid("logit_bias", f"token id {key!r} is not an integer") from None
         if isinstance(b, bool) or not isinstance(b, int | float) or not -100 <= b <= 100:
-            raise invalid("logit_bias", f"bias for token {token} must be a number in [-100, 100], got {b!r}")
+            raise invalid("logit_bias", f"bias for token {_show(token)} must be a number in [-100, 100], got {_show(b)}")
         bias[token] = -math.inf if b <= -100 else float(b)
     return bias
 
@@ -107,7 +141,7 @@ def _prompt(req: GenerationRequest, prompt: Any) -> None:
     if isinstance(prompt, list):
         raise invalid("prompt", "a list of several prompts needs n choices; send one prompt per request")
     if not isinstance(prompt, str) or not prompt:
-        raise invalid("prompt", f"expected a non-empty string or token ids, got {prompt!r}")
+        raise invalid("prompt", f"expected a non-empty string or token ids, got {_show(prompt)}")
     req.prompt_text = prompt
 
 
@@ -164,12 +198,12 @@ def parse_generation(body: Any, kind: str, served_model: str) -> GenerationReque
     seed = _integer(body, "seed")
     req.sampling = SamplingParams(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
-        top_k=_integer(body, "top_k", 0) or 0,
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=_integer(body, "top_k", 0, INT32_MAX) or 0,
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0) or 1.0,
+        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, above=True),
         seed=DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF,
         logit_bias=_logit_bias(body.get("logit_bias")),
         top_logprobs=req.top_logprobs if req.logprobs else None,

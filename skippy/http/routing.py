@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skippy.http.errors import HttpError
+from skippy.http.json_body import JsonBodyError, loads
 
 
 @dataclass
@@ -21,9 +22,10 @@ class Request:
     request_id: str
 
     def json(self) -> Any:
+        """The body as JSON, bounded (skippy.http.json_body); anything else is a 400 `invalid_json`."""
         try:
-            return json.loads(self.body.decode("utf-8"))
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+            return loads(self.body)
+        except JsonBodyError as exc:
             raise HttpError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
 
 

@@ -2,6 +2,9 @@
 
 Chain order follows llama.cpp's common sampler: logit bias, penalties, top-k, top-p, min-p,
 temperature, then a seeded draw; temperature <= 0 means greedy (bias and penalties still apply).
+top_p 0 goes to llama.cpp's top-p sampler like any other value: it keeps at least one token (min_keep
+1), the most likely, so the draw is greedy's token at any temperature. repeat_penalty must be > 0
+(llama.cpp divides positive logits by it; 1 is off).
 A GBNF `grammar` (structured output, tool calls) constrains every sampled token; it is checked and
 advanced outside the chain (skippy.runtime.grammar) and only with the tokens this chain returns, which
 the final stage returns as committed. Under a grammar a -inf logit bias becomes a very large finite
@@ -44,7 +47,7 @@ class SamplingParams:
         checks = [
             ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), ">= 0"),
             ("top_k", self.top_k >= 0, ">= 0"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_p", 0 <= self.top_p <= 1, "in [0, 1]"),
             ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
             ("presence_penalty", math.isfinite(self.presence_penalty), "finite"),
             ("frequency_penalty", math.isfinite(self.frequency_penalty), "finite"),

@@ -196,6 +196,18 @@ def test_seed_reproducibility(server: SkippyServer, client: openai.OpenAI) -> No
     assert chat[0] == chat[1]
 
 
+def test_top_p_zero_is_greedy_at_any_temperature(server: SkippyServer, client: openai.OpenAI) -> None:
+    """top_p 0 reaches llama.cpp's top-p sampler, which keeps the most likely token (never rewritten to 1)."""
+    def text(temperature: float, top_p: float) -> str:
+        r = client.completions.create(model=server.model_id, prompt=PROMPT, max_tokens=24, seed=7,
+                                      temperature=temperature, top_p=top_p, extra_body=IGNORE_EOS)
+        return r.choices[0].text
+
+    greedy = text(0, 1)
+    assert text(1.0, 0) == greedy
+    assert text(1.0, 1) != greedy  # the same seed really samples without it
+
+
 # -- 4. logprobs ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ignore_eos", [True, False])
 def test_chat_logprobs(server: SkippyServer, client: openai.OpenAI, ignore_eos: bool) -> None:

@@ -117,12 +117,24 @@ def test_a_large_presence_penalty_never_repeats(family: str, unsplit_chain: Call
     assert len(set(penalised)) == N
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_top_p_zero_keeps_the_most_likely_token_at_any_temperature(
+    family: str, unsplit_chain: Callable[[str], LocalChain]
+) -> None:
+    """llama.cpp's top-p keeps at least one token (min_keep 1): with top_p 0 only the most likely, so a hot
+    seeded draw gives greedy's tokens."""
+    chain = unsplit_chain(family)
+    greedy = list(chain.generate(PROMPT, N))
+    assert list(chain.generate(PROMPT, N, SamplingParams(temperature=1.0, top_p=0.0, seed=1234))) == greedy
+    assert list(chain.generate(PROMPT, N, SamplingParams(temperature=1.0, seed=1234))) != greedy  # it does sample
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": math.nan}, "temperature"),
-        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"min_p": 1.5}, "min_p"),
@@ -153,7 +165,7 @@ def test_from_dict_rejects_unknown_fields_and_round_trips() -> None:
     assert SamplingParams.from_dict(params.to_dict()) == params
     assert SamplingParams.from_dict({"logit_bias": {"7": "1.5"}}).logit_bias == {7: 1.5}  # JSON keys are strings
     with pytest.raises(RuntimeUsageError, match="'top_p'"):
-        SamplingParams.from_dict({"top_p": 0})
+        SamplingParams.from_dict({"top_p": 1.5})
 
 
 @pytest.mark.parametrize("token", [-1, "n_vocab"])
