@@ -1,11 +1,12 @@
 """Hypothesis strategies for raw HTTP/1.1 requests to the adapter, and a raw client that sends one.
 
 A `RawRequest` is a method (known or any token), a path (the adapter's routes, with queries, or any
-path), random headers, a body (bytes, any JSON, or chat / completion requests with random and
-wrong-typed fields) and its framing: Content-Length or chunked, whole or cut short, none, or plain
-garbage instead of a request. `exchange` sends it on a fresh connection (ending our side when the
-request is cut short or garbage, so the server sees the truncation) and returns the status of the
-server's answer, or None when it closed without one.
+path), random headers, a body (bytes, any JSON, chat / completion requests with random and
+wrong-typed fields, out-of-range sampling values, or hostile JSON: nested thousands deep, integers of
+thousands of digits, NaN, invalid UTF-8, lone surrogates) and its framing: Content-Length or
+chunked, whole or cut short, none, or plain garbage instead of a request. `exchange` sends it on a
+fresh connection (ending our side when the request is cut short or garbage, so the server sees the
+truncation) and returns the status of the server's answer, or None when it closed without one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 ROUTES = ("/health", "/readyz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
-          "/detokenize", "/dashboard")
+          "/detokenize", "/dashboard", "/dashboard/data", "/dashboard/dashboard.js")
 TOKEN = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
 HEADER_TEXT = "".join(chr(c) for c in range(0x20, 0x7F)) + "\t\u00e9\u00ff"
 FRAMING_HEADERS = ("content-length", "transfer-encoding", "host")
@@ -34,7 +35,9 @@ MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "ass
 COMMON = {"max_tokens": st.integers(-3, 40) | JSON, "stream": st.booleans() | JSON, "temperature": st.floats(-1, 3) | JSON,
           "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=3) | JSON, "logprobs": st.booleans() | JSON,
           "top_logprobs": st.integers(-2, 30) | JSON, "n": st.integers(0, 3) | JSON, "seed": st.integers() | JSON,
-          "response_format": JSON, "tools": JSON, "stream_options": JSON, "logit_bias": JSON}
+          "response_format": JSON, "tools": JSON, "stream_options": JSON, "logit_bias": JSON,
+          **{name: st.floats() | st.integers() | JSON for name in (
+              "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")}}
 CHAT = st.fixed_dictionaries({"model": st.just("tiny") | JSON, "messages": st.lists(MESSAGE, max_size=3) | JSON},
                              optional=COMMON)
 COMPLETION = st.fixed_dictionaries({"model": st.just("tiny") | JSON, "prompt": st.text(max_size=40) | JSON},
@@ -46,8 +49,16 @@ PLAUSIBLE = st.fixed_dictionaries(
     {"model": st.just("tiny"), "messages": st.lists(st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=40)}), min_size=1, max_size=3)},
     optional=VALID) | st.fixed_dictionaries({"model": st.just("tiny"), "prompt": st.text(max_size=40)}, optional=VALID)
+NESTED = st.integers(100, 20_000).flatmap(lambda n: st.sampled_from([b"[" * n + b"]" * n, b'{"a":' * n + b"1" + b"}" * n]))
+HOSTILE_VALUES = st.sampled_from([b"9" * 5000, b"1e400", b"-1e400", b"NaN", b"-Infinity", b'"\\ud800"', b'"\xff\xfe"',
+                                  b"[" * 300 + b"]" * 300])
+HOSTILE = NESTED | st.builds(  # one field of a generation request made hostile
+    lambda base, name, value: json.dumps(base).encode()[:-1] + b', "' + name.encode() + b'": ' + value + b"}",
+    st.fixed_dictionaries({"model": st.just("tiny"), "prompt": st.just("hi")}),
+    st.sampled_from(["temperature", "top_p", "top_k", "max_tokens", "seed", "prompt2", "metadata", "logit_bias"]),
+    HOSTILE_VALUES)
 BODY = st.binary(max_size=200) | JSON.map(lambda v: json.dumps(v).encode()) | (CHAT | COMPLETION).map(
-    lambda v: json.dumps(v).encode())
+    lambda v: json.dumps(v).encode()) | HOSTILE
 FRAMINGS = ("length", "chunked", "length-cut", "chunked-cut", "none", "garbage")
 
 
@@ -92,10 +103,13 @@ def _chunked(body: bytes, sizes: tuple[int, ...]) -> bytes:
 
 @st.composite
 def raw_requests(draw: st.DrawFn) -> RawRequest:
-    """Anything (below), or one time in four a well-framed generation request that is nearly valid."""
-    if draw(st.integers(0, 3)) == 0:
-        return RawRequest("POST", draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"])), (),
-                          json.dumps(draw(PLAUSIBLE)).encode(), draw(st.sampled_from(["length", "chunked"])),
+    """Anything (below), or one time in four a well-framed generation request that is nearly valid, or one
+    time in four a well-framed POST of hostile JSON to a route that reads JSON."""
+    pick = draw(st.integers(0, 3))
+    if pick < 2:
+        path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"] + ["/tokenize", "/detokenize"] * pick))
+        body = json.dumps(draw(PLAUSIBLE)).encode() if pick == 0 else draw(HOSTILE)
+        return RawRequest("POST", path, (), body, draw(st.sampled_from(["length", "chunked"])),
                           tuple(draw(st.lists(st.integers(1, 64), max_size=4))), 0, b"")
     method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])
                   | st.text(TOKEN, min_size=1, max_size=8))

@@ -2,7 +2,8 @@
 
 Random methods, paths, headers and bodies (bytes, any JSON, chat and completion requests with random
 and wrong-typed fields), framed by Content-Length or chunked, whole or cut short, unframed, or plain
-garbage (fuzz_requests). The adapter runs in a thread's event loop with a fake broker (adapter_helpers).
+garbage (fuzz_requests). The adapter runs in a thread's event loop with a fake broker (adapter_helpers):
+its real route table (`OpenAIAdapter.router`, what `skippy adapter` serves) under production's limits.
 For every request: a whole request gets an answer that is not a 5xx (a valid one may well be a 200);
 one cut short or garbage gets a 4xx or the connection closed; and the server still answers
 GET /health afterwards. `SKIPPY_FUZZ_EXAMPLES` sets the number of examples (default 300).
