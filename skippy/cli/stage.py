@@ -6,8 +6,9 @@ a topology on non-loopback addresses without link keys unless `--insecure-links`
 warning). With keys (`skippy keys --topology T`) every socket of the process is CURVE (skippy.transport.curve_guard). With
 `--cpu-affinity` / `--stage-cpus` every thread of the process is pinned first, before the model loads
 and before llama.cpp starts a thread, so its default thread count is the number of pinned CPUs.
-Its telemetry starts before the model loads: /metrics served next to its endpoint (the URL is in
-its `ready` line), spans to `--metrics-otlp-grpc` (skippy.telemetry).
+Its telemetry starts before the model loads: /metrics served on `--metrics-bind` (default loopback;
+the URL is in its `ready` line) behind the API key when one is set (`$SKIPPY_OPENAI_API_KEY`, or stage
+0's own front's key), spans to `--metrics-otlp-grpc` (skippy.telemetry).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 import zmq
 
 from skippy.affinity import pin_process
-from skippy.config import add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
+from skippy.config import FlagReader, add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
 from skippy.config.affinity import format_cpu_list
+from skippy.config.api_key import COMMAND_LINE_WARNING
 from skippy.log import configure_logging, get_logger
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
@@ -42,8 +44,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = options.config
     pinned = pin_process(options.cpu_affinity) if options.cpu_affinity else ()
     configure_logging(str(options.telemetry_level), stage_id=cfg.stage_id, stage_index=cfg.stage_index, role="stage")
-    start_telemetry(TelemetryOptions.from_serving(options), "driver" if cfg.stage_index == 0 else "stage", options.bind_addr)
+    api_key = options.openai.api_key if options.openai is not None else None  # None: $SKIPPY_OPENAI_API_KEY
+    start_telemetry(TelemetryOptions.from_serving(options), "driver" if cfg.stage_index == 0 else "stage",
+                    options.bind_addr, metrics_bind=options.metrics_bind, api_key=api_key)
     log = get_logger()
+    if FlagReader(args).given("--openai-api-key"):
+        log.warning("api_key_on_command_line", error=COMMAND_LINE_WARNING)
     keys = stage_link_keys(options)  # a bad key file fails here, before the model loads
     if options.insecure_links:
         log.warning("insecure_links", error="--insecure-links: this stage's links are plain ZeroMQ, neither "

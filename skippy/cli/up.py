@@ -8,7 +8,10 @@ lanes (max_bytes 0). With `--topology`, that topology's stage configs
 per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
 unsupported flag fails before anything starts) and hands each to its owner: stage flags to every
 stage, prefill and speculative flags to stage 0, admission flags to the broker, the model id and
-default max tokens to the adapter (its API key through its environment). Children are supervised: a
+default max tokens to the adapter. The API key ($SKIPPY_OPENAI_API_KEY, `--openai-api-key-file`, or
+`--openai-api-key`, which stays on this command line and is warned about) reaches every child through
+its environment, never a command line: the adapter's routes and every /metrics want it. A non-loopback
+`--bind` without a key is warned about (here and in the adapter's log). Children are supervised: a
 stage after stage 0 that dies is restarted with backoff (skippy.restarts, `--max-stage-restarts`), any
 other dead child is reported by name and everything is stopped; Ctrl-C stops everything cleanly. All
 logs land in the run directory.
@@ -33,6 +36,7 @@ from skippy.config import (
     parse_serving_args,
     refuse_unsupported,
 )
+from skippy.config.api_key import API_KEY_ENV, COMMAND_LINE_WARNING, api_key_from, open_bind_warning
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import StageProcesses, write_local_topology
@@ -108,8 +112,13 @@ def run(args: argparse.Namespace) -> int:
     openai = options.openai
     assert openai is not None
     flags = FlagReader(args)
+    key = openai.api_key or api_key_from(None)
+    open_bind = open_bind_warning(args.bind, key, "--bind")
+    for warning in ([COMMAND_LINE_WARNING] if flags.given("--openai-api-key") else []) + ([open_bind] if open_bind else []):
+        print(f"skippy up: warning: {warning}", file=sys.stderr, flush=True)
     children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
-                              include_stage0=True, first_flags=flags.argv([Owner.STAGE0]))
+                              include_stage0=True, first_flags=flags.argv([Owner.STAGE0]),
+                              env={API_KEY_ENV: key} if key else None)  # every /metrics and the adapter want it
 
     def start() -> str:
         print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
-"""Endpoint strings: ZeroMQ endpoints for stage sockets, host:port for HTTP, http://host:port for OTLP.
+"""Endpoint strings: ZeroMQ endpoints for stage sockets, host:port for HTTP, http://host:port for OTLP,
+a bare host for `--metrics-bind`.
 
 Stage sockets accept ``tcp://host:port``, ``ipc://path``, ``inproc://name``
 or a bare ``host:port`` (the reference's form), which is normalised to
@@ -9,7 +10,7 @@ and host ``*``; connect endpoints need a concrete host and port.  Errors are
 
 from __future__ import annotations
 
-__all__ = ["normalize_http_addr", "normalize_otlp_url", "normalize_zmq_endpoint", "split_host_port"]
+__all__ = ["normalize_host", "normalize_http_addr", "normalize_otlp_url", "normalize_zmq_endpoint", "split_host_port"]
 
 _SCHEMES = ("tcp", "ipc", "inproc")
 
@@ -61,6 +62,15 @@ def normalize_http_addr(value: str) -> str:
     if port is None or host == "*":
         raise ValueError(f"must be host:port with a numeric port, got '{value}'")
     return text
+
+
+def normalize_host(value: str) -> str:
+    """A listen host without a port (an IPv4 or IPv6 address, brackets dropped, or a name)."""
+    text = value.strip()
+    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not host or any(c in host for c in " /[]") or (host.count(":") == 1):
+        raise ValueError(f"must be a host (an address or name, no port), e.g. 127.0.0.1 or 0.0.0.0, got '{value}'")
+    return host
 
 
 def normalize_otlp_url(value: str) -> str:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from skippy.config.admission import AdmissionOptions, default_queue_capacity, resolve_admission
 from skippy.config.affinity import resolve_affinity
-from skippy.config.endpoint import normalize_http_addr, normalize_otlp_url, normalize_zmq_endpoint
+from skippy.config.api_key import read_api_key_file
+from skippy.config.endpoint import normalize_host, normalize_http_addr, normalize_otlp_url, normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.generation import (
     PrefillChunkOptions,
@@ -85,7 +86,7 @@ class OpenAIOptions(ConfigModel):
     model_id: str
     default_max_tokens: int = 16
     admission: AdmissionOptions
-    api_key: str | None = field(default=None, repr=False)  # --openai-api-key (the adapter also reads its env var)
+    api_key: str | None = field(default=None, repr=False)  # --openai-api-key(-file) (the adapter also reads its env var)
     cors_origins: tuple[str, ...] = ()  # --openai-cors-origins: () = no CORS headers, preflights without them
     http: HttpLimits = field(default_factory=HttpLimits)  # --openai-http-*: deadlines and the connection cap
 
@@ -107,6 +108,7 @@ class ServingOptions(ConfigModel):
     stage_cpus: tuple[tuple[int, ...], ...] = ()  # every stage's CPUs by stage_index (--stage-cpus); () = not given
     telemetry_queue_capacity: int = 1024  # telemetry events buffered for export (the reference's default)
     metrics_otlp_grpc: str | None = None  # http://host:port of an OTLP gRPC collector; None: no span export
+    metrics_bind: str = "127.0.0.1"  # --metrics-bind: the host /metrics listens on
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
     openai: OpenAIOptions | None = None
@@ -162,10 +164,20 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
         admission=resolve_admission(flags, config.lane_count),
-        api_key=flags.text("--openai-api-key"),
+        api_key=_api_key(flags),
         cors_origins=_cors_origins(flags),
         http=resolve_http_limits(flags),
     )
+
+
+def _api_key(flags: FlagReader) -> str | None:
+    """`--openai-api-key-file`'s key, else `--openai-api-key`'s (not both)."""
+    path = flags.text("--openai-api-key-file")
+    if path is None:
+        return flags.text("--openai-api-key")
+    if flags.given("--openai-api-key"):
+        raise ConfigError("give --openai-api-key or --openai-api-key-file, not both")
+    return read_api_key_file(path)
 
 
 def _cors_origins(flags: FlagReader) -> tuple[str, ...]:
@@ -213,6 +225,7 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         stage_cpus=stage_cpus,
         telemetry_queue_capacity=flags.integer("--telemetry-queue-capacity", 1024),
         metrics_otlp_grpc=flags.endpoint("--metrics-otlp-grpc", normalize_otlp_url),
+        metrics_bind=flags.endpoint("--metrics-bind", normalize_host) or "127.0.0.1",
         prefill=resolve_prefill(flags),
         speculative=resolve_speculative(flags),
         openai=_resolve_openai(flags, config, source),

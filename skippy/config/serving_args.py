@@ -61,10 +61,14 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--telemetry-queue-capacity", "N", "telemetry events buffered for export; more are dropped and counted (default 1024)",
      _E),
     ("--metrics-otlp-grpc", "URL", "export spans to this OTLP gRPC collector, e.g. http://127.0.0.1:4317", _E),
+    ("--metrics-bind", "HOST", "where this process's /metrics listens (default 127.0.0.1); behind"
+     " $SKIPPY_OPENAI_API_KEY when set", _E),
     ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)", _F),
     ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
     ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)", _A),
-    ("--openai-api-key", "KEY", "Bearer key the HTTP API requires (default: $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
+    ("--openai-api-key", "KEY", "Bearer key the HTTP API requires, visible on the command line (default:"
+     " $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
+    ("--openai-api-key-file", "PATH", "file holding the Bearer key (instead of --openai-api-key)", _A),
     ("--openai-cors-origins", "LIST", "origins browsers may call the HTTP API from, comma separated"
      " scheme://host[:port], or * for any (default: none, no CORS headers)", _A),
     ("--openai-http-head-timeout-s", "SECS", "a request head must arrive within this, whole (default 30)", _A),

@@ -1,20 +1,24 @@
 """The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /tokenize and /detokenize.
 
-The generation routes are skippy.http.generation. Every route answers CORS preflights and carries
-CORS headers for the allowed origins (skippy.http.cors). With an API key every route but /health and
-/readyz wants it as a Bearer token (skippy.http.auth).
+The generation routes are skippy.http.generation; the live pipeline page /dashboard is
+skippy.http.dashboard. `router` is the one route table of the adapter (what `skippy adapter` serves):
+every route, the dashboard's included, is counted, answers CORS preflights and carries CORS headers
+for the allowed origins (skippy.http.cors), and with an API key wants it as a Bearer token, all but
+/health and /readyz (skippy.http.auth; the dashboard's routes also take its `?key=` and cookie).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from skippy.client import PipelineClient
 from skippy.http.auth import ApiKey
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
+from skippy.http.dashboard import Dashboard
 from skippy.http.errors import HttpError
 from skippy.http.generation import Generation
 from skippy.http.metrics import Metrics
@@ -28,7 +32,9 @@ from skippy.runtime.tokenizer import Tokenizer
 
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
-                 default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None) -> None:
+                 default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
+                 metrics_targets: Path | None = None) -> None:
+        """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one)."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template
@@ -42,6 +48,7 @@ class OpenAIAdapter:
         self._status: tuple[float, Status] | None = None
         self.generate = Generation(broker, tokenizer, template, model_id, default_max_tokens, self.metrics,
                                    self.status)
+        self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)
 
     def router(self) -> Router:
         router = Router()
@@ -51,8 +58,11 @@ class OpenAIAdapter:
             ("POST", "/v1/chat/completions", lambda r: self.generate(r, "chat")),
             ("POST", "/v1/completions", lambda r: self.generate(r, "completion")),
             ("POST", "/tokenize", self.tokenize), ("POST", "/detokenize", self.detokenize)]
+        pages = {path for _, path, _ in self.dashboard.routes()}  # a browser opens them: ?key= or the cookie too
+        routes += self.dashboard.routes()
         for method, path, handler in routes:
-            router.add(method, path, self.cors.wrap(self._counted(path, self.auth.wrap(path, handler))))
+            guarded = self.auth.wrap(path, handler, browser=path in pages)
+            router.add(method, path, self.cors.wrap(self._counted(path, guarded)))
         for path in {path for _, path, _ in routes}:
             router.add("OPTIONS", path, self.cors.preflight([m for m, p, _ in routes if p == path]))
         return router

@@ -61,6 +61,10 @@ class Router:
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._routes.setdefault(path, {})[method.upper()] = handler
 
+    def routes(self) -> list[tuple[str, str]]:
+        """Every (method, path) served, in the order added."""
+        return [(method, path) for path, methods in self._routes.items() for method in methods]
+
     def resolve(self, method: str, path: str) -> Handler:
         methods = self._routes.get(path)
         if methods is None:

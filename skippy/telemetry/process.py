@@ -4,10 +4,11 @@ Each process entry point (`skippy stage`, `skippy broker`, `skippy adapter`) bui
 from its options and `install`s it; the components of the process (stage server, driver, broker,
 adapter) take `current()` and attach their own Prometheus registries to it. Without an install
 (components built in tests or benchmarks) `current()` is a disabled telemetry: spans go nowhere and
-nothing is served. `serve_metrics` starts prometheus_client's HTTP server (a daemon thread) on an
-ephemeral port and adds its URL to the process's `ready` fields, so launchers can list it in the
-run directory (skippy.telemetry.targets). Spans are only queued when an OTLP endpoint is set and
-the level is not `off`; `debug` spans only at `debug`.
+nothing is served. `serve_metrics` starts the process's /metrics server (skippy.telemetry.metrics_server,
+daemon threads) on an ephemeral port of `--metrics-bind` (default loopback), behind the API key
+(`$SKIPPY_OPENAI_API_KEY`, the adapter's) when one is set, and adds its URL to the process's `ready`
+fields, so launchers can list it in the run directory (skippy.telemetry.targets). Spans are only
+queued when an OTLP endpoint is set and the level is not `off`; `debug` spans only at `debug`.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from __future__ import annotations
 import atexit
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from skippy.config import TelemetryLevel
-from skippy.log import add_ready_fields
+from skippy.config.api_key import api_key_from
+from skippy.config.link_keys import non_loopback
+from skippy.log import add_ready_fields, get_logger
 from skippy.telemetry.events import AttrValue, EventQueue, SpanEvent
+from skippy.telemetry.metrics_server import MetricsServer
 from skippy.telemetry.options import TelemetryOptions
 
-__all__ = ["Telemetry", "current", "install", "metrics_host", "start_telemetry", "wall_time"]
+__all__ = ["DEFAULT_METRICS_BIND", "Telemetry", "current", "install", "start_telemetry", "wall_time"]
+
+DEFAULT_METRICS_BIND = "127.0.0.1"
 
 prometheus_client.disable_created_metrics()  # no *_created series: counters and histograms only
 
@@ -48,7 +53,7 @@ class Telemetry:
 
             self.queue = EventQueue(self.options.queue_capacity, OtlpSink(self.options.otlp_endpoint, self.options.resource))
         self._collectors: list[Collector] = []
-        self._server: Any = None
+        self._server: MetricsServer | None = None
         self.metrics_url: str | None = None
         self.installed = False  # what `current()` returns; only then are attached registries kept and served
 
@@ -109,11 +114,17 @@ class Telemetry:
         """/metrics in Prometheus text format."""
         return prometheus_client.generate_latest(self)  # any object with collect() is a registry
 
-    def serve_metrics(self, host: str = "127.0.0.1") -> str:
-        """Serve /metrics on `host` at an ephemeral port; returns its URL (also announced as `metrics_url`)."""
-        server, _thread = prometheus_client.start_http_server(0, host, registry=self)
-        self._server = server
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    def serve_metrics(self, host: str = DEFAULT_METRICS_BIND, api_key: str | None = None, endpoint: str | None = None) -> str:
+        """Serve /metrics on `host` at an ephemeral port, behind `api_key` when given; returns its URL (also
+        announced as `metrics_url`): on a wildcard `host`, at the host of the process's tcp `endpoint` (so a
+        stage in another network namespace is scraped where its links are), else loopback."""
+        self._server = server = MetricsServer(self, host, api_key)
+        if api_key is None and non_loopback(f"tcp://{host}:0"):
+            get_logger().warning("metrics_open", error=f"--metrics-bind {host}: /metrics on a non-loopback address"
+                                 " without an API key: anyone who reaches it reads it", metrics_bind=host)
+        if host in ("0.0.0.0", "", "::"):
+            host = _endpoint_host(endpoint) or ("::1" if host == "::" else "127.0.0.1")
+        shown = f"[{host}]" if ":" in host else host
         self.metrics_url = f"http://{shown}:{server.server_port}/metrics"
         add_ready_fields(metrics_url=self.metrics_url)
         return self.metrics_url
@@ -122,8 +133,7 @@ class Telemetry:
         if self.queue is not None:
             self.queue.close()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
 
 
 _current = Telemetry()
@@ -141,19 +151,21 @@ def current() -> Telemetry:
     return _current
 
 
-def metrics_host(endpoint: str | None) -> str:
-    """Where a process serves /metrics: the host of its tcp:// endpoint (all interfaces for `*`), else loopback."""
+def _endpoint_host(endpoint: str | None) -> str | None:
+    """The concrete host of a tcp:// endpoint (None: not tcp, or a wildcard)."""
     if endpoint is None or not endpoint.startswith("tcp://"):
-        return "127.0.0.1"
+        return None
     host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
-    return "0.0.0.0" if host in ("*", "") else host
+    return None if host in ("*", "", "0.0.0.0", "::") else host
 
 
-def start_telemetry(options: TelemetryOptions, role: str, endpoint: str | None = None, *, serve: bool = True) -> Telemetry:
-    """A process entry point's telemetry: installed, closed at exit, and (`serve`) /metrics served next to
-    `endpoint` (the adapter serves it on its own HTTP port instead)."""
+def start_telemetry(options: TelemetryOptions, role: str, endpoint: str | None = None, *, serve: bool = True,
+                    metrics_bind: str = DEFAULT_METRICS_BIND, api_key: str | None = None) -> Telemetry:
+    """A process entry point's telemetry: installed, closed at exit, and (`serve`) /metrics served on
+    `metrics_bind`, behind `api_key` (default: `$SKIPPY_OPENAI_API_KEY`; the adapter serves /metrics on its
+    own HTTP port instead); `endpoint`: the process's own, where a wildcard bind is announced."""
     telemetry = install(Telemetry(options, role))
     if serve:
-        telemetry.serve_metrics(metrics_host(endpoint))
+        telemetry.serve_metrics(metrics_bind, api_key if api_key is not None else api_key_from(None), endpoint)
     atexit.register(telemetry.close)
     return telemetry

@@ -1,10 +1,12 @@
 """Reading the pipeline's /metrics back: scrape each process, merge, summarise for the dashboard.
 
 `scrape` fetches one Prometheus text page (bounded by a timeout; None when the process does not
-answer); `summarise` turns the merged samples of every process into the numbers the dashboard
-shows. Counters stay cumulative (the page computes rates between two polls); gauges are as read.
+answer), with the run's API key as a Bearer token when there is one; `summarise` turns the merged
+samples of every process into the numbers the dashboard shows. Counters stay cumulative (the page
+computes rates between two polls); gauges are as read.
 Each stage's utilisation comes from its own `skippy_stage_compute_seconds` when its process is
-scraped, else from the driver's view of it (`skippy_pipeline_stage_compute_seconds_total`).
+scraped, else from the driver's view of it (`skippy_pipeline_stage_compute_seconds_total`). The
+adapter's request count leaves out the dashboard's own routes (its page polls every second).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ def parse(text: str) -> list[Sample]:
             for s in family.samples]
 
 
-def scrape(url: str, timeout_s: float = 1.0) -> list[Sample] | None:
-    """The samples of one /metrics page (None: no answer within `timeout_s`, or not Prometheus text)."""
+def scrape(url: str, timeout_s: float = 1.0, api_key: str | None = None) -> list[Sample] | None:
+    """The samples of one /metrics page (None: no answer within `timeout_s`, a refusal, or not Prometheus
+    text); `api_key` goes as `Authorization: Bearer`."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - URLs from our own run dir
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - URLs from our own run dir
             return parse(response.read().decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
@@ -92,13 +96,19 @@ def _stages(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
     return stages
 
 
+def _api_requests(samples: Iterable[Sample]) -> float:
+    """The adapter's HTTP requests but the dashboard's own."""
+    return sum(s.value for s in samples if s.name == ADAPTER["requests"]
+               and not s.labels.get("route", "").startswith("/dashboard"))
+
+
 def summarise(processes: Sequence[tuple[str, str, list[Sample] | None]]) -> dict[str, Any]:
     """The dashboard's numbers from every process's samples: (process, URL, samples or None when down)."""
     samples = [s for _name, _url, got in processes for s in (got or [])]
     return {
         "time": time.time(),
         "processes": [{"process": name, "url": url, "up": got is not None} for name, url, got in processes],
-        "adapter": _fields(samples, ADAPTER),
+        "adapter": {**_fields(samples, ADAPTER), "requests": _api_requests(samples)},
         "pipeline": _fields(samples, PIPELINE),
         "broker": _fields(samples, BROKER) if _has(samples, "skippy_broker_queue_depth") else None,
         "driver": _fields(samples, DRIVER) if _has(samples, "skippy_driver_sessions_running") else None,

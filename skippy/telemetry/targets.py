@@ -5,6 +5,8 @@ in its `ready` fields (`metrics_url`). Whoever launches it (skippy.launcher) rec
 Prometheus's file-based service discovery format, so a Prometheus server can scrape a run with
 `file_sd_configs: [{files: [RUN_DIR/metrics-targets.json]}]`, and the adapter's /dashboard reads
 the same file to show the whole pipeline. Entries carry `process` (the child's name) and `url`.
+With an API key every /metrics wants it as a Bearer token (the file never holds it): the dashboard
+sends the adapter's, and a Prometheus job adds `authorization: {credentials_file: KEY_FILE}`.
 """
 
 from __future__ import annotations

@@ -55,3 +55,58 @@ def test_key_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert api_key_from("from-flag") == "from-flag"
     monkeypatch.setenv(API_KEY_ENV, "")
     assert api_key_from(None) is None
+
+
+OPEN = {"/health", "/readyz"}
+BODIES = {"/v1/chat/completions": CHAT, "/v1/completions": json.dumps({"model": "tiny", "prompt": "hi"}).encode(),
+          "/tokenize": b'{"prompt": "hi"}', "/detokenize": b'{"tokens": [72]}'}
+
+
+async def test_every_route_of_the_adapter_wants_the_key(tiny_model: Callable[..., Path]) -> None:
+    """The adapter's own route table (OpenAIAdapter.router, what `skippy adapter` serves): every route but the
+    probes and the preflights is a 401 without the key, with a wrong Bearer key, a wrong `?key=` and a wrong
+    dashboard cookie, so a route added later cannot slip out from behind the key."""
+    async with adapter_server(tiny_model("llama"), api_key=KEY) as (server, broker):
+        routes = server.router.routes()
+        assert {("GET", "/dashboard"), ("GET", "/dashboard/data"), ("GET", "/metrics")} <= set(routes)
+        guarded = [(m, p) for m, p in routes if m != "OPTIONS" and p not in OPEN]
+        assert len(guarded) >= 10, routes
+        for method, path in guarded:
+            body = BODIES.get(path, b"")
+            for headers, query in (({}, ""), ({"Authorization": f"Bearer {KEY}-wrong"}, ""), ({}, f"?key={KEY}-wrong"),
+                                   ({"Cookie": "skippy_dashboard=0123abcd"}, ""), ({"Authorization": f"Bearer {KEY[:-1]}"}, "")):
+                reply = await roundtrip(server, request(method, path + query, body, headers))
+                assert_error(reply, 401, "invalid_api_key")
+                assert "set-cookie" not in reply.headers, (method, path)
+        for method, path in routes:
+            if path in OPEN and method == "GET":
+                assert (await roundtrip(server, request(method, path))).status == 200
+            elif method == "OPTIONS":
+                assert (await roundtrip(server, request(method, path))).status == 204
+        assert broker.submitted == 0
+
+
+async def test_the_dashboard_takes_the_key_once_as_a_query_then_its_cookie(tiny_model: Callable[..., Path]) -> None:
+    """A browser cannot send a Bearer header with a page it opens: `/dashboard?key=KEY` answers a 303 to the
+    same URL without the key, setting an HttpOnly SameSite=Strict cookie (not the key) that opens the
+    dashboard's routes, and only those."""
+    async with adapter_server(tiny_model("llama"), api_key=KEY) as (server, broker):
+        first = await roundtrip(server, request("GET", f"/dashboard?interval=200&key={KEY}"))
+        assert first.status == 303 and first.headers["location"] == "/dashboard?interval=200"
+        cookie, *attributes = [part.strip() for part in first.headers["set-cookie"].split(";")]
+        assert cookie.startswith("skippy_dashboard=") and KEY not in cookie
+        assert set(attributes) == {"Path=/dashboard", "HttpOnly", "SameSite=Strict"}
+        with_cookie = {"Cookie": f"other=1; {cookie}"}
+        page = await roundtrip(server, request("GET", "/dashboard?interval=200", headers=with_cookie))
+        assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+        for path in ("/dashboard/dashboard.js", "/dashboard/dashboard.css"):
+            assert (await roundtrip(server, request("GET", path, headers=with_cookie))).status == 200
+        data = await roundtrip(server, request("GET", "/dashboard/data", headers=with_cookie))
+        assert data.status == 200 and data.json()["processes"][0]["process"] == "adapter"
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/metrics"), ("GET", "/v1/models"),
+                             ("POST", "/tokenize")):  # the cookie opens the dashboard only
+            reply = await roundtrip(server, request(method, path, BODIES.get(path, b""), with_cookie))
+            assert_error(reply, 401, "invalid_api_key")
+        bearer = await roundtrip(server, request("GET", "/dashboard/data", headers={"Authorization": f"Bearer {KEY}"}))
+        assert bearer.status == 200 and bearer.headers["set-cookie"].split(";")[0] == cookie
+        assert broker.submitted == 0

@@ -1,8 +1,11 @@
-"""Prometheus metrics and their readers: a process's /metrics (registries + telemetry counters), the
-run directory's targets file, and the dashboard's summary of every process's samples."""
+"""Prometheus metrics and their readers: a process's /metrics (registries + telemetry counters; on
+loopback by default, behind the API key when one is set), the run directory's targets file, and the
+dashboard's summary of every process's samples."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from skippy.http.metrics import Metrics
 from skippy.protocol.stats import RequestStats, SpeculativeStats
 from skippy.telemetry.metrics import StageMetrics
 from skippy.telemetry.options import TelemetryOptions
-from skippy.telemetry.process import Telemetry, metrics_host
+from skippy.telemetry.process import Telemetry, _endpoint_host
 from skippy.telemetry.scrape import parse, scrape, summarise
 from skippy.telemetry.targets import TARGETS_FILE, read_targets, record_target
 
@@ -107,11 +110,37 @@ def test_targets_file_lists_each_process_once(tmp_path: Path) -> None:
     assert read_targets(tmp_path / "missing.json") == []
 
 
-@pytest.mark.parametrize(("endpoint", "host"), [(None, "127.0.0.1"), ("ipc:///run/s.sock", "127.0.0.1"),
-                                                ("tcp://10.0.0.5:9000", "10.0.0.5"), ("tcp://*:9000", "0.0.0.0"),
-                                                ("tcp://[::1]:9000", "::1")])
-def test_metrics_host_follows_the_stage_endpoint(endpoint: str | None, host: str) -> None:
-    assert metrics_host(endpoint) == host
+def _status(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as reply:
+            return reply.status, dict(reply.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers)
+
+
+def test_metrics_listen_on_loopback_by_default_and_want_the_key_when_set() -> None:
+    telemetry = Telemetry(TelemetryOptions(TelemetryLevel.SUMMARY), "stage")
+    url = telemetry.serve_metrics(api_key="sk-metrics")
+    try:
+        assert url.startswith("http://127.0.0.1:") and telemetry._server is not None
+        assert telemetry._server.server_address[0] == "127.0.0.1"
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic sk-metrics"}):
+            status, got = _status(url, headers)
+            assert status == 401 and got["WWW-Authenticate"] == "Bearer", headers
+        assert scrape(url, timeout_s=10.0) is None and scrape(url, timeout_s=10.0, api_key="sk-wrong") is None
+        samples = scrape(url, timeout_s=10.0, api_key="sk-metrics")
+        assert samples is not None and any(s.name == "skippy_telemetry_queue_capacity" for s in samples)
+        openmetrics = _status(url, {"Authorization": "Bearer sk-metrics", "Accept": "application/openmetrics-text"})
+        assert openmetrics[0] == 200 and openmetrics[1]["Content-Type"].startswith("application/openmetrics-text")
+        assert _status(url.replace("/metrics", "/other"), {"Authorization": "Bearer sk-metrics"})[0] == 404
+    finally:
+        telemetry.close()
+
+
+@pytest.mark.parametrize(("endpoint", "host"), [(None, None), ("ipc:///run/s.sock", None), ("tcp://*:9000", None),
+                                                ("tcp://10.0.0.5:9000", "10.0.0.5"), ("tcp://[fd00::5]:9000", "fd00::5")])
+def test_a_wildcard_metrics_bind_is_announced_at_the_stage_endpoints_host(endpoint: str | None, host: str | None) -> None:
+    assert _endpoint_host(endpoint) == host
 
 
 def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
@@ -122,9 +151,12 @@ def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
         'skippy_pipeline_stage_compute_seconds_total{stage_id="stage0"} 0.01\n'
         'skippy_pipeline_stage_compute_seconds_total{stage_id="stage1"} 0.5\n'
         '# TYPE skippy_driver_sessions_running gauge\nskippy_driver_sessions_running 2\n')
-    adapter = '# TYPE skippy_completion_tokens counter\nskippy_completion_tokens_total 12\n'
+    adapter = ('# TYPE skippy_completion_tokens counter\nskippy_completion_tokens_total 12\n'
+               '# TYPE skippy_http_requests counter\nskippy_http_requests_total{route="/v1/completions",status="200"} 3\n'
+               'skippy_http_requests_total{route="/dashboard/data",status="200"} 40\n')
     summary = summarise([("adapter", "a", parse(adapter)), ("stage0", "s0", parse(text)), ("stage1", "s1", None)])
     assert summary["adapter"]["completion_tokens"] == 12
+    assert summary["adapter"]["requests"] == 3  # the dashboard's own polls are not the API's requests
     assert summary["driver"]["running"] == 2 and summary["broker"] is None
     assert summary["stages"]["stage0"]["compute_seconds"] == pytest.approx(0.01)
     assert summary["stages"]["stage0"]["scraped"] == 1 and summary["stages"]["stage0"]["bytes_out"] == 1024
