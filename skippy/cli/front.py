@@ -36,10 +36,10 @@ def start_front(children: Children, options: ServingOptions, topology: Path) -> 
     assert openai is not None
     level = TelemetryOptions.from_serving(options).to_flags()  # every child runs at the stages' telemetry settings
     broker = f"ipc://{children.run_dir}/broker.sock"
-    if openai.api_key is not None:  # to the adapter by its environment: a command line is visible to anyone
+    if openai.api_key is not None:  # to broker and adapter by their environment: a command line is visible to anyone
         children.env[API_KEY_ENV] = openai.api_key
     children.start_process("broker", ["broker", "--bind", broker, "--pipeline", str(topology),
-                                     *openai.admission.to_flags(), *level])
+                                     *openai.admission.to_flags(), *level, "--metrics-bind", options.metrics_bind])
     events = f"ipc://{children.run_dir}/events.sock"  # token events straight from stage 0 (skippy.driver.direct_events)
     ready = children.start_process("adapter", ["adapter", "--broker", broker, "--events-endpoint", events,
                                        "--model", str(cfg.model_path or "default"),

@@ -134,3 +134,45 @@ def test_broker_process_serves_and_stops_cleanly_on_sigterm(shared_pipeline: Pip
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_plain_non_loopback_bind_is_refused_unless_insecure_links(shared_pipeline: PipelineProcs,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Anyone who reaches a plain ROUTER submits requests: beyond loopback, without link keys, the broker
+    refuses to start (one line naming --insecure-links) unless told --insecure-links."""
+    bind = "tcp://0.0.0.0:0"
+    with pytest.raises(ConfigError, match="non-loopback address without link keys.*--insecure-links"):
+        resolve_broker_settings(parse("--bind", bind, "--pipeline", str(shared_pipeline.topology)))
+    assert main(["--bind", bind, "--pipeline", str(shared_pipeline.topology)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"skippy broker: error: broker --bind {bind} is a non-loopback")
+    assert "--insecure-links" in lines[0]
+    loopback = resolve_broker_settings(parse("--bind", "tcp://127.0.0.1:0", "--pipeline", str(shared_pipeline.topology)))
+    assert (loopback.serve_keys, loopback.insecure_links, loopback.metrics_bind) == (None, False, "127.0.0.1")
+    allowed = resolve_broker_settings(parse("--bind", bind, "--pipeline", str(shared_pipeline.topology),
+                                            "--insecure-links"))
+    assert allowed.insecure_links and allowed.serve_keys is None
+    with pytest.raises(ConfigError, match="--metrics-bind must be a host"):
+        resolve_broker_settings(parse("--bind", bind, "--pipeline", str(shared_pipeline.topology), "--metrics-bind",
+                                      "127.0.0.1:9000"))
+
+
+def test_with_insecure_links_it_starts_and_says_so(shared_pipeline: PipelineProcs, tmp_path: Path) -> None:
+    log = tmp_path / "broker.log"
+    cmd = [sys.executable, "-m", "skippy.cli.main", "broker", "--bind", "tcp://0.0.0.0:0", "--insecure-links",
+           "--pipeline", str(shared_pipeline.topology)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        ready = wait_for_event(log, "ready", proc)
+        assert ready["endpoint"].startswith("tcp://0.0.0.0:")
+        assert ready["metrics_url"].startswith("http://127.0.0.1:")  # /metrics stays on loopback
+        warning = wait_for_event(log, "insecure_links", proc)
+        assert warning["level"] == "warning" and "neither authenticated nor encrypted" in warning["error"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert [e for e in read_events(log) if e.get("event") == "stopped"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
