@@ -12,16 +12,27 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import zmq.asyncio
 from broker_helpers import BrokerClient, PipelineProcs, run
 
 from skippy.cli.broker import main, register, resolve_broker_settings, run_broker
 from skippy.config import AdmissionOptions, ConfigError
 from skippy.launcher import read_events
+
+
+@pytest.fixture(autouse=True)
+def _logging_back_to_defaults() -> Iterator[None]:
+    """`main()` run in-process points structlog at this test's captured stderr, closed after it: undo that,
+    so a later test's in-process logging (a secured context's `links_secured`) has somewhere to go."""
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
 
 
 def parse(*argv: str) -> argparse.Namespace:
