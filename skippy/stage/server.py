@@ -55,6 +55,7 @@ from skippy.stage.predict import VerifySpec
 from skippy.stage.telemetry import StageTelemetry
 from skippy.stage.worker import INLINE_MAX_ROWS, RuntimeWorker
 from skippy.supervise import Supervisor
+from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -83,7 +84,8 @@ class StageServer:
         self.upstream: PushQueue | None = None
         self.stage0: PushQueue | None = None
         self.telemetry = StageTelemetry(self.identity, options, final=runtime.is_final, queue_depth=self.work.qsize,
-                                        downstream=lambda: self.downstream)  # metrics and spans (skippy.stage.telemetry)
+                                        downstream=lambda: self.downstream,
+                                        link_guard=lambda: guard_of(self.ctx))  # metrics and spans (skippy.stage.telemetry)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> int:

@@ -20,8 +20,10 @@ from skippy.config import ServingOptions
 from skippy.protocol import Batch, StageIdentity
 from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import Computed
+from skippy.telemetry.links import LinkMetrics
 from skippy.telemetry.metrics import StageMetrics, activation_bytes
 from skippy.telemetry.process import Telemetry, current
+from skippy.transport.curve_guard import LinkGuard
 
 __all__ = ["StageTelemetry", "bytes_out", "credits_outstanding"]
 
@@ -52,8 +54,9 @@ class StageTelemetry:
 
     def __init__(self, identity: StageIdentity, options: ServingOptions, *, final: bool,
                  queue_depth: Callable[[], int], downstream: Callable[[], DownstreamLink | None],
-                 telemetry: Telemetry | None = None) -> None:
-        """`queue_depth` and `downstream` (the link, None at the final stage) are read when needed."""
+                 telemetry: Telemetry | None = None, link_guard: Callable[[], LinkGuard | None] = lambda: None) -> None:
+        """`queue_depth`, `downstream` (the link, None at the final stage) and `link_guard` (the CURVE guard
+        of the stage's links, once secured) are read when needed."""
         self.telemetry = telemetry or current()
         self.stage_id, self.n_embd = identity.stage_id, identity.n_embd
         self.queue_depth = queue_depth
@@ -65,6 +68,7 @@ class StageTelemetry:
             self.registry, self.stage_id, queue_depth=queue_depth,
             kv_cells=lambda: sum(s.kv_cells for s in list(self.sessions.values())), sessions=lambda: len(self.sessions),
             credits_outstanding=lambda: credits_outstanding(downstream()))
+        self.registry.register(LinkMetrics(link_guard))
         self.telemetry.attach(self.registry)
         self.telemetry.span("stage.binary_server_start", self.telemetry.started_at, n_embd=self.n_embd,
                             final=final, max_inflight=options.max_inflight,

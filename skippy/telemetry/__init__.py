@@ -7,6 +7,7 @@
 - `metrics`: `StageMetrics` (every stage's, stage 0's too), the histogram buckets, activation bytes.
 - `targets`: `<run_dir>/metrics-targets.json`, where each process serves /metrics (Prometheus file_sd).
 - `scrape`: reading every process's /metrics back and summarising it (the dashboard's, the benchmarks').
+- `links`: the CURVE link guard's counts (admitted, refused, refused beyond its bound) for an observer's registry.
 
 Each component's observer lives with it and feeds these: skippy.stage.telemetry, skippy.driver.telemetry,
 brokers.telemetry, skippy.http.metrics; the adapter's /dashboard page is skippy.http.dashboard. Nothing

@@ -10,7 +10,11 @@ for that endpoint; no key known is an error, never a plain fallback).
 A client without CURVE, or one that does not know the server's key, fails the handshake: no frame of
 it is ever delivered. Refused keys (`link_refused`, with the peer address and the key) and failed
 handshakes (`link_handshake_failed`, from a monitor of each bound socket) are logged as warnings, at
-most every `LOG_EVERY_S` per peer with the count since, because ZeroMQ peers retry. The ZAP thread
+most every `LOG_EVERY_S` per peer with the count since, because ZeroMQ peers retry. At most `max_noted`
+peers are remembered for that (least recently heard first out, once quiet for `LOG_EVERY_S`): while that
+many are heard from, a new stranger is not remembered but counted (`refused_unnoted`, on /metrics as
+`skippy_link_refused_unnoted_total`: skippy.telemetry.links) and all of them logged together,
+`link_refused_unnoted` at most every `LOG_EVERY_S` with the count since. The ZAP thread
 answers every request (anything unexpected is refused), and bound sockets set ZAP_ENFORCE_DOMAIN, so
 were the handler ever gone libzmq would refuse every client rather than admit any CURVE client.
 Threads, not asyncio tasks, so that closing the context (ETERM) ends them cleanly.
@@ -24,6 +28,7 @@ import itertools
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +40,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from skippy.log import get_logger
 
-__all__ = ["LinkGuard", "LinkKeyError", "LinkKeys", "configure_socket", "guard_of", "secure", "secured_context"]
+__all__ = ["MAX_NOTED", "LinkGuard", "LinkKeyError", "LinkKeys", "configure_socket", "guard_of", "secure",
+           "secured_context"]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"skippy"
 LOG_EVERY_S = 10.0
+MAX_NOTED = 256  # peers (refused keys, failing endpoints) remembered to log at most every LOG_EVERY_S
 _FAILED: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
            zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth"}
 _monitors = itertools.count()
@@ -69,15 +76,19 @@ class LinkKeys:
 class LinkGuard:
     """The ZAP handler and bound-socket monitors of one secured context, with their counts."""
 
-    def __init__(self, ctx: zmq.Context[Any], keys: LinkKeys) -> None:
+    def __init__(self, ctx: zmq.Context[Any], keys: LinkKeys, *, max_noted: int = MAX_NOTED) -> None:
         self.keys = keys
+        self.max_noted = max_noted
         self.accepted = 0
         self.refused = 0
+        self.refused_unnoted = 0  # refusals of peers not remembered: `max_noted` others were heard from lately
         self.failed_handshakes = 0
         self.log = get_logger(component="links")
         # the same libzmq context (so the same inproc namespace), for sockets used from threads
         self._sync: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(ctx.underlying)
-        self._noted: dict[str, tuple[float, int]] = {}
+        # peer -> (last logged, attempts since, last heard), least recently heard first
+        self._noted: OrderedDict[str, tuple[float, int, float]] = OrderedDict()
+        self._unnoted: tuple[float, int] = (-LOG_EVERY_S, 0)  # (last logged, attempts since) of all unnoted peers
         self._lock = threading.Lock()
         zap = self._sync.socket(zmq.ROUTER)
         zap.linger = 0
@@ -143,12 +154,25 @@ class LinkGuard:
             pair.close(linger=0)
 
     def _note(self, what: str, event: str, **fields: Any) -> None:
-        """Log `event` for peer `what` now if it was not logged within LOG_EVERY_S, with the count since."""
+        """Log `event` for peer `what` now if it was not logged within LOG_EVERY_S, with the count since; a
+        peer that finds `max_noted` others heard from within LOG_EVERY_S is counted among the unnoted."""
         now = time.monotonic()
         with self._lock:
-            last, count = self._noted.get(what, (-LOG_EVERY_S, 0))
+            noted = self._noted
+            if what not in noted and len(noted) >= self.max_noted:
+                oldest = next(iter(noted.values()))
+                if now - oldest[2] < LOG_EVERY_S:  # all heard lately (a flood of strangers): remember none more
+                    self.refused_unnoted += 1
+                    last, count = self._unnoted
+                    due = now - last >= LOG_EVERY_S
+                    self._unnoted = (now, 0) if due else (last, count + 1)
+                    if due:
+                        self.log.warning("link_refused_unnoted", attempts=count + 1, remembered=len(noted), **fields)
+                    return
+                noted.popitem(last=False)  # quiet for LOG_EVERY_S: forgotten (logged afresh if it comes back)
+            last, count, _ = noted.pop(what, (-LOG_EVERY_S, 0, now))
             due = now - last >= LOG_EVERY_S
-            self._noted[what] = (now, 0) if due else (last, count + 1)
+            noted[what] = (now, 0, now) if due else (last, count + 1, now)
         if due:
             self.log.warning(event, attempts=count + 1, **fields)
 
@@ -161,11 +185,11 @@ def _thread(name: str, target: Any, *args: Any) -> None:
 _GUARDS: weakref.WeakKeyDictionary[zmq.Context[Any], LinkGuard] = weakref.WeakKeyDictionary()
 
 
-def secure(ctx: zmq.Context[Any], keys: LinkKeys) -> LinkGuard:
+def secure(ctx: zmq.Context[Any], keys: LinkKeys, *, max_noted: int = MAX_NOTED) -> LinkGuard:
     """Put CURVE with `keys` on every socket `ctx` opens from now on (before the first bind or connect)."""
     if ctx in _GUARDS:
         raise RuntimeError(f"context already secured for {_GUARDS[ctx].keys.name}")
-    guard = _GUARDS[ctx] = LinkGuard(ctx, keys)
+    guard = _GUARDS[ctx] = LinkGuard(ctx, keys, max_noted=max_noted)
     return guard
 
 

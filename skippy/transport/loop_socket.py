@@ -2,10 +2,11 @@
 
 A receive is a non-blocking recv first; only when nothing is queued does it wait for the socket's FD.
 A send goes onto the socket at once when there is room; otherwise it waits, in order behind every
-send already waiting, until the FD says the socket changed. Against pyzmq's asyncio sockets this
-saves, per message, a future, a turn of the loop and several ZMQ_EVENTS queries, which add up on a
-decode step's critical path because each wake-up runs cold after llama.cpp has swept the caches
-(measured: docs/measurements.md, 'LoopSocket').
+send already waiting, until the FD says the socket changed. `try_send` never waits: no room, and it
+says so (a sender toward a peer that may stop reading bounds its queue at the high-water mark).
+Against pyzmq's asyncio sockets this saves, per message, a future, a turn of the loop and several
+ZMQ_EVENTS queries, which add up on a decode step's critical path because each wake-up runs cold
+after llama.cpp has swept the caches (measured: docs/measurements.md, 'LoopSocket').
 
 ZeroMQ's FD signals a change of the socket's state and stays readable until the socket processes
 its commands, and the loop polls it level-triggered. So every time it fires ZMQ_EVENTS is read
@@ -68,6 +69,20 @@ class LoopSocket:
         if self._reader is not None:
             self._on_fd()  # the send may have processed the commands that would have told the FD of a message
         return done
+
+    def try_send(self, parts: Parts, copy: bool) -> bool:
+        """Put `parts` on the socket now, or refuse: False when it has no room (its high-water mark) or sends
+        wait already; nothing is queued here. Other errors (EHOSTUNREACH of a ROUTER_MANDATORY socket) raise."""
+        if self._sends:
+            return False
+        try:
+            self.socket.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return False
+        finally:
+            if self._reader is not None:
+                self._on_fd()  # the send may have processed the commands that would have told the FD of a message
+        return True
 
     def _wait_for_room(self, parts: Parts, copy: bool) -> asyncio.Future[None]:
         done = self._watch().create_future()

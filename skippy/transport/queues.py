@@ -14,6 +14,7 @@ CURVE server admitting the topology's keys and every connect a CURVE client.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Sequence
 
 import zmq
@@ -23,12 +24,20 @@ from skippy.protocol import Message, ProtocolError, decode, encode
 from skippy.transport.curve_guard import configure_socket
 from skippy.transport.loop_socket import LoopSocket
 
-__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "PullQueue", "PushQueue", "RouterQueue"]
+__all__ = ["ZERO_COPY_MIN_BYTES", "DealerQueue", "Offer", "PullQueue", "PushQueue", "RouterQueue"]
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 
 Decoder = Callable[[list[zmq.Frame]], Message]
 Encoder = Callable[[Message], Sequence[bytes | memoryview]]
+
+
+class Offer(enum.StrEnum):
+    """What became of a message offered with `try_send` (which never waits)."""
+
+    SENT = "sent"  # on the socket (on its way)
+    FULL = "full"  # refused: the peer's queue is at the high-water mark (it does not read)
+    GONE = "gone"  # refused: no such peer is connected (a ROUTER with `mandatory`)
 
 
 def _open(ctx: zmq.asyncio.Context, kind: int, endpoint: str, *, bind: bool,
@@ -84,6 +93,11 @@ class PushQueue:
         """Send frames already encoded (by `protocol.encode`)."""
         return await _send_frames(self._socket, frames)
 
+    def try_send(self, msg: Message) -> bool:
+        """Put ``msg`` on the socket now, or refuse (False) when ``sndhwm`` messages are queued already."""
+        parts, copy, _ = _multipart(self._encoder(msg))
+        return self._socket.try_send(parts, copy)
+
     def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[None] | None, int]:
         """Hand frames to ZeroMQ now: (None if the socket took them, else a future done once they are on it
         (the socket was full: they wait, in order); the bytes handed over)."""
@@ -116,12 +130,16 @@ def _decoded(decoder: Decoder, frames: list[zmq.Frame]) -> Message | ProtocolErr
 
 
 class RouterQueue:
-    """Binds a ROUTER for request/reply clients (stage 0's request endpoint); messages carry the client id."""
+    """Binds a ROUTER for request/reply clients (stage 0's request endpoint); messages carry the client id.
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
+    By default a reply to a vanished client, or past a client's ``sndhwm`` queued replies, is dropped by
+    ZeroMQ without a word. With ``mandatory`` (ROUTER_MANDATORY) send with `try_send`, which says so."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode, sndhwm: int = 1000,
+                 mandatory: bool = False) -> None:
         self._decoder = decoder
-        # a reply to a vanished client is dropped (not ROUTER_MANDATORY)
-        self._socket, self.endpoint = _open(ctx, zmq.ROUTER, endpoint, bind=True, options={zmq.ROUTER_MANDATORY: 0})
+        self._socket, self.endpoint = _open(ctx, zmq.ROUTER, endpoint, bind=True,
+                                            options={zmq.ROUTER_MANDATORY: int(mandatory), zmq.SNDHWM: sndhwm})
 
     async def recv(self) -> tuple[bytes, Message | ProtocolError]:
         client, *frames = await self._socket.recv_multipart()
@@ -129,6 +147,16 @@ class RouterQueue:
 
     async def send(self, client: bytes, msg: Message) -> int:
         return await _send_frames(self._socket, encode(msg), prefix=client)
+
+    def try_send(self, client: bytes, msg: Message) -> Offer:
+        """Put ``msg`` for ``client`` on the socket now, or say why not (never waits, never queues here)."""
+        parts, copy, _ = _multipart(encode(msg))
+        try:
+            return Offer.SENT if self._socket.try_send([client, *parts], copy) else Offer.FULL
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return Offer.GONE
+            raise
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; replies still queued get ``linger_ms`` to leave."""

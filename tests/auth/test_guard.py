@@ -4,6 +4,7 @@ and the queues of skippy.transport over CURVE on a secured context (ipc, as the 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,73 @@ def test_queues_over_curve(tmp_path: Path) -> None:
                 pull.close()
 
     assert asyncio.run(body()) == Heartbeat("client", "x")
+
+
+class _Lines:
+    """A logger that keeps its lines (the guard logs from its threads)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, object]]] = []
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append((event, fields))
+
+    info = error = warning
+
+    def named(self, event: str) -> list[dict[str, object]]:
+        return [fields for name, fields in list(self.lines) if name == event]
+
+
+def test_a_flood_of_strangers_is_remembered_within_the_bound_and_counted(tmp_path: Path) -> None:
+    """Strangers with keys the topology does not name, more than the guard remembers: it keeps `max_noted`
+    of them, counts the rest (`refused_unnoted`, on /metrics) and logs them as one line, while the known
+    client's messages still arrive."""
+    from skippy.telemetry.links import LinkMetrics
+
+    endpoint, strangers, bound = f"ipc://{tmp_path}/s.sock", 8, 3
+
+    async def body() -> None:
+        server_ctx = zmq.asyncio.Context()
+        guard = secure(server_ctx, keys(SERVER, "stage1"), max_noted=bound)
+        log = guard.log = _Lines()
+        others = [zmq.Context() for _ in range(strangers)]
+        try:
+            pull = PullQueue(server_ctx, endpoint)
+            sockets = []
+            for ctx in others:  # each its own key pair, and the server's key: a CURVE handshake the ZAP refuses
+                public, secret = zmq.curve_keypair()
+                sock = ctx.socket(zmq.PUSH)
+                sock.linger = 0
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, SERVER[0]
+                sock.connect(endpoint)
+                sock.send(b"let me in", zmq.NOBLOCK)  # queued at the stranger: never delivered
+                sockets.append(sock)
+            with secured_context(keys(CLIENT, "client", {endpoint: SERVER[0]})) as client_ctx:
+                push = PushQueue(client_ctx, endpoint)
+                try:
+                    deadline = time.monotonic() + 30.0
+                    while guard.refused_unnoted < strangers - bound:  # every stranger refused, some retried
+                        assert time.monotonic() < deadline, (guard.refused, guard.refused_unnoted)
+                        await asyncio.sleep(0.05)  # poll interval of a bounded poll
+                    await push.send(Heartbeat("client", "still served"))
+                    msg = await asyncio.wait_for(pull.recv(), 30.0)
+                    assert msg == Heartbeat("client", "still served")
+                finally:
+                    push.close()
+            assert len(guard._noted) <= bound
+            assert guard.refused >= strangers and guard.refused_unnoted >= strangers - bound
+            assert len(log.named("link_refused")) <= bound  # one line per remembered stranger (within LOG_EVERY_S)
+            unnoted = log.named("link_refused_unnoted")
+            assert len(unnoted) == 1 and unnoted[0]["remembered"] == bound  # the rest: one line in LOG_EVERY_S
+            scraped = {m.name: m.samples[0].value for m in LinkMetrics(lambda: guard).collect()}
+            assert scraped["skippy_link_refused_unnoted"] >= strangers - bound
+            assert scraped["skippy_link_accepted"] >= 1
+            for sock in sockets:
+                sock.close(0)
+            pull.close()
+        finally:
+            for ctx in others:
+                ctx.term()
+            server_ctx.term()
+
+    asyncio.run(asyncio.wait_for(body(), 60.0))
