@@ -14,6 +14,10 @@ class PipelineUnavailable(RuntimeError):
     """The pipeline cannot take requests now (a stage is down); the message names it."""
 
 
+class QueueFull(RuntimeError):
+    """Stage 0 cannot take a request now: as many as it lets wait for a lane are waiting (ErrorCode.QUEUE_FULL)."""
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     token: int | None = None  # a generated token, or None on the final event

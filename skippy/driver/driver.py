@@ -7,7 +7,11 @@ downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which ca
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
 `submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
 `cancel(request_id)`. A finished request's session is released on every stage. A silent stage fails
-the requests in flight with an error naming it, and new requests are refused until it is back.
+the requests in flight with an error naming it, and new requests are refused until it is back. At most
+`max_waiting` requests wait for a lane (default: `default_max_waiting`, the admission queue's capacity, at
+least lane_count so that one broker's requests always fit); past it `submit` raises `QueueFull`
+(ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total` and logged once per
+episode (`waiting_full`, then `waiting_full_ended` with the count).
 Every loop runs under a `Supervisor`: if one raises, the live requests fail with the cause and the
 owning process exits nonzero.
 """
@@ -21,7 +25,7 @@ import uuid
 import numpy as np
 import zmq.asyncio
 
-from skippy.config import ServingOptions, prompt_length_error
+from skippy.config import ServingOptions, default_queue_capacity, prompt_length_error
 from skippy.config.affinity import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
 from skippy.driver.calibrate import calibrate_speculation
@@ -46,10 +50,11 @@ from skippy.protocol import (
     Predictions,
     ReleaseSessions,
     StageIdentity,
+    Status,
     decode,
 )
 from skippy.protocol.stats import RequestStats
-from skippy.request_events import PipelineUnavailable, RequestHandle
+from skippy.request_events import PipelineUnavailable, QueueFull, RequestHandle
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
@@ -57,13 +62,22 @@ from skippy.stage.handshake import open_downstream
 from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
+from skippy.transport.curve_guard import guard_of
+from skippy.transport.overflow import Overflows
 from skippy.transport.queues import PullQueue
+
+
+def default_max_waiting(options: ServingOptions, lane_count: int) -> int:
+    """Requests waiting for a lane at stage 0 at most: its OpenAI front's queue capacity, else the default one
+    for `lane_count` lanes (clamp(8 x lanes, 16, 256)); at least `lane_count`."""
+    capacity = options.openai.admission.queue_capacity if options.openai is not None else None
+    return max(lane_count, capacity if capacity is not None else default_queue_capacity(lane_count))
 
 
 class Driver:
     def __init__(self, options: ServingOptions, runtime: StageRuntime, *, max_iterations_in_flight: int | None = None,
                  supervisor: Supervisor | None = None, dead_after_s: float = DEAD_AFTER_S,
-                 speculation: Speculation | None = None) -> None:
+                 speculation: Speculation | None = None, max_waiting: int | None = None) -> None:
         cfg = options.config
         self.options = options
         self.runtime = runtime
@@ -91,7 +105,10 @@ class Driver:
         self.downstream: DownstreamLink | None = None
         self.inbound_handler = Inbound(self, self.identity, self.log)
         self.telemetry = DriverTelemetry(self.identity, self.table, self.launcher, lambda: self.max_iterations,
-                                         lanes=runtime.spec.lane_count, n_batch=runtime.params.n_batch)
+                                         lanes=runtime.spec.lane_count, n_batch=runtime.params.n_batch,
+                                         link_guard=lambda: guard_of(self.ctx))
+        self.max_waiting = max_waiting or default_max_waiting(options, runtime.spec.lane_count)
+        self.waiting_full = Overflows("waiting_full", self.log, self.telemetry.waiting_refused.inc)
 
     @property
     def stats(self) -> DriverStats:
@@ -165,11 +182,22 @@ class Driver:
         request_id = request_id or uuid.uuid4().hex
         if self.table.get(request_id) is not None:
             raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
+        if len(self.table.waiting) >= self.max_waiting:
+            self.waiting_full.refused("waiting", max_waiting=self.max_waiting, request_id=request_id)
+            raise QueueFull(f"stage 0 queue full: {len(self.table.waiting)} requests waiting for a lane"
+                            f" (at most {self.max_waiting})")
+        self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
         handle = RequestHandle(request_id)
         self.table.add(Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens,
                                 stop_tokens, ChunkPlanner(self.prefill), handle))
         self._wakeup.set()
         return handle
+
+    def status(self, nonce: int = 0) -> Status:
+        """Stage 0's answer to a StatusQuery: whether it serves (else the stage that is down), its load."""
+        dead = self.liveness.dead or (self.identity.stage_id if self.failed else None)
+        return Status(nonce, dead is None, dead, len(self.table.running), len(self.table.waiting),
+                      self.runtime.spec.lane_count, self.runtime.spec.ctx_size)
 
     def cancel(self, request_id: str) -> None:
         seq = self.table.get(request_id)

@@ -2,7 +2,7 @@
 
 Clients send Submit / Cancel / StatusQuery; each request's tokens go back as TokenEvents to the
 client that asked, or, when its Submit names an `events_to` endpoint, straight there with a copy of
-the final event to the submitter (skippy.driver.direct_events). The process logs `ready` once
+the final event to the submitter (skippy.driver.requests, skippy.driver.direct_events). The process logs `ready` once
 stage 1 (and so the whole chain) has answered the handshake, and `stopped` after SIGTERM/SIGINT has
 failed what was in flight and closed its sockets. If any of its loops fails, the requests in flight
 get an error naming the cause, the process logs `process_failed` and exits with code 1.
@@ -15,27 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import zmq
-
 from skippy.config import ServingOptions
-from skippy.driver.direct_events import EventSinks, submitter_copy, usable
+from skippy.driver.direct_events import EventSinks
 from skippy.driver.driver import Driver
+from skippy.driver.requests import RequestEndpoint
 from skippy.driver.speculative.setup import build_speculation
 from skippy.log import announce_ready, get_logger
-from skippy.protocol import (
-    Cancel,
-    ErrorCode,
-    FinishReason,
-    Message,
-    ProtocolError,
-    Status,
-    StatusQuery,
-    Submit,
-    TokenEvents,
-)
-from skippy.request_events import PipelineUnavailable, RequestHandle
-from skippy.runtime.errors import RuntimeUsageError
-from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.stage.links import ignore_signals, stop_on_signals
 from skippy.supervise import Supervisor
@@ -66,8 +51,9 @@ class DriverProcess:
         self.driver = Driver(options, runtime, supervisor=self.supervisor,
                              speculation=build_speculation(options, runtime))
         self.runtime = runtime
-        self.forwarders: set[asyncio.Task[None]] = set()
         self.sinks = EventSinks()
+        self.requests = RequestEndpoint(self.driver, self.sinks, self.log,
+                                        events_to_overflow=self.driver.telemetry.events_to_overflow.inc)
         self.start_front = start_front
 
     async def run(self) -> int:
@@ -83,7 +69,7 @@ class DriverProcess:
                           endpoint=self.driver.inbound.endpoint, request_endpoint=router.endpoint,
                           n_embd=self.runtime.n_embd, final=self.runtime.is_final, eval_callback=self.runtime.eval_callback,
                           max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict())
-            self.supervisor.spawn("request endpoint", self._serve(router))
+            self.supervisor.spawn("request endpoint", self.requests.serve(router))
             if self.driver.options.openai is not None and self.start_front is not None:
                 started, url = await asyncio.to_thread(self.start_front, self.driver.options)
                 front = started
@@ -105,9 +91,10 @@ class DriverProcess:
         try:
             if front is not None:
                 await asyncio.to_thread(front.stop)
-            if self.forwarders:  # final events (e.g. of requests failed by a crash) reach their clients
-                await asyncio.wait(self.forwarders, timeout=DELIVER_ON_STOP_S)
-            for task in self.forwarders:
+            forwarders = self.requests.forwarders
+            if forwarders:  # final events (e.g. of requests failed by a crash) reach their clients
+                await asyncio.wait(forwarders, timeout=DELIVER_ON_STOP_S)
+            for task in list(forwarders):
                 task.cancel()
         finally:
             self.sinks.close()
@@ -123,52 +110,3 @@ class DriverProcess:
         while True:
             name, code = await front.wait_dead()
             self.log.error("child_died", child=name, exit_code=code, log=str(front.log_path(name)))
-
-    async def _serve(self, router: RouterQueue) -> None:
-        while True:
-            client, msg = await router.recv()
-            await self._on_request(router, client, msg)
-
-    async def _on_request(self, router: RouterQueue, client: bytes, msg: Message | ProtocolError) -> None:
-        if isinstance(msg, Submit):
-            try:
-                sampling = SamplingParams.from_dict(msg.sampling)
-                handle = self.driver.submit(list(msg.prompt), sampling, msg.max_tokens, frozenset(msg.stop_tokens),
-                                            msg.request_id)
-            except (RuntimeUsageError, PipelineUnavailable, TypeError, ValueError) as exc:
-                self.log.warning("request_refused", request_id=msg.request_id, error=str(exc))
-                code = ErrorCode.UNAVAILABLE if isinstance(exc, PipelineUnavailable) else ErrorCode.BAD_REQUEST
-                await router.send(client, TokenEvents(msg.request_id, (), FinishReason.ERROR, str(exc), code))
-                return
-            events_to = msg.events_to if usable(msg.events_to) else None
-            task = asyncio.get_running_loop().create_task(self._forward(router, client, handle, events_to))
-            self.forwarders.add(task)
-            task.add_done_callback(self.forwarders.discard)
-        elif isinstance(msg, Cancel):
-            self.driver.cancel(msg.request_id)
-        elif isinstance(msg, StatusQuery):
-            d = self.driver
-            dead = d.liveness.dead or (d.identity.stage_id if d.failed else None)
-            await router.send(client, Status(msg.nonce, dead is None, dead, len(d.table.running), len(d.table.waiting),
-                                             self.runtime.spec.lane_count, self.runtime.spec.ctx_size))
-        else:
-            self.log.warning("bad_request", detail=str(msg)[:200])
-
-    async def _forward(self, router: RouterQueue, client: bytes, handle: RequestHandle, events_to: str | None) -> Any:
-        sent = 0  # tokens pushed to `events_to`
-        async for event in handle:
-            tokens = () if event.token is None else (event.token,)
-            logprobs = () if event.logprob is None else (event.logprob,)
-            msg = TokenEvents(handle.request_id, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats)
-            if events_to is not None:
-                try:
-                    self.sinks.send(events_to, msg)
-                except zmq.ZMQError as exc:  # cannot connect there: everything goes to the submitter instead
-                    self.log.warning("events_to_refused", request_id=handle.request_id, events_to=events_to, error=str(exc))
-                    events_to = None
-                else:
-                    sent += len(tokens)
-                    if msg.finish_reason is not None:
-                        await router.send(client, submitter_copy(msg, sent))
-                    continue
-            await router.send(client, msg)

@@ -9,7 +9,9 @@ their limit), never from the driver itself. Hooks: `iteration` when a batch's pr
 `iteration_done`), `outcome` for each request's share of it, `finished` when a request ends. Spans:
 summary `stage.openai_prefill` (a request's first token) and `stage.openai_generation_summary` (its
 totals); debug `stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0's compute) and
-`stage.openai_decode_token` (phase cold, warmup, steady).
+`stage.openai_decode_token` (phase cold, warmup, steady). Bounded queues' refusals are counters the driver
+and its request endpoint move: `waiting_refused` (a direct submit past `max_waiting`, answered queue_full)
+and `events_to_overflow` (a direct token event a client's full event socket refused; its request failed).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from skippy.driver.sequence import Sequence, SequenceTable
 from skippy.log import get_logger
 from skippy.protocol import FinishReason, Predictions, StageIdentity
 from skippy.stage.telemetry import bytes_out, credits_outstanding
+from skippy.telemetry.links import LinkMetrics
 from skippy.telemetry.metrics import SECONDS_BUCKETS, StageMetrics
 from skippy.telemetry.process import Telemetry, current, wall_time
+from skippy.transport.curve_guard import LinkGuard
 
 __all__ = ["DriverTelemetry"]
 
@@ -36,9 +40,11 @@ WARMUP_TOKENS = 4  # decode tokens after the first that count as warm-up in stag
 
 class DriverTelemetry:
     def __init__(self, identity: StageIdentity, table: SequenceTable, launcher: BatchLauncher,
-                 max_iterations: Callable[[], int], *, lanes: int, n_batch: int, telemetry: Telemetry | None = None) -> None:
-        """`table` and `launcher` (the batches in flight, the downstream link) are read when scraped, and so is
-        `max_iterations` (micro-batches kept in flight at most); `lanes` and `n_batch` go on the start span."""
+                 max_iterations: Callable[[], int], *, lanes: int, n_batch: int, telemetry: Telemetry | None = None,
+                 link_guard: Callable[[], LinkGuard | None] = lambda: None) -> None:
+        """`table` and `launcher` (the batches in flight, the downstream link) are read when scraped, and so are
+        `max_iterations` (micro-batches kept in flight at most) and `link_guard` (the CURVE guard of stage 0's
+        links, once secured); `lanes` and `n_batch` go on the start span."""
         self.telemetry = telemetry or current()
         self.log = get_logger()
         self.n_embd = identity.n_embd
@@ -67,6 +73,11 @@ class DriverTelemetry:
                                      ["stage_id"], registry=registry)
         self.stage_wait = Counter("skippy_pipeline_stage_credit_wait_seconds", "each stage's credit waits, from batch timings",
                                   ["stage_id"], registry=registry)
+        self.waiting_refused = Counter("skippy_driver_waiting_refused", "requests refused with queue_full: stage 0's "
+                                       "queue of requests waiting for a lane was full", registry=registry)
+        self.events_to_overflow = Counter("skippy_driver_events_to_overflow", "direct token events refused by a client's "
+                                          "full event socket (the request then failed with slow_client)", registry=registry)
+        registry.register(LinkMetrics(link_guard))
         self.hops = Histogram("skippy_pipeline_hop_seconds", "send -> receive between consecutive stages", ["hop"],
                               registry=registry, buckets=SECONDS_BUCKETS)
         self._last_token: dict[int, float] = {}  # session -> wall time of its last delivered token

@@ -39,6 +39,7 @@ class ErrorCode(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     PIPELINE_FAILED = "pipeline_failed"
+    SLOW_CLIENT = "slow_client"  # the client did not read its events: they overflowed a bounded queue toward it
 
 
 # The one ErrorCode -> HTTP status mapping (the adapter answers with it, the broker counts its 429s by it);

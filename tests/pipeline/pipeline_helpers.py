@@ -118,15 +118,15 @@ class Pipeline:
 
 @contextlib.asynccontextmanager
 async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None = None,
-                         dead_after_s: float = DEAD_AFTER_S, speculation: Speculation | None = None
-                         ) -> AsyncIterator[Driver]:
+                         dead_after_s: float = DEAD_AFTER_S, speculation: Speculation | None = None,
+                         max_waiting: int | None = None) -> AsyncIterator[Driver]:
     """A started Driver for `pipe` (stage 0 in this process) recording its ops (`driver.recorder`, an
     OpLog), closed with its runtime on exit."""
     configure_logging("summary", stream=sys.stderr, stage_id="stage0", role="test-driver")
     options = pipe.driver_options(*flags)
     runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
     driver = Driver(options, runtime, max_iterations_in_flight=max_iterations, dead_after_s=dead_after_s,
-                    speculation=speculation)
+                    speculation=speculation, max_waiting=max_waiting)
     driver.recorder = OpLog()
     try:
         await driver.start()

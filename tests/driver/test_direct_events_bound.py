@@ -1,0 +1,211 @@
+"""Stage 0's direct token events toward a client that does not read: bounded, counted, the request failed.
+
+The request endpoint (`RequestEndpoint`, real ROUTER and sockets) serves a scripted stage 0 whose
+requests produce as many events as the test puts in. A client whose event PULL never reads gets its
+request failed with slow_client through the submitter once its socket holds `max_queued` events (nothing
+queues in stage 0 past ZeroMQ's high-water mark), the request is cancelled at stage 0, the refusal is
+counted and logged once for the episode, while a client that reads is served every event in order and
+status queries are answered. Once the stalled client reads again its next request is served, and the
+episode's end is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from skippy.driver.direct_events import EventSinks
+from skippy.driver.requests import RequestEndpoint
+from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents, decode
+from skippy.request_events import RequestHandle, TokenEvent
+from skippy.runtime.sampling import SamplingParams
+from skippy.transport.queues import DealerQueue, RouterQueue
+
+MAX_QUEUED = 4
+WAIT_S = 15.0  # bound on each wait
+BURST = 2000  # events put in at a time while waiting for the overflow
+
+
+class ScriptedStage0:
+    """Stage 0 as the request endpoint sees it: handles the test fills, cancels recorded."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, RequestHandle] = {}
+        self.cancelled: list[str] = []
+        self.submitted = asyncio.Queue[str]()
+
+    def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
+               request_id: str | None) -> RequestHandle:
+        assert request_id is not None
+        handle = self.handles[request_id] = RequestHandle(request_id)
+        self.submitted.put_nowait(request_id)
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+        self.handles[request_id].put(TokenEvent(finish_reason=FinishReason.CANCELLED))
+
+    def status(self, nonce: int) -> Status:
+        return Status(nonce, True, None, len(self.handles), 0, 2, 512)
+
+
+class CountingSinks(EventSinks):
+    """EventSinks that count the events each endpoint's socket took."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taken: dict[str, int] = {}
+
+    def send(self, endpoint: str, msg: TokenEvents) -> bool:
+        took = super().send(endpoint, msg)
+        self.taken[endpoint] = self.taken.get(endpoint, 0) + took
+        return took
+
+
+class Log:
+    """A logger that keeps its lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def _line(self, level: str) -> Any:
+        return lambda event, **fields: self.lines.append((level, event, fields))
+
+    def __getattr__(self, level: str) -> Any:
+        return self._line(level)
+
+    def events(self, name: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(level, fields) for level, event, fields in self.lines if event == name]
+
+
+async def _recv(queue: DealerQueue) -> Any:
+    return await asyncio.wait_for(queue.recv(), WAIT_S)
+
+
+def _events_pull(ctx: zmq.asyncio.Context, endpoint: str) -> zmq.Socket[bytes]:
+    """A client's event endpoint: a PULL that holds one message and reads only when the test says."""
+    pull: zmq.Socket[bytes] = ctx.socket(zmq.PULL, socket_class=zmq.Socket)  # type: ignore[arg-type,assignment]
+    pull.setsockopt(zmq.RCVHWM, 1)
+    pull.bind(endpoint)
+    return pull
+
+
+def _drain(pull: zmq.Socket[bytes]) -> list[TokenEvents]:
+    got = []
+    while True:
+        try:
+            msg = decode(pull.recv_multipart(zmq.NOBLOCK, copy=False))
+        except zmq.Again:
+            return got
+        assert isinstance(msg, TokenEvents)
+        got.append(msg)
+
+
+def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        stage0, log, counted = ScriptedStage0(), Log(), itertools.count()
+        sinks = CountingSinks(max_queued=MAX_QUEUED)
+        endpoint = RequestEndpoint(stage0, sinks, log, events_to_overflow=lambda: next(counted))
+        router = RouterQueue(ctx, f"ipc://{tmp_path}/req.sock")
+        serving = asyncio.get_running_loop().create_task(endpoint.serve(router))
+        stalled_at, reading_at = f"ipc://{tmp_path}/stalled.sock", f"ipc://{tmp_path}/reading.sock"
+        stalled, reading = _events_pull(ctx, stalled_at), _events_pull(ctx, reading_at)
+        submitter = DealerQueue(ctx, router.endpoint)
+        try:
+            await submitter.send(Submit("stuck", (1, 2), {}, 10**6, (), stalled_at))
+            assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "stuck"
+            stuck = stage0.handles["stuck"]
+            put = 0
+            final: Any = None
+            while final is None:  # events as fast as stage 0 makes them, until its socket toward the client is full
+                assert put < 200 * BURST, "no overflow: the events queue somewhere without bound"
+                for _ in range(BURST):
+                    stuck.put(TokenEvent(token=put % 1000))
+                    put += 1
+                try:
+                    final = await asyncio.wait_for(submitter.recv(), 0.2)  # poll interval of a bounded poll
+                except TimeoutError:
+                    pass
+            assert isinstance(final, TokenEvents) and final.request_id == "stuck"
+            assert (final.finish_reason, final.code) == (FinishReason.ERROR, ErrorCode.SLOW_CLIENT)
+            assert stalled_at in (final.error or "") and final.sent_direct is None
+            assert stage0.cancelled == ["stuck"]
+            sink = sinks._sinks[stalled_at]
+            assert not sink._socket._sends and sink._socket.socket.getsockopt(zmq.SNDHWM) == MAX_QUEUED  # none in stage 0
+            assert sinks.taken[stalled_at] < put  # the rest was never queued anywhere
+            assert next(counted) == 1 and len(log.events("events_to_overflow")) == 1
+            await asyncio.wait_for(_no_forwarders(endpoint), WAIT_S)  # the stuck request's events stop there
+
+            # a client that reads is served meanwhile: every event, in order, the final copy to the submitter
+            await submitter.send(Submit("fine", (1, 2), {}, 50, (), reading_at))
+            assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "fine"
+            got = []
+            for token in range(50):  # as a decode step makes them: one, read, the next (a burst may overflow too)
+                stage0.handles["fine"].put(TokenEvent(token=token))
+                got += await _read(reading, 1)
+            stage0.handles["fine"].put(TokenEvent(finish_reason=FinishReason.LENGTH))
+            copy = await _recv(submitter)
+            assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("fine", FinishReason.LENGTH, 50)
+            got += await _read_until_final(reading)
+            assert [t for m in got for t in m.tokens] == list(range(50)) and got[-1].finish_reason == FinishReason.LENGTH
+            await submitter.send(StatusQuery(7))
+            assert (await _recv(submitter)).nonce == 7
+
+            # the stalled client reads again: its next request is served, and the episode ends
+            got = await _read(stalled, sinks.taken[stalled_at])
+            assert [m.tokens for m in got] == [(i % 1000,) for i in range(sinks.taken[stalled_at])]  # in order, no gap
+            await submitter.send(Submit("later", (1, 2), {}, 3, (), stalled_at))
+            assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "later"
+            for token in (7, 8):  # within the bound (less the lag of ZeroMQ's read count): taken before the client reads
+                stage0.handles["later"].put(TokenEvent(token=token))
+            stage0.handles["later"].put(TokenEvent(finish_reason=FinishReason.STOP))
+            copy = await _recv(submitter)
+            assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("later", FinishReason.STOP, 2)
+            later = await _read_until_final(stalled)
+            assert [t for m in later for t in m.tokens] == [7, 8]
+            assert [fields["refused"] for _, fields in log.events("events_to_overflow_ended")] == [1]
+            assert len(log.events("events_to_overflow")) == 1
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+            submitter.close()
+            router.close()
+            stalled.close(linger=0)
+            reading.close(linger=0)
+            sinks.close(linger_ms=0)
+            ctx.term()
+
+    asyncio.run(asyncio.wait_for(body(), 120.0))
+
+
+async def _no_forwarders(endpoint: RequestEndpoint) -> None:
+    while endpoint.forwarders:
+        await asyncio.sleep(0.01)  # poll interval of a bounded poll (the caller bounds it)
+
+
+async def _read_until_final(pull: zmq.Socket[bytes]) -> list[TokenEvents]:
+    """Events from `pull` up to and including a final one (bounded)."""
+    got: list[TokenEvents] = []
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not got or got[-1].finish_reason is None:
+        assert asyncio.get_running_loop().time() < deadline, f"no final event within {WAIT_S:g} s: {got[-3:]}"
+        got += _drain(pull)
+        await asyncio.sleep(0.01)  # poll interval of a bounded poll
+    return got
+
+
+async def _read(pull: zmq.Socket[bytes], n: int) -> list[TokenEvents]:
+    """The next `n` events from `pull` (bounded)."""
+    got: list[TokenEvents] = []
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while len(got) < n:
+        assert asyncio.get_running_loop().time() < deadline, f"{len(got)} of {n} events within {WAIT_S:g} s"
+        got += _drain(pull)
+        await asyncio.sleep(0.01)  # poll interval of a bounded poll
+    return got
