@@ -5,7 +5,9 @@ may replace, the count of ready pipelines, its outcome tally and its clock), nev
 Gauges and the outcome counters are read when scraped (nothing on the request path); `admitted` and
 `finished` are the broker's two hooks, `finished` given a `FinishedRequest` (the request's times,
 tokens and pipeline as plain values). `skippy_broker_rejected_429_total` counts the refusals an
-adapter turns into HTTP 429 (queue_full, admission_timeout). Each request ends with a summary span
+adapter turns into HTTP 429 (queue_full, admission_timeout); `skippy_broker_relay_overflow_total{reason}` the
+messages an adapter's queue refused (full) or that had no adapter (gone), which the broker moves, and
+`skippy_link_*` its CURVE guard's counts (skippy.telemetry.links). Each request ends with a summary span
 `stage.openai_admission` from its arrival to its end, with its queue wait, outcome, tokens and pipeline.
 """
 
@@ -21,8 +23,10 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from brokers.admission import AdmissionQueue
 from skippy.protocol import TokenEvents
 from skippy.protocol.kinds import http_status
+from skippy.telemetry.links import LinkMetrics
 from skippy.telemetry.metrics import SECONDS_BUCKETS
 from skippy.telemetry.process import Telemetry, current
+from skippy.transport.curve_guard import LinkGuard
 
 __all__ = ["BrokerTelemetry", "FinishedRequest"]
 
@@ -46,9 +50,11 @@ class FinishedRequest:
 
 class BrokerTelemetry:
     def __init__(self, queue: Callable[[], AdmissionQueue], pipelines_ready: Callable[[], int],
-                 outcomes: Mapping[str, int], clock: Callable[[], float], telemetry: Telemetry | None = None) -> None:
+                 outcomes: Mapping[str, int], clock: Callable[[], float], telemetry: Telemetry | None = None,
+                 link_guard: Callable[[], LinkGuard | None] = lambda: None) -> None:
         """`queue` and `pipelines_ready` are read when scraped; `outcomes` (requests by outcome) is the
-        broker's own tally, read then too; `clock` is the broker's."""
+        broker's own tally, read then too, and so is `link_guard` (the guard of its links to the pipelines,
+        once secured); `clock` is the broker's."""
         self.telemetry = telemetry or current()
         self.outcomes = outcomes
         self.clock = clock
@@ -61,6 +67,10 @@ class BrokerTelemetry:
                 ("skippy_broker_pipelines_ready", "pipeline replicas taking requests", pipelines_ready)):
             Gauge(name, doc, registry=registry).set_function(read)
         self.admitted_total = Counter("skippy_broker_admitted", "requests given a generation permit", registry=registry)
+        self.relay_overflow = Counter("skippy_broker_relay_overflow", "messages for an adapter refused: its queue at the "
+                                      "broker full (it does not read) or no such adapter (gone); its request failed",
+                                      ["reason"], registry=registry)
+        registry.register(LinkMetrics(link_guard))
         registry.register(self)  # the outcome counters, read from the broker's own tally when scraped
         self.queue_wait = Histogram("skippy_broker_queue_wait_seconds", "arrival -> permit", registry=registry,
                                     buckets=SECONDS_BUCKETS)
