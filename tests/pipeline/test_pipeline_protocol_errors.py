@@ -36,7 +36,9 @@ from skippy.protocol import (
     decode,
     encode,
 )
-from skippy.runtime.stage_runtime import RuntimeSpec, SessionWindow, StageRuntime
+from skippy.runtime.spec import RuntimeSpec
+from skippy.runtime.stage_runtime import StageRuntime
+from skippy.runtime.windows import SessionWindow
 
 SPLIT = 3
 RECV_TIMEOUT_S = 10.0
