@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import zmq.asyncio
 
