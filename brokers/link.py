@@ -5,7 +5,9 @@ protocol message itself, all fields) and every Status answer to the broker's cal
 remembers the latest Status and when stage 0 last answered: the pipeline is *ready* when its
 Status says ready and stage 0 answered within `status_timeout_s`.  Sends are bounded, so a dead
 stage 0 can never stall the broker; `reconnect()` replaces the socket, dropping whatever was
-queued toward a stage 0 that stopped answering.
+queued toward a stage 0 that stopped answering. When the connection to stage 0 drops (its process
+exited: a restarted stage 0 knows nothing of the requests the old one held) `on_lost` is told at once,
+however soon a new stage 0 answers again.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ CLOSE_LINGER_MS = 500
 
 OnEvents = Callable[["PipelineLink", TokenEvents], Awaitable[None]]
 OnStatus = Callable[["PipelineLink"], None]
+OnLost = Callable[["PipelineLink", str], None]
 
 
 class PipelineLink:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, stage0_id: str | None = None,
                  on_events: OnEvents, on_status: OnStatus, status_timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_lost: OnLost | None = None) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
         self.stage0_id = stage0_id  # named in Status.dead_stage when stage 0 itself is silent
@@ -48,8 +51,10 @@ class PipelineLink:
         self._on_status = on_status
         self._nonces = itertools.count(1)
         self._last_nonce = 0
+        self._on_lost = on_lost
         self._queue = DealerQueue(ctx, endpoint)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._queue))
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_lost(self._queue))
 
     # -- state ---------------------------------------------------------------------------------
     def answering(self) -> bool:
@@ -94,14 +99,25 @@ class PipelineLink:
     def reconnect(self) -> None:
         """A fresh socket: messages queued toward a silent stage 0 are dropped, not delivered late."""
         self._reader.cancel()
+        self._watcher.cancel()
         self._queue.close()
         self._queue = DealerQueue(self.ctx, self.endpoint)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._queue))
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_lost(self._queue))
 
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close; messages still queued (a last Cancel) get `linger_ms` to reach stage 0."""
         self._reader.cancel()
+        self._watcher.cancel()
         self._queue.close(linger_ms)
+
+    async def _watch_lost(self, queue: DealerQueue) -> None:
+        while True:
+            await queue.disconnected()
+            if self.inflight:
+                self.log.warning("pipeline_connection_lost", inflight=len(self.inflight))
+            if self._on_lost is not None:
+                self._on_lost(self, f"stage 0 at {self.endpoint} lost its connection (it stopped or restarted)")
 
     # -- receiving -----------------------------------------------------------------------------
     async def _read(self, queue: DealerQueue) -> None:

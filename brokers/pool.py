@@ -49,7 +49,7 @@ class PipelinePool:
     def start(self) -> None:
         self.links = [PipelineLink(self.ctx, endpoint, stage0_id=stage0, on_events=self._on_events,
                                    on_status=lambda _link: self.refresh(), status_timeout_s=self.status_timeout_s,
-                                   clock=self.clock)
+                                   clock=self.clock, on_lost=lambda link, why: self._on_silent(link, why))
                       for endpoint, stage0 in zip(self.endpoints, self.stage0_ids)]
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 

@@ -7,6 +7,12 @@ ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for `ipc://
 Unlike `Driver.submit`, `submit` here is a coroutine: it sends. With `events_endpoint` (ipc, on stage
 0's host) it binds a PULL there and asks stage 0 to push token events to it directly
 (skippy.driver.direct_events); stage 0's copy of a final event, sent to the submitter, is ignored.
+
+A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
+event (code unavailable, naming the peer) when the DEALER's connection is lost (its monitor reports a
+disconnect: the peer exited, e.g. a killed broker; whatever it held for us is lost with it), or when,
+with requests pending, the peer leaves a status query unanswered for `dead_after_s` (a hung peer).
+`fail_pending` does the same on demand (the adapter stopping). Each loss is one `peer_lost` line.
 """
 
 from __future__ import annotations
@@ -15,18 +21,24 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import zmq.asyncio
 
-from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
+from skippy.log import get_logger
+from skippy.protocol import Cancel, ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents
 from skippy.request_events import PipelineUnavailable, RequestHandle, TokenEvent
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, PullQueue
 
+WATCH_EVERY_S = 1.0  # with requests pending, the peer is asked for its status this often...
+DEAD_AFTER_S = 5.0  # ...and given this long to answer before every pending request fails
+
 
 class PipelineClient:
     def __init__(self, endpoint: str, ctx: zmq.asyncio.Context | None = None, *,
-                 events_endpoint: str | None = None) -> None:
+                 events_endpoint: str | None = None, watch_every_s: float = WATCH_EVERY_S,
+                 dead_after_s: float = DEAD_AFTER_S) -> None:
         self.endpoint = endpoint
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context()
@@ -36,8 +48,12 @@ class PipelineClient:
         self.direct_events = 0  # TokenEvents that came straight from stage 0
         self._status: dict[int, asyncio.Future[Status]] = {}
         self._nonces = itertools.count(1)
+        self.watch_every_s, self.dead_after_s = watch_every_s, dead_after_s
+        self.lost = 0  # times every pending request was failed because the peer was gone
+        self.log: Any = get_logger(peer=endpoint)
         loop = asyncio.get_running_loop()
-        self._readers = [loop.create_task(self._read())]
+        self._readers = [loop.create_task(self._read()), loop.create_task(self._watch_connection()),
+                         loop.create_task(self._watch_answers())]
         if self.events is not None:
             self._readers.append(loop.create_task(self._read_direct(self.events)))
 
@@ -69,6 +85,34 @@ class PipelineClient:
         if msg.finish_reason is not None:
             handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
             del self.handles[msg.request_id]
+
+    def fail_pending(self, message: str, code: ErrorCode = ErrorCode.UNAVAILABLE) -> int:
+        """Give every pending request its final event now: an error with `code` and `message`; how many."""
+        handles, self.handles = list(self.handles.values()), {}
+        for handle in handles:
+            handle.put(TokenEvent(finish_reason=FinishReason.ERROR, error=message, code=code))
+        return len(handles)
+
+    def _lost(self, why: str) -> None:
+        failed = self.fail_pending(why)
+        if failed:
+            self.lost += 1
+            self.log.warning("peer_lost", error=why, failed_requests=failed)
+
+    async def _watch_connection(self) -> None:
+        while True:
+            await self.queue.disconnected()
+            self._lost(f"lost the connection to {self.endpoint} (it stopped or restarted)")
+
+    async def _watch_answers(self) -> None:
+        while True:
+            await asyncio.sleep(self.watch_every_s)  # the watch's period, not a synchronisation
+            if not self.handles:
+                continue
+            try:
+                await self.status(self.dead_after_s)
+            except PipelineUnavailable:
+                self._lost(f"{self.endpoint} did not answer a status query within {self.dead_after_s:g} s")
 
     async def status(self, timeout_s: float = 5.0) -> Status:
         """Ask stage 0 how the pipeline is; PipelineUnavailable if it does not answer in time."""

@@ -1,17 +1,24 @@
-"""`skippy up` brings a dead stage back: bounded exponential backoff, a give-up limit, counts in /metrics.
+"""`skippy up` brings a dead child back: bounded exponential backoff, a give-up limit, counts in /metrics.
 
-When a stage after stage 0 exits while `skippy up` runs, `StageRestarter` starts it again with the
-same config and flags after `backoff(streak)` seconds (0.5, 1, 2, 4, 8, 8, ... s); `streak` counts
-deaths in a row and starts afresh once the stage has stayed up `stable_after_s`. After
-`max_restarts` deaths in a row it gives up and `skippy up` stops everything, as it does at once for
-stage 0, the broker or the adapter. Stage 0 notices the new process by its heartbeats, greets the
-chain again and serves once the Ready comes back (skippy.driver.inbound); the other stages keep
-running. Restarts run on one long-lived thread: a child gets SIGTERM when the thread that started it
-exits (PR_SET_PDEATHSIG), so that thread lives as long as the children it starts may.
+When a child exits while `skippy up` runs (a stage, the broker or the adapter), `ChildRestarter`
+starts it again the way it was first started after `backoff(streak)` seconds (0.5, 1, 2, 4, 8, 8, ...
+s); `streak` counts deaths in a row and starts afresh once the child has stayed up `stable_after_s`.
+After `max_restarts` deaths in a row it gives up and `skippy up` stops everything. A stage after stage
+0 that comes back is noticed by stage 0's heartbeats, greeted again and serves once the Ready comes
+back (skippy.driver.inbound); the other processes keep running. A restarted stage 0 greets the chain
+afresh (each stage drops the sessions of its old upstream); the broker fails what the dead one held
+(`pipeline_failed`, naming stage 0) once it stops answering, and routes new requests to it once it
+is ready. A restarted broker binds the same endpoint (the adapter's DEALER reconnects; what the dead
+one held was failed by the adapter: skippy.client); a restarted adapter binds the same HTTP port it
+first got (clients reconnect). Restarts run on one long-lived thread: a child gets SIGTERM when the
+thread that started it exits (PR_SET_PDEATHSIG), so that thread lives as long as the children it
+starts may. Stage 0's own OpenAI front (skippy.cli.front) restarts its broker and adapter the same way.
 
 Every restart is recorded in `<run_dir>/restarts.json` (total restarts, the last one's duration from
 death to ready, exit codes); the adapter reads it at each scrape (`RestartsCollector`) and serves
-`skippy_stage_restarts_total{stage}` and `skippy_stage_last_restart_seconds{stage}`.
+`skippy_stage_restarts_total{stage}` and `skippy_stage_last_restart_seconds{stage}` (the broker and the
+adapter listed as stages "broker" and "adapter"). Each death is reported (`child_died`) and each
+restart (`child_restarted`): by `skippy up` on its stderr, by stage 0 in its log.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +37,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from skippy.launcher import READY_TIMEOUT_S, LaunchError, StageProcesses
+from skippy.launcher import READY_TIMEOUT_S, Children, LaunchError, StageProcesses
 
 RESTARTS_FILE = "restarts.json"
+
+Starter = Callable[[float], None]  # start a child again, waiting up to the given seconds for its ready line
+Report = Callable[[str, str, dict[str, Any]], None]  # (event, line, fields): child_died / child_restarted
 
 
 @dataclass(frozen=True)
@@ -59,18 +69,21 @@ class StageRestarts:
     started_at: float = field(default_factory=time.monotonic)
 
 
-class StageRestarter:
-    """Restarts the stages (after stage 0) of `stages` when they die; `restart` is `supervise`'s hook."""
+class ChildRestarter:
+    """Restarts the children named in `starters` when they die; `restart` is `supervise`'s hook."""
 
-    def __init__(self, stages: StageProcesses, policy: RestartPolicy, state_path: Path) -> None:
-        self.stages = stages
+    def __init__(self, children: Children, starters: dict[str, Starter], policy: RestartPolicy,
+                 state_path: Path | None, report: Report | None = None) -> None:
+        self.children = children
+        self.starters = starters
         self.policy = policy
         self.state_path = state_path
-        self.records = {s.stage_id: StageRestarts() for s in stages.topology.stages[1:]}
+        self.report = report or say
+        self.records = {name: StageRestarts() for name in starters}
         self._jobs: queue.Queue[tuple[str, float, float] | None] = queue.Queue()
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="stage-restarter", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="child-restarter", daemon=True)
         self._thread.start()
         self._write_state()
 
@@ -86,15 +99,17 @@ class StageRestarter:
             record.streak += 1
             record.exit_codes.append(code)
             streak = record.streak
-        log = self.stages.log_path(name)
+        log = self.children.log_path(name)
+        fields: dict[str, Any] = {"child": name, "exit_code": code, "log": str(log), "streak": streak}
         if streak > self.policy.max_restarts:
             why = "restarts are off (--max-stage-restarts 0)" if self.policy.max_restarts == 0 else (
                 f"it died {streak} times in a row (--max-stage-restarts {self.policy.max_restarts})")
-            _say(f"{name} exited with code {code} (log {log}); not restarting: {why}")
+            self.report("child_died", f"{name} exited with code {code} (log {log}); not restarting: {why}",
+                        {**fields, "restart_in_s": None, "error": why})
             return False
         delay = self.policy.backoff(streak)
-        _say(f"{name} exited with code {code} (log {log}); restarting it in {delay:g} s "
-             f"({streak} of at most {self.policy.max_restarts} in a row)")
+        self.report("child_died", f"{name} exited with code {code} (log {log}); restarting it in {delay:g} s "
+                    f"({streak} of at most {self.policy.max_restarts} in a row)", {**fields, "restart_in_s": delay})
         self._jobs.put((name, delay, now))
         return True
 
@@ -108,15 +123,15 @@ class StageRestarter:
             name, delay, died_at = job
             if self._closed.wait(delay):
                 return
-            index = next(i for i, s in enumerate(self.stages.topology.stages) if s.stage_id == name)
             try:
-                self.stages.start_stage(index, self.policy.ready_timeout_s)
+                self.starters[name](self.policy.ready_timeout_s)
             except LaunchError as exc:  # its exit (killed here if it hangs) comes back through `restart`
-                proc = self.stages.procs.get(name)
+                proc = self.children.procs.get(name)
                 if proc is not None and proc.poll() is None:
                     proc.kill()
                 if not self._closed.is_set():
-                    _say(f"restarting {name} failed: {exc}")
+                    self.report("child_restart_failed", f"restarting {name} failed: {exc}",
+                                {"child": name, "error": str(exc)})
                 continue
             self._started(name, time.monotonic() - died_at)
 
@@ -127,15 +142,38 @@ class StageRestarter:
             record.last_restart_seconds = round(took_s, 3)
             record.started_at = time.monotonic()
         self._write_state()
-        _say(f"{name} restarted (restart {record.restarts}, {took_s:.2f} s after it died)")
+        self.report("child_restarted", f"{name} restarted (restart {record.restarts}, {took_s:.2f} s after it died)",
+                    {"child": name, "restart": record.restarts, "took_s": round(took_s, 3)})
 
     def _write_state(self) -> None:
+        if self.state_path is None:
+            return
         with self._lock:
             state = {stage: {k: v for k, v in asdict(r).items() if k not in ("streak", "started_at")}
                      for stage, r in self.records.items()}
         tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_path)
+
+
+class StageRestarter(ChildRestarter):
+    """Restarts the stages of `stages` (stage 0 too with `include_stage0`) and the children in `extra`."""
+
+    def __init__(self, stages: StageProcesses, policy: RestartPolicy, state_path: Path | None, *,
+                 include_stage0: bool = False, extra: dict[str, Starter] | None = None,
+                 report: Report | None = None) -> None:
+        def starter(index: int) -> Starter:
+            return lambda timeout_s: stages.start_stage(index, timeout_s)
+
+        first = 0 if include_stage0 else 1
+        starters = {s.stage_id: starter(i) for i, s in enumerate(stages.topology.stages) if i >= first}
+        super().__init__(stages, {**starters, **(extra or {})}, policy, state_path, report)
+        self.stages = stages
+
+
+def say(event: str, line: str, fields: dict[str, Any]) -> None:
+    """`skippy up`'s report: one line on its stderr, tagged with the event."""
+    _say(f"{line} [{event}]")
 
 
 def _say(line: str) -> None:

@@ -8,6 +8,9 @@ or `--openai-api-key` (warned about: visible on the command line); a non-loopbac
 key is warned about too. A broker serving CURVE (its topologies have keys and it binds tcp) is reached
 with `--link-secret-key` (this adapter's pair, a client of the topology) and `--broker-public-key`
 (default: that pair's own public key, as when the broker serves with the same `client` pair).
+On SIGTERM every request still generating fails with code unavailable ("the OpenAI adapter is
+stopping"): an open stream gets its error event and `[DONE]`, a waiting response a 503, and both up to
+STOP_GRACE_S to be sent before the connections close; never a cut answer without a reason.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from skippy.telemetry.options import add_telemetry_arguments, resolve_telemetry
 from skippy.telemetry.process import start_telemetry
 from skippy.transport.curve_guard import LinkKeys, secure
 from skippy.transport.curve_keys import load_key_pair
+
+STOP_GRACE_S = 2.0  # on SIGTERM, open responses get this long to send their error event and end
 
 
 def split_host_port(text: str, flag: str) -> tuple[str, int]:
@@ -163,7 +168,9 @@ async def serve(args: argparse.Namespace) -> int:
                    http_limits=args.http_limits.to_dict())
     await stopped.wait()
     ignore_signals()
-    await server.close()
+    failed = broker.fail_pending("the OpenAI adapter is stopping")  # each open response ends with this error
+    log.info("stopping", failed_in_flight=failed)
+    await server.close(grace_s=STOP_GRACE_S)
     broker.close()
     ctx.term()
     tokenizer.close()

@@ -11,10 +11,11 @@ stage, prefill and speculative flags to stage 0, admission flags to the broker, 
 default max tokens to the adapter. The API key ($SKIPPY_OPENAI_API_KEY, `--openai-api-key-file`, or
 `--openai-api-key`, which stays on this command line and is warned about) reaches every child through
 its environment, never a command line: the adapter's routes and every /metrics want it. A non-loopback
-`--bind` without a key is warned about (here and in the adapter's log). Children are supervised: a
-stage after stage 0 that dies is restarted with backoff (skippy.restarts, `--max-stage-restarts`), any
-other dead child is reported by name and everything is stopped; Ctrl-C stops everything cleanly. All
-logs land in the run directory.
+`--bind` without a key is warned about (here and in the adapter's log). Children are supervised: any
+child that dies (a stage, stage 0 included, the broker, the adapter) is restarted with backoff
+(skippy.restarts, `--max-stage-restarts`, which also bounds deaths in a row before everything is
+stopped); the adapter comes back on the same port. Ctrl-C stops everything cleanly. All logs land in
+the run directory.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from skippy.cli.front import start_front
+from skippy.cli.front import FrontProcesses
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.config import (
     ConfigError,
@@ -60,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bind", default="127.0.0.1:9337", help="HTTP address (default 127.0.0.1:9337)")
     p.add_argument("--run-dir", type=Path, default=None, help="logs and sockets (default: runs/up-<time>)")
     p.add_argument("--max-stage-restarts", type=int, default=RestartPolicy.max_restarts, metavar="N",
-                   help="a stage after stage 0 that dies is restarted, with backoff, up to N times in a row"
-                        f" (default {RestartPolicy.max_restarts}; 0: a dead stage stops everything)")
+                   help="a child that dies (any stage, the broker, the adapter) is restarted, with backoff, up to N"
+                        f" times in a row (default {RestartPolicy.max_restarts}; 0: a dead child stops everything)")
     add_serving_arguments(p, UP_OWNERS)
     p.set_defaults(run=run)
 
@@ -120,14 +121,17 @@ def run(args: argparse.Namespace) -> int:
                               include_stage0=True, first_flags=flags.argv([Owner.STAGE0]),
                               env={API_KEY_ENV: key} if key else None)  # every /metrics and the adapter want it
 
+    front = FrontProcesses(children, options, topology)
+
     def start() -> str:
         print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
-        url = start_front(children, options, topology)
+        url = front.start()
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
                 "Ctrl-C stops everything")
 
     if args.max_stage_restarts < 0:
         raise ConfigError(f"--max-stage-restarts must be >= 0, got {args.max_stage_restarts}")
-    restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE)
+    restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE,
+                               include_stage0=True, extra=front.starters())
     return children.supervise("skippy up", start, restarter)

@@ -36,6 +36,7 @@ class Front(Protocol):
     run_dir: Path
 
     async def wait_dead(self) -> tuple[str, int]: ...
+    def restart(self, name: str, code: int) -> bool: ...  # True: it will be back (it logs child_died itself)
     def log_path(self, name: str) -> Path: ...
     def stop(self) -> Any: ...
 
@@ -106,7 +107,11 @@ class DriverProcess:
                 self.runtime.close()
 
     async def _watch(self, front: Front) -> None:
-        """A dead broker or adapter is reported by name (stage 0 keeps serving its pipeline)."""
+        """A dead broker or adapter is restarted with backoff (stage 0 keeps serving its pipeline); one
+        that has died too often in a row stops stage 0 (exit 1), as `skippy up` stops."""
         while True:
             name, code = await front.wait_dead()
-            self.log.error("child_died", child=name, exit_code=code, log=str(front.log_path(name)))
+            if not front.restart(name, code):
+                self.supervisor.fail(f"the OpenAI front's {name} exited with code {code} and is not restarted"
+                                     f" (log {front.log_path(name)})")
+                return

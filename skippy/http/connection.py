@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import h11
 
 from skippy.config.http_limits import HttpLimits
+from skippy.http.busy import Busy
 from skippy.http.errors import HttpError
 from skippy.http.framing import (
     body_too_large,
@@ -66,8 +67,9 @@ class Connection:
     """One client connection: a loop of request -> handler -> response cycles over h11."""
 
     def __init__(self, router: Router, limits: HttpLimits, observer: ConnectionObserver, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+                 writer: asyncio.StreamWriter, busy: Busy | None = None) -> None:
         self.router, self.limits, self.observer, self.reader, self.writer = router, limits, observer, reader, writer
+        self.busy = busy or Busy()  # the server's count of responses under way
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         self.eof = False  # the peer closed its side
         self.linger = False  # drain the peer's input before closing, so an error response is not lost to a RST
@@ -176,6 +178,7 @@ class Connection:
         """Run the handler and its response while watching for the client going away; cancel on EOF."""
         work = asyncio.create_task(self._handle(req, started))
         watcher = asyncio.create_task(self._watch_eof())
+        self.busy.enter()
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if work.done():
@@ -186,7 +189,10 @@ class Connection:
         finally:
             for task in (work, watcher):
                 task.cancel()
-            await asyncio.gather(work, watcher, return_exceptions=True)
+            try:
+                await asyncio.gather(work, watcher, return_exceptions=True)
+            finally:
+                self.busy.exit()
 
     async def _watch_eof(self) -> None:
         """Return at EOF; pipelined bytes go to h11 for the next cycle (up to a bound, then stop reading)."""

@@ -5,7 +5,10 @@ It applies the chat template, tokenizes, checks the sampling grammar against the
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
 reads tool calls out of the text (skippy.http.tool_output) and maps broker errors to HTTP by
 `skippy.protocol.kinds.http_status` (a 429 with Retry-After).
-A client that disconnects has its generation cancelled at once, which frees its lane.
+A client that disconnects has its generation cancelled at once, which frees its lane. No response
+ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
+stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
+a response not streamed is a 502/503 with the error envelope.
 """
 
 from __future__ import annotations
@@ -203,4 +206,8 @@ class Generation:
                 yield sse_event(shape.usage_chunk(usage(n_prompt, n_tokens, stats)))
         except HttpError as exc:
             yield sse_event(json.loads(exc.body()))
+        except Exception as exc:  # never a bare end: whatever broke, the client reads an error event
+            self.log.exception("stream_failed", generation_id=shape.request_id)
+            yield sse_event(json.loads(HttpError(502, f"generation failed: {exc!r}", type="server_error",
+                                                 code="pipeline_failed").body()))
         yield SSE_DONE

@@ -20,6 +20,7 @@ import asyncio
 from typing import Any
 
 from skippy.config.http_limits import HttpLimits
+from skippy.http.busy import Busy
 from skippy.http.connection import Connection, ConnectionObserver, close_connection, peer_name
 from skippy.http.framing import refusal_bytes, too_many_connections
 from skippy.http.routing import Handler, Request, Response, Router, StreamResponse, json_response
@@ -54,16 +55,20 @@ class HttpServer:
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._open = 0  # connections being served (refused ones not counted)
+        self.busy = Busy()  # responses under way
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("http_listening", host=self.host, port=self.port)
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Stop accepting; give responses under way up to `grace_s` to finish; then close every connection."""
         self._closing = True
         if self._server is not None:
             self._server.close()
+        if grace_s > 0 and not await self.busy.wait_idle(grace_s):
+            log.warning("http_close_grace_over", grace_s=grace_s, responses_under_way=self.busy.count)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -87,7 +92,7 @@ class HttpServer:
             self._open += 1
             self.observer.connections_open(self._open)
             try:
-                await Connection(self.router, self.limits, self.observer, reader, writer).run()
+                await Connection(self.router, self.limits, self.observer, reader, writer, self.busy).run()
             finally:
                 self._open -= 1
                 self.observer.connections_open(self._open)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from skippy.protocol import Message, ProtocolError, decode, encode
 from skippy.transport.curve_guard import configure_socket
@@ -169,6 +170,8 @@ class DealerQueue:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, decoder: Decoder = decode) -> None:
         self._decoder = decoder
         self._socket, self.endpoint = _open(ctx, zmq.DEALER, endpoint, bind=False)
+        self._ctx = ctx
+        self._monitor: LoopSocket | None = None  # a PAIR reporting disconnects, made by `disconnected`
 
     async def send(self, msg: Message) -> int:
         return await _send_frames(self._socket, encode(msg))
@@ -176,5 +179,22 @@ class DealerQueue:
     async def recv(self) -> Message | ProtocolError:
         return _decoded(self._decoder, await self._socket.recv_multipart())
 
+    async def disconnected(self) -> None:
+        """Return when the connection to the peer is lost (the peer exited or its socket closed); ZeroMQ
+        keeps reconnecting by itself, so call it again to watch for the next loss."""
+        if self._monitor is None:
+            address = f"inproc://dealer-monitor-{id(self)}-{self._socket.socket.FD}"
+            self._socket.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+            pair: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR, socket_class=zmq.Socket)  # type: ignore[arg-type,assignment]
+            pair.connect(address)
+            self._monitor = LoopSocket(pair)
+        while True:
+            frames = await self._monitor.recv_multipart()
+            if parse_monitor_message([f.bytes for f in frames])["event"] == zmq.EVENT_DISCONNECTED:
+                return
+
     def close(self, linger_ms: int = 0) -> None:
+        if self._monitor is not None:
+            self._socket.socket.disable_monitor()
+            self._monitor.close(0)
         self._socket.close(linger_ms)

@@ -66,3 +66,47 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
     assert not left, f"broker/adapter of stage 0 still running: {left}"
     stopped = [e for e in read_events(stages.log_path("stage0")) if e.get("event") == "stopped"]
     assert {e.get("stage_id") for e in stopped} >= {"stage0"}
+
+
+def test_stage0_front_restarts_a_killed_broker_and_adapter(tiny_model: Callable[..., Path], tmp_path: Path,
+                                                           skippy_cache_dir: Path) -> None:
+    topology, configs = write_local_topology(tmp_path / "t", tiny_model("llama"), 6, [3], lane_count=2,
+                                             model_id="tiny-front")
+    stages = StageProcesses(topology, configs, tmp_path / "run", env={"SKIPPY_CACHE_DIR": str(skippy_cache_dir)})
+    front: dict = {}
+    try:
+        stages.start()
+        stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
+                                        "--openai-bind-addr", "127.0.0.1:0"])
+        stage0_log = stages.log_path("stage0")
+        deadline = time.monotonic() + 60
+        while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
+            front = next((e for e in read_events(stage0_log) if e.get("event") == "openai_ready"), {})
+            time.sleep(0.05)
+        assert front, stage0_log.read_text()[-2000:]
+        for child in ("broker", "adapter"):
+            pids = subprocess.run(["pgrep", "-f", f"skippy.cli.main {child} .*{front['logs']}"], capture_output=True,
+                                  text=True).stdout.split()
+            assert len(pids) == 1, pids
+            subprocess.run(["kill", "-KILL", pids[0]], check=True)
+            deadline = time.monotonic() + 60
+            while not any(e.get("event") == "child_restarted" and e.get("child") == child
+                          for e in read_events(stage0_log)):  # bounded poll
+                assert time.monotonic() < deadline and not stages.dead(), stage0_log.read_text()[-2000:]
+                time.sleep(0.05)
+            client = openai.OpenAI(base_url=f"{front['url']}/v1", api_key="x", max_retries=0)
+            reply = None
+            while reply is None:  # bounded poll: the restarted broker is ready once it hears stage 0
+                try:
+                    reply = client.completions.create(model="tiny-front", prompt="Hi", max_tokens=3,
+                                                      extra_body={"ignore_eos": True})
+                except openai.APIStatusError as exc:
+                    assert exc.status_code == 503 and time.monotonic() < deadline, exc
+                    time.sleep(0.1)
+            client.close()
+            assert reply.choices[0].finish_reason == "length", child
+    finally:
+        codes = stages.stop()
+    assert codes == {"stage1": 0, "stage0": 0}
+    left = subprocess.run(["pgrep", "-f", str(front["logs"])], capture_output=True, text=True).stdout.split()
+    assert not left, f"broker/adapter of stage 0 still running: {left}"
