@@ -87,7 +87,8 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
             continue
         # a chunk ends where the prompt is recorded in the prefix cache (entries are recorded at a window's end);
         # a replay's (prompt + committed tokens) last chunk samples nothing: the last committed token comes next
-        n = min(seq.planner.size(), seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
+        size = seq.replay_chunk(seq.planner.size()) if seq.resumed_at else seq.planner.size()
+        n = min(size, seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
         end = seq.prefilled + n
         outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
         plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, attempt=seq.attempt))

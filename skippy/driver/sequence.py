@@ -100,6 +100,7 @@ class Sequence:
     draws: int = 0  # the final stage's RNG draws for this session, as of the last committed window
     paused: Paused | None = None  # set while the chain is down: nothing of this session runs
     replays: int = 0
+    chunk_ends: list[int] = field(default_factory=list)  # where this attempt's prompt chunks ended (a replay repeats them)
 
     def __post_init__(self) -> None:
         self.fill = self.prompt
@@ -124,6 +125,12 @@ class Sequence:
         self.fill = np.concatenate([self.prompt, np.asarray(self.generated[:replayed], np.int32)])
         self.replays += 1
         return replayed
+
+    def replay_chunk(self, size: int) -> int:
+        """A replay's next chunk: the prompt's in the chunks it first ran in, then one committed token per window,
+        as they were decoded (llama.cpp is not batch-invariant: other chunks would give other bits of KV)."""
+        end = next((e for e in self.chunk_ends if e > self.prefilled), None)
+        return (end - self.prefilled) if end is not None and end <= len(self.prompt) else min(size, 1)
 
     def add_timings(self, timings: tuple[StageTiming, ...]) -> None:
         for t in timings:
