@@ -169,7 +169,7 @@ class Inbound:
     async def monitor(self) -> None:
         while True:
             liveness = self.driver.liveness
-            await asyncio.sleep(liveness.dead_after_s / 6)
+            await asyncio.sleep(min(liveness.dead_after_s / 6, 0.5))  # also the paused requests' deadline tick
             self.driver.replays.expire()
             stage = liveness.silent()
             if stage is not None:

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
-
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
+from prometheus_client import generate_latest
 from revive_helpers import decoding, driver_log, restart_stage
 from test_pipeline_failures import Watched
 
