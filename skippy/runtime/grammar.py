@@ -172,7 +172,7 @@ def sample_with_grammar(chain: ctypes.c_void_p, grammar: GrammarSampler, logits:
     if greedy_first:  # the chain would pick the first maximal logit: the best allowed of the top few is it
         token = int(np.argmax(logits))
         if grammar.allows(token):
-            return token
+            return token, 0
         top = np.argpartition(-logits, GREEDY_SCAN)[:GREEDY_SCAN] if len(logits) > GREEDY_SCAN else np.arange(len(logits))
         top = np.sort(top)  # ties in id order, as argmax breaks them
         for token in top[np.argsort(-logits[top], kind="stable")].tolist():
@@ -183,7 +183,7 @@ def sample_with_grammar(chain: ctypes.c_void_p, grammar: GrammarSampler, logits:
         free.apply(chain)
         token = free.selected()
         if grammar.allows(token):
-            return token
+            return token, 1
     masked = Candidates(logits)
     grammar.mask(masked)
     allowed = np.isfinite(masked.data["logit"])
