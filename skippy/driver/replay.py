@@ -50,7 +50,7 @@ class Replays:
         lost too); a cancelled one ends now."""
         now = time.perf_counter()
         if self.down is None:
-            self.down = Paused(stage_id, now)
+            self.down = Paused(stage_id, now, error)
             self.forgotten = set()
         self._forget()  # what was in flight is lost; anything back for it is ignored
         for seq in list(self.table.running):
@@ -92,7 +92,7 @@ class Replays:
         if down is None:
             return
         now = time.perf_counter()
-        error = f"stage {down.stage_id} died and did not come back within {self.timeout_s:g} s"
+        error = f"stage {down.stage_id} died and did not come back within {self.timeout_s:g} s ({down.reason})"
         for seq in self.table.live():
             since = seq.paused.since if seq.paused is not None else max(seq.submitted_at, down.since)
             if now - since > self.timeout_s:

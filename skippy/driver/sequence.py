@@ -64,6 +64,7 @@ class Paused:
 
     stage_id: str
     since: float
+    reason: str = ""  # what stage 0 was told or saw (stage_stopped, silence, a restart)
 
 
 @dataclass(eq=False)

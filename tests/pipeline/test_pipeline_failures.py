@@ -27,7 +27,8 @@ RESUME = ("--openai-resume-timeout-s", "2")
 
 
 def _never_back(stage_id: str) -> str:
-    return f"stage {stage_id} died and did not come back within 2 s"
+    """The resume deadline's error (the cause stage 0 saw follows in parentheses)."""
+    return f"stage {stage_id} died and did not come back within 2 s ("
 
 
 class Watched:
@@ -80,7 +81,7 @@ def test_killed_final_stage_fails_requests_and_refuses_new_ones(tiny_model: Call
             finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), FAIL_WITHIN_S)
             for w, final in zip(watched, finals):
                 assert final.finish_reason == "error", final
-                assert final.error == _never_back("stage2"), final
+                assert final.error and final.error.startswith(_never_back("stage2")), final
                 assert len(w.tokens) < 480
 
     run(body())
@@ -123,7 +124,7 @@ def test_sigterm_mid_generation_fails_requests_naming_the_stage(tiny_model: Call
             finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), FAIL_WITHIN_S)
             for final in finals:
                 assert final.finish_reason == "error", final
-                assert final.error == _never_back("stage1"), final
+                assert final.error and final.error.startswith(_never_back("stage1")), final
             assert not driver.status().ready
             # a bounded wait for the exit, off the event loop
             code = await asyncio.wait_for(asyncio.to_thread(proc.wait, 15), 20)
@@ -151,4 +152,4 @@ def test_sigterm_mid_generation_is_reported_by_the_stage(tiny_model: Callable[..
     final = run(body())
     assert pipe.stop() == {"stage1": 0}
     assert final.finish_reason == "error"
-    assert final.error == _never_back("stage1"), final.error
+    assert final.error == _never_back("stage1") + "stage stage1: stage stage1 stopped)", final.error  # its report
