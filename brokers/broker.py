@@ -15,13 +15,7 @@ relay.  Refusals are error TokenEvents with a code: queue_full, admission_timeou
 ready pipeline; queued requests too when the last one goes), bad_request / context_length_exceeded,
 pipeline_failed (stage 0 reported a failure, or stopped answering with the request in flight).
 
-Nothing queues toward an adapter beyond `relay_hwm` messages (the ROUTER's SNDHWM, ROUTER_MANDATORY, sends
-that never wait): an event the adapter's queue cannot take (it does not read) or that has no adapter to
-go to (disconnected) is not dropped in silence. It is counted (`skippy_broker_relay_overflow_total`, by
-reason full | gone), logged once per episode of that adapter (`relay_overflow`, then
-`relay_overflow_ended` with the count), and its request fails: cancelled at its pipeline and finished
-here with slow_client, whose final event is tried again every `FINAL_RETRY_EVERY_S` for `FINAL_RETRY_S`
-while the adapter's queue is full (the client then gets the tokens it had and an error, never a hang).
+Every send to an adapter goes through `AdapterRelay` (brokers.relay): bounded, and never dropped in silence.
 Metrics and spans are `BrokerTelemetry`'s (brokers.telemetry), built from the queue, pool and tally.
 """
 
@@ -41,19 +35,16 @@ from brokers.adaptive import AdaptiveConcurrency
 from brokers.admission import AdmissionError, AdmissionQueue, Permit
 from brokers.link import PipelineLink
 from brokers.pool import PipelinePool
+from brokers.relay import RELAY_HWM, AdapterRelay
 from brokers.telemetry import BrokerTelemetry, FinishedRequest
 from skippy.config import AdmissionOptions, prompt_length_error
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
 from skippy.transport.curve_guard import guard_of
-from skippy.transport.overflow import Overflows
 from skippy.transport.queues import Offer, RouterQueue
 
 __all__ = ["Broker"]
 
-RELAY_HWM = 1000  # messages queued toward one adapter at most (ZeroMQ's default SNDHWM)
-FINAL_RETRY_EVERY_S = 0.05  # a final event an adapter's full queue refused is tried again this often...
-FINAL_RETRY_S = 30.0  # ...for this long (then dropped, logged `relay_final_dropped`)
 
 
 @dataclass(eq=False)
@@ -104,7 +95,9 @@ class Broker:
         self._closed = False
         self.telemetry = BrokerTelemetry(lambda: self.queue, lambda: len(self.pool.ready_links()), self.outcomes,
                                          clock, link_guard=lambda: guard_of(link_ctx or self.ctx))  # (brokers.telemetry)
-        self.relay_overflow = Overflows("relay_overflow", self.log)
+        self.relay = AdapterRelay(lambda: self.router, self.telemetry.relay_overflow, self.log, self._spawn,
+                                  lambda: self._closed, relay_hwm)
+        self.relay_overflow = self.relay.overflow
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -213,7 +206,7 @@ class Broker:
         elif isinstance(msg, Cancel):
             await self._on_cancel(client, msg.request_id)
         elif isinstance(msg, StatusQuery):
-            self._tell(client, self.status(msg.nonce))
+            self.relay.tell(client, self.status(msg.nonce))
         elif isinstance(msg, ProtocolError):
             self.log.warning("bad_message", code=msg.code, error=msg.message)
         else:
@@ -234,7 +227,7 @@ class Broker:
         if refusal is not None:
             self.outcomes[refusal[0]] += 1
             self.log.info("request_refused", request_id=msg.request_id, code=refusal[0], error=refusal[1])
-            self._tell_final(client, _error(msg.request_id, *refusal))
+            self.relay.tell_final(client, _error(msg.request_id, *refusal))
             return
         req = self.requests[msg.request_id] = _Request(client, msg, self.clock())
         req.task = self._spawn(self._admit(req))
@@ -290,7 +283,7 @@ class Broker:
         direct = msg.sent_direct  # stage 0 sent the client every event itself: this is our copy of the last
         req.tokens = direct if direct is not None else req.tokens + len(msg.tokens)
         if msg.finish_reason is None:
-            offer = self._tell(req.client, msg, msg.request_id)
+            offer = self.relay.tell(req.client, msg, msg.request_id)
             if offer is not Offer.SENT:  # the adapter does not read, or is gone: the request cannot go on
                 self._spawn(link.cancel(msg.request_id))
                 why = f"{self.relay_hwm} events queued toward it" if offer is Offer.FULL else "it is gone"
@@ -323,38 +316,4 @@ class Broker:
                       error=final.error, tokens=req.tokens, pipeline=done.pipeline, queue_ms=round(done.queue_s * 1e3, 3),
                       total_ms=round((now - req.received_at) * 1e3, 3))
         if tell_client:
-            self._tell_final(req.client, final)
-
-    def _tell(self, client: bytes, msg: Message, request_id: str | None = None) -> Offer:
-        """Send `msg` to adapter `client` now, or count and log (once per episode) why it cannot take it."""
-        assert self.router is not None
-        offer = self.router.try_send(client, msg)
-        if offer is Offer.SENT:
-            self.relay_overflow.ok(client, client=client.hex())
-        else:
-            self.telemetry.relay_overflow.labels(str(offer)).inc()
-            self.relay_overflow.refused(client, client=client.hex(), reason=str(offer), request_id=request_id,
-                                        relay_hwm=self.relay_hwm)
-        return offer
-
-    def _tell_final(self, client: bytes, final: TokenEvents) -> None:
-        """A request's final event to `client`: tried again for a while when its queue is full."""
-        if self.router is None:
-            return
-        if self._tell(client, final, final.request_id) is Offer.FULL and not self._closed:
-            self._spawn(self._retry_final(client, final))
-
-    async def _retry_final(self, client: bytes, final: TokenEvents) -> None:
-        loop = asyncio.get_running_loop()
-        until = loop.time() + FINAL_RETRY_S
-        while loop.time() < until:
-            await asyncio.sleep(FINAL_RETRY_EVERY_S)  # ZeroMQ says no more than "full": ask again
-            assert self.router is not None
-            offer = self.router.try_send(client, final)
-            if offer is Offer.SENT:
-                self.relay_overflow.ok(client, client=client.hex())
-                return
-            if offer is Offer.GONE:
-                break
-        self.log.warning("relay_final_dropped", client=client.hex(), request_id=final.request_id,
-                         finish_reason=final.finish_reason, reason=str(offer))
+            self.relay.tell_final(req.client, final)
