@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP adapter and the small HTTP/1.1 server under it (asyncio streams + h11).
 
-- `server`, `framing`, `routing`, `errors`, `auth`, `cors`, `sse`: the server library: request heads
-  and bodies with limits, the route table, OpenAI error envelopes, the API key, CORS, event streams.
+- `server`, `connection`, `framing`, `json_body`, `routing`, `errors`, `auth`, `cors`, `sse`, `busy`: the
+  server library: connections with deadlines and a cap, request heads and bodies within limits, bounded
+  JSON, the route table, OpenAI error envelopes, the API key, CORS, event streams, requests in progress.
 - `adapter`: the routes; `generation`: /v1/chat/completions and /v1/completions over the broker
   (`skippy.client.PipelineClient`); `openai_request`, `request_fields`, `messages`, `openai_response`:
   the OpenAI shapes; `chat_template`, `stops`, `tokenize`: text around the token ids.

@@ -3,7 +3,8 @@
 - `options`: the telemetry flags (level, queue capacity, OTLP endpoint) and span resource attributes.
 - `events`: the bounded event queue (full: dropped and counted) drained by one background thread.
 - `otlp`: that thread's sink: OTLP gRPC export with opentelemetry-sdk's span model and exporter.
-- `process`: one process's `Telemetry` (installed by its entry point; `current()`), its /metrics server.
+- `process`: one process's `Telemetry` (installed by its entry point; `current()`); `metrics_server`: its
+  /metrics server (loopback by default, behind the API key when one is set).
 - `metrics`: `StageMetrics` (every stage's, stage 0's too), the histogram buckets, activation bytes.
 - `targets`: `<run_dir>/metrics-targets.json`, where each process serves /metrics (Prometheus file_sd).
 - `scrape`: reading every process's /metrics back and summarising it (the dashboard's, the benchmarks').

@@ -9,6 +9,7 @@
   peers whose key the topology does not name (refusals and failed handshakes are logged, the peers
   remembered for that bounded).
 - `curve_keys`: key files (`skippy keys`) and a process's `LinkKeys` from its topology.
+- `overflow`: what a bounded queue refuses, counted every time and logged once per episode.
 
 Modules are imported by name; this file imports nothing. The guard never imports the queues.
 """
