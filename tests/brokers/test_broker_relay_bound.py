@@ -13,6 +13,8 @@ reason gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -67,76 +69,76 @@ def _relay_overflow(broker: Broker, reason: str) -> float:
     return broker.telemetry.registry.get_sample_value("skippy_broker_relay_overflow_total", {"reason": reason}) or 0.0
 
 
+@contextlib.asynccontextmanager
+async def _relay_broker(tmp_path: Path) -> AsyncIterator[tuple[Broker, Any, FakeStage0]]:
+    """A broker relaying with `relay_hwm` = RELAY_HWM in front of a scripted stage 0; both closed after."""
+    ctx = zmq.asyncio.Context()
+    stage0 = FakeStage0(ctx, f"ipc://{tmp_path}/fake.req", lane_count=4)
+    try:
+        async with running_broker([stage0.endpoint], bind=f"ipc://{tmp_path}/broker.sock",
+                                  relay_hwm=RELAY_HWM) as (broker, client):
+            yield broker, client, stage0
+    finally:
+        stage0.close()
+        ctx.term()
+
+
 def test_an_adapter_that_does_not_read_has_its_request_failed_not_cut(tmp_path: Path) -> None:
     async def body() -> None:
-        ctx = zmq.asyncio.Context()
-        stage0 = FakeStage0(ctx, f"ipc://{tmp_path}/fake.req", lane_count=4)
-        try:
-            async with running_broker([stage0.endpoint], bind=f"ipc://{tmp_path}/broker.sock",
-                                      relay_hwm=RELAY_HWM) as (broker, client):
-                lines: list[tuple[str, dict[str, Any]]] = []
-                broker.relay_overflow.log = _Lines(lines)
-                stalled_ctx, stalled = _stalled_adapter(broker.endpoint)
-                try:
-                    stalled.send_multipart(encode(Submit("stuck", (5, 6), {}, 10**6, (), None)))
-                    peer, submit = await stage0.next_submit()
-                    assert submit.request_id == "stuck"
-                    sent = await _stream_until_cancelled(stage0, peer, "stuck")
-                    await broker.wait_until(lambda: not broker.requests, WAIT_S)  # finished here, its permit free
-                    assert broker.outcomes["slow_client"] == 1 and broker.queue.running == 0
-                    assert _relay_overflow(broker, "full") >= 1
-                    assert [event for event, _ in lines].count("relay_overflow") == 1  # once, not per event
-                    await stage0.send(peer, TokenEvents("stuck", (1,), None))  # late events of it go nowhere
-                    await stage0.send(peer, TokenEvents("stuck", (), FinishReason.CANCELLED))
+        async with _relay_broker(tmp_path) as (broker, client, stage0):
+            lines: list[tuple[str, dict[str, Any]]] = []
+            broker.relay_overflow.log = _Lines(lines)
+            stalled_ctx, stalled = _stalled_adapter(broker.endpoint)
+            try:
+                stalled.send_multipart(encode(Submit("stuck", (5, 6), {}, 10**6, (), None)))
+                peer, submit = await stage0.next_submit()
+                assert submit.request_id == "stuck"
+                sent = await _stream_until_cancelled(stage0, peer, "stuck")
+                await broker.wait_until(lambda: not broker.requests, WAIT_S)  # finished here, its permit free
+                assert broker.outcomes["slow_client"] == 1 and broker.queue.running == 0
+                assert _relay_overflow(broker, "full") >= 1
+                assert [event for event, _ in lines].count("relay_overflow") == 1  # once, not per event
+                await stage0.send(peer, TokenEvents("stuck", (1,), None))  # late events of it go nowhere
+                await stage0.send(peer, TokenEvents("stuck", (), FinishReason.CANCELLED))
 
-                    # another adapter is served meanwhile: every event, and its status
-                    fine = await client.submit(request_id="fine")
-                    peer, _ = await stage0.next_submit()
-                    for token in range(20):  # as decode steps make them: one, read, the next (a burst may overflow too)
-                        await stage0.send(peer, TokenEvents("fine", (token,), None))
-                        await fine.decoding(token + 1)
-                    await stage0.send(peer, TokenEvents("fine", (), FinishReason.LENGTH))
-                    assert (await fine.finished()).finish_reason == FinishReason.LENGTH
-                    assert fine.tokens == list(range(20))
-                    assert (await client.status()).ready
+                # another adapter is served meanwhile: every event, and its status
+                fine = await client.submit(request_id="fine")
+                peer, _ = await stage0.next_submit()
+                for token in range(20):  # as decode steps make them: one, read, the next (a burst may overflow too)
+                    await stage0.send(peer, TokenEvents("fine", (token,), None))
+                    await fine.decoding(token + 1)
+                await stage0.send(peer, TokenEvents("fine", (), FinishReason.LENGTH))
+                assert (await fine.finished()).finish_reason == FinishReason.LENGTH
+                assert fine.tokens == list(range(20))
+                assert (await client.status()).ready
 
-                    # the stalled adapter reads again: the tokens it had, in order and without a gap, then the error
-                    got = await asyncio.to_thread(_read_all, stalled, "stuck")
-                    tokens = [t for m in got[:-1] for t in m.tokens]
-                    assert tokens == [i % 1000 for i in range(len(tokens))] and len(tokens) < sent
-                    final = got[-1]
-                    assert (final.finish_reason, final.code) == (FinishReason.ERROR, ErrorCode.SLOW_CLIENT)
-                    assert "not reading" in (final.error or "")
-                    ended = [fields["refused"] for event, fields in lines if event == "relay_overflow_ended"]
-                    assert ended in ([1], [2]), lines  # the event, and the error too unless the queue had room again
-                finally:
-                    stalled.close(0)
-                    stalled_ctx.term()
-        finally:
-            stage0.close()
-            ctx.term()
+                # the stalled adapter reads again: the tokens it had, in order and without a gap, then the error
+                got = await asyncio.to_thread(_read_all, stalled, "stuck")
+                tokens = [t for m in got[:-1] for t in m.tokens]
+                assert tokens == [i % 1000 for i in range(len(tokens))] and len(tokens) < sent
+                final = got[-1]
+                assert (final.finish_reason, final.code) == (FinishReason.ERROR, ErrorCode.SLOW_CLIENT)
+                assert "not reading" in (final.error or "")
+                ended = [fields["refused"] for event, fields in lines if event == "relay_overflow_ended"]
+                assert ended in ([1], [2]), lines  # the event, and the error too unless the queue had room again
+            finally:
+                stalled.close(0)
+                stalled_ctx.term()
 
     run(body())
 
 
 def test_an_adapter_gone_mid_request_has_its_request_cancelled(tmp_path: Path) -> None:
     async def body() -> None:
-        ctx = zmq.asyncio.Context()
-        stage0 = FakeStage0(ctx, f"ipc://{tmp_path}/fake.req", lane_count=4)
-        try:
-            async with running_broker([stage0.endpoint], bind=f"ipc://{tmp_path}/broker.sock",
-                                      relay_hwm=RELAY_HWM) as (broker, _client):
-                gone_ctx, gone = _stalled_adapter(broker.endpoint)
-                gone.send_multipart(encode(Submit("orphan", (5, 6), {}, 100, (), None)))
-                peer, _ = await stage0.next_submit()
-                gone.close(0)
-                gone_ctx.term()
-                assert await _stream_until_cancelled(stage0, peer, "orphan") > 0
-                await broker.wait_until(lambda: not broker.requests, WAIT_S)
-                assert broker.outcomes["slow_client"] == 1 and _relay_overflow(broker, "gone") >= 1
-        finally:
-            stage0.close()
-            ctx.term()
+        async with _relay_broker(tmp_path) as (broker, _client, stage0):
+            gone_ctx, gone = _stalled_adapter(broker.endpoint)
+            gone.send_multipart(encode(Submit("orphan", (5, 6), {}, 100, (), None)))
+            peer, _ = await stage0.next_submit()
+            gone.close(0)
+            gone_ctx.term()
+            assert await _stream_until_cancelled(stage0, peer, "orphan") > 0
+            await broker.wait_until(lambda: not broker.requests, WAIT_S)
+            assert broker.outcomes["slow_client"] == 1 and _relay_overflow(broker, "gone") >= 1
 
     run(body())
 

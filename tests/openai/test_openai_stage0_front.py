@@ -30,23 +30,33 @@ def preflight_allow_origin(url: str, origin: str) -> str | None:
         conn.close()
 
 
+def start_front(stages: StageProcesses, configs: list[Path], topology: Path, *flags: str) -> dict:
+    """Start stage 1, then stage 0 with `--openai-bind-addr` and `flags`; its `openai_ready` line (bounded poll)."""
+    stages.start()  # stage 1 only
+    stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
+                                    "--openai-bind-addr", "127.0.0.1:0", *flags])
+    stage0_log = stages.log_path("stage0")
+    front: dict = {}
+    deadline = time.monotonic() + 60
+    while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
+        front = next((e for e in read_events(stage0_log) if e.get("event") == "openai_ready"), {})
+        time.sleep(0.05)
+    assert front, stage0_log.read_text()[-2000:]
+    return front
+
+
+def front_stages(tmp_path: Path, model: Path, skippy_cache_dir: Path) -> tuple[StageProcesses, list[Path], Path]:
+    topology, configs = write_local_topology(tmp_path / "t", model, 6, [3], lane_count=2, model_id="tiny-front")
+    return StageProcesses(topology, configs, tmp_path / "run", env={"SKIPPY_CACHE_DIR": str(skippy_cache_dir)}), configs, topology
+
+
 def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path], tmp_path: Path,
                                                 skippy_cache_dir: Path) -> None:
-    topology, configs = write_local_topology(tmp_path / "t", tiny_model("llama"), 6, [3], lane_count=2,
-                                             model_id="tiny-front")
-    stages = StageProcesses(topology, configs, tmp_path / "run", env={"SKIPPY_CACHE_DIR": str(skippy_cache_dir)})
+    stages, configs, topology = front_stages(tmp_path, tiny_model("llama"), skippy_cache_dir)
     front: dict = {}
     try:
-        stages.start()  # stage 1 only
-        stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
-                                        "--openai-bind-addr", "127.0.0.1:0", "--openai-generation-concurrency", "1",
-                                        "--openai-cors-origins", "http://ui.example"])
-        stage0_log = stages.log_path("stage0")
-        deadline = time.monotonic() + 60
-        while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
-            front = next((e for e in read_events(stage0_log) if e.get("event") == "openai_ready"), {})
-            time.sleep(0.05)
-        assert front, stage0_log.read_text()[-2000:]
+        front = start_front(stages, configs, topology, "--openai-generation-concurrency", "1",
+                            "--openai-cors-origins", "http://ui.example")
         url = front["url"]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         reply = client.completions.create(model="tiny-front", prompt="Hello world", max_tokens=5, temperature=0,
@@ -70,20 +80,10 @@ def test_stage0_openai_bind_addr_serves_the_api(tiny_model: Callable[..., Path],
 
 def test_stage0_front_restarts_a_killed_broker_and_adapter(tiny_model: Callable[..., Path], tmp_path: Path,
                                                            skippy_cache_dir: Path) -> None:
-    topology, configs = write_local_topology(tmp_path / "t", tiny_model("llama"), 6, [3], lane_count=2,
-                                             model_id="tiny-front")
-    stages = StageProcesses(topology, configs, tmp_path / "run", env={"SKIPPY_CACHE_DIR": str(skippy_cache_dir)})
-    front: dict = {}
+    stages, configs, topology = front_stages(tmp_path, tiny_model("llama"), skippy_cache_dir)
     try:
-        stages.start()
-        stages.start_process("stage0", ["stage", "--config", str(configs[0]), "--topology", str(topology),
-                                        "--openai-bind-addr", "127.0.0.1:0"])
+        front = start_front(stages, configs, topology)
         stage0_log = stages.log_path("stage0")
-        deadline = time.monotonic() + 60
-        while not front and not stages.dead() and time.monotonic() < deadline:  # bounded poll
-            front = next((e for e in read_events(stage0_log) if e.get("event") == "openai_ready"), {})
-            time.sleep(0.05)
-        assert front, stage0_log.read_text()[-2000:]
         for child in ("broker", "adapter"):
             pids = subprocess.run(["pgrep", "-f", f"skippy.cli.main {child} .*{front['logs']}"], capture_output=True,
                                   text=True).stdout.split()
