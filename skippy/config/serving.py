@@ -111,6 +111,7 @@ class ServingOptions(ConfigModel):
     metrics_bind: str = "127.0.0.1"  # --metrics-bind: the host /metrics listens on
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
+    resume_timeout_s: float = 60.0  # stage 0's driver: a paused request's deadline (skippy.driver.replay)
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
     insecure_links: bool = False  # --insecure-links: plain links beyond loopback allowed (and logged)
@@ -228,6 +229,7 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         metrics_bind=flags.endpoint("--metrics-bind", normalize_host) or "127.0.0.1",
         prefill=resolve_prefill(flags),
         speculative=resolve_speculative(flags),
+        resume_timeout_s=flags.number("--openai-resume-timeout-s", 60.0, positive=True),
         openai=_resolve_openai(flags, config, source),
         native_mtp_enabled=config.native_mtp_enabled,
         insecure_links=flags.switch("--insecure-links"),

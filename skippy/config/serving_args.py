@@ -86,6 +86,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-prefill-adaptive-step", "N", "adaptive-ramp step (default 128)", _0),
     ("--openai-prefill-adaptive-max", "N", "adaptive-ramp largest chunk (default 384)", _0),
     ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)", _0),
+    ("--openai-resume-timeout-s", "SECS", "a request paused by a later stage's death fails if the stage is not"
+     " back within this (default 60)", _0),
     ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file", _0),
     ("--openai-draft-model-path", "PATH", "standalone draft model GGUF (same vocabulary as the target)", _0),
     ("--openai-speculative-window", "N", "draft tokens per verify window (default: the plan's max, or 4)", _0),

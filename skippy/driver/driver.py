@@ -6,8 +6,9 @@ One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `B
 downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which calls back the driver
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
 `submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
-`cancel(request_id)`. A finished request's session is released on every stage. A silent stage fails
-the requests in flight with an error naming it, and new requests are refused until it is back. At most
+`cancel(request_id)`. A finished request's session is released on every stage. When a later stage dies
+the requests in flight pause and replay once it is back (`Replays`, skippy.driver.replay); new requests
+wait at stage 0 meanwhile (nobody is admitted), within the same deadline. At most
 `max_waiting` requests wait for a lane (default: `default_max_waiting`, the admission queue's capacity, at
 least lane_count so that one broker's requests always fit); past it `submit` raises `QueueFull`
 (ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total` and logged once per
@@ -34,6 +35,7 @@ from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.prefix_index import PrefixIndex
+from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
@@ -109,6 +111,8 @@ class Driver:
                                          link_guard=lambda: guard_of(self.ctx))
         self.max_waiting = max_waiting or default_max_waiting(options, runtime.spec.lane_count)
         self.waiting_full = Overflows("waiting_full", self.log, self.telemetry.waiting_refused.inc)
+        self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.finish, self._enqueue,
+                               options.resume_timeout_s)
 
     @property
     def stats(self) -> DriverStats:
@@ -171,8 +175,6 @@ class Driver:
                stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
-        if self.liveness.dead is not None:
-            raise PipelineUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
         tokens = np.asarray(prompt, np.int32)
         unfit = prompt_length_error(len(tokens), self.runtime.spec.ctx_size)
         if unfit is not None:
@@ -213,7 +215,8 @@ class Driver:
         while True:
             self._wakeup.clear()
             await self._flush_releases()
-            for seq in self.table.admit(self.runtime.spec.lane_count):
+            # while a later stage is down nobody is admitted (a configuration would be lost with it)
+            for seq in self.table.admit(self.runtime.spec.lane_count if self.liveness.dead is None else 0):
                 self.prefix.admit(seq)
                 await self._configure(seq)
             room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
@@ -259,7 +262,11 @@ class Driver:
             await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling)
         else:
             assert self.downstream is not None
-            self.downstream.enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict()))
+            self._enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict()))
+
+    def _enqueue(self, msg: ConfigureSession) -> None:
+        assert self.downstream is not None
+        self.downstream.enqueue(msg)
 
     async def _flush_releases(self) -> None:
         ids = self.table.take_releases()
@@ -322,7 +329,10 @@ class Driver:
     # -- Inbound's callbacks (skippy.driver.inbound.DriverCallbacks) ---------------------------
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
         entry = self.launcher.complete(batch_id) if batch_id is not None else None
-        named = [s for s in self.table.live() if s.session_id in session_ids]
+        if entry is None and batch_id in self.replays.forgotten:
+            self.log.warning("stale_batch_error", batch_id=batch_id, error=error)  # forgotten when a stage died
+            return
+        named = [s for s in self.table.live() if s.session_id in session_ids and s.paused is None]
         self._fail([*(pw.seq for pw in entry.plan), *named] if entry else named, error)
 
     def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
@@ -336,6 +346,14 @@ class Driver:
 
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         self.prefix.set_downstream(cache)
+
+    def pause_live(self, stage_id: str, error: str) -> None:
+        self.replays.pause(stage_id, error)
+        self._wakeup.set()
+
+    def chain_back(self) -> None:
+        self.replays.resume()
+        self._wakeup.set()
 
     async def forget_prefixes(self) -> None:
         self.prefix.clear()

@@ -25,7 +25,10 @@ from skippy.protocol.stats import RequestStats
 #    a peer that ignored a restore would compute on an empty KV, so older peers are refused
 # 4: Predictions.credit (an older stage 0 would never get that credit back)
 # 5: TokenEvents.stats typed (RequestStats), TokenEvents.sent_direct
-PROTOCOL_VERSION: Final = 5  # also the Literal of _Message.v
+# 6: SessionPrediction.draws, ConfigureSession.history/draws (a session replayed after a later stage died: its
+#    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
+#    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
+PROTOCOL_VERSION: Final = 6  # also the Literal of _Message.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
@@ -80,7 +83,7 @@ class PrefixRef(msgspec.Struct, frozen=True):
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
     """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
 
-    v: Literal[5] = PROTOCOL_VERSION
+    v: Literal[6] = PROTOCOL_VERSION
 
 
 class Hello(_Message, tag=MessageKind.HELLO.value, frozen=True):
@@ -163,9 +166,13 @@ class Batch(_Message, tag=MessageKind.BATCH.value, frozen=True, eq=False):
 
 
 class ConfigureSession(_Message, tag=MessageKind.CONFIGURE.value, frozen=True):
-    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
+    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``. A session
+    replayed after a later stage died carries its sampler's state: ``history`` (the tokens committed so far,
+    accepted into the chain: penalties, grammar) and ``draws`` (the RNG draws its dist sampler had made)."""
     session_id: U63
     sampling: dict[str, Any]
+    history: Tokens = ()
+    draws: U63 = 0
 
 
 class KeptPrefix(msgspec.Struct, frozen=True):
@@ -199,10 +206,12 @@ Logprobs: TypeAlias = Annotated[tuple[TokenLogprob, ...], Meta(max_length=MAX_RO
 
 
 class SessionPrediction(msgspec.Struct, frozen=True):
-    """One token per requested output position of a session's window, in order (+ logprobs if asked)."""
+    """One token per requested output position of a session's window, in order (+ logprobs if asked);
+    ``draws``: the RNG draws the session's sampler has made in all (a replay restores them)."""
     session_id: U63
     tokens: Tokens
     logprobs: Logprobs = ()
+    draws: U63 = 0
 
 
 class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):

@@ -13,6 +13,8 @@ evict its entries. Not thread-safe: one thread at a time (skippy.stage.worker) c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from skippy.protocol import TokenLogprob
@@ -103,9 +105,17 @@ class StageRuntime:
             lane = self._lanes[session_id] = self._free_lanes.pop()
         return lane
 
-    def configure_session(self, session_id: int, params: SamplingParams) -> None:
-        """Set the sampler for a session (final stage); replaces any earlier one."""
+    def configure_session(self, session_id: int, params: SamplingParams, history: Sequence[int] = (),
+                          draws: int = 0) -> None:
+        """Set the sampler for a session (final stage); replaces any earlier one. A replayed session's
+        `history` (committed tokens) and `draws` (RNG draws made) restore its state (`SamplerChain.restore`)."""
         chain = SamplerChain(params, self.n_vocab, self.model.vocab)
+        if history or draws:
+            try:
+                chain.restore(history, draws)
+            except RuntimeUsageError:
+                chain.close()
+                raise
         old = self._samplers.pop(session_id, None)
         if old is not None:
             old.close()
@@ -230,6 +240,11 @@ class StageRuntime:
         if chain.params.plain_greedy:  # never under a grammar or penalties: their state advances with every sample
             return biased_argmax(self.ctx.logits_row(batch_row, self.n_vocab), chain.params.logit_bias)
         return chain.sample(self.ctx.ptr, batch_row)
+
+    def draws(self, session_id: int) -> int:
+        """RNG draws the session's sampler has made (0: none, or greedy)."""
+        chain = self._samplers.get(session_id)
+        return 0 if chain is None else chain.draws
 
     def logprobs(self, session_id: int, batch_row: int, token: int) -> TokenLogprob | None:
         """log p(token) from the row's raw logits (log-softmax) and the top-n, if the session asked."""
