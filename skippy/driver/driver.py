@@ -329,7 +329,7 @@ class Driver:
     # -- Inbound's callbacks (skippy.driver.inbound.DriverCallbacks) ---------------------------
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
         entry = self.launcher.complete(batch_id) if batch_id is not None else None
-        if entry is None and batch_id in self.replays.forgotten:
+        if entry is None and batch_id in self.launcher.forgotten:
             self.log.warning("stale_batch_error", batch_id=batch_id, error=error)  # forgotten when a stage died
             return
         named = [s for s in self.table.live() if s.session_id in session_ids and s.paused is None]

@@ -43,16 +43,15 @@ class Replays:
         self.configure = configure
         self.timeout_s = timeout_s
         self.down: Paused | None = None  # the stage whose death paused the chain, and since when
-        self.forgotten: set[int] = set()  # batches dropped at the last pause and resume: their errors are stale
 
     def pause(self, stage_id: str, error: str) -> None:
         """A later stage is dead: pause every running session (again, if already paused: its windows since are
         lost too); a cancelled one ends now."""
         now = time.perf_counter()
-        if self.down is None:
+        first = self.down is None
+        if first:
             self.down = Paused(stage_id, now, error)
-            self.forgotten = set()
-        self._forget()  # what was in flight is lost; anything back for it is ignored
+        self.launcher.forget(reset=first)  # what was in flight is lost; anything back for it is ignored
         for seq in list(self.table.running):
             seq.in_flight = 0
             if seq.cancelled:
@@ -65,7 +64,7 @@ class Replays:
     def resume(self) -> None:
         """The chain is back: every paused session is configured again with its sampler's state and replays."""
         self.down = None
-        self._forget()  # launched while the stage was dying: stale
+        self.launcher.forget()  # launched while the stage was dying: stale
         now = time.perf_counter()
         for seq in list(self.table.running):
             paused = seq.paused
@@ -81,10 +80,6 @@ class Replays:
             self.log.info("request_replay", request_id=seq.request_id, session_id=seq.session_id,
                           dead_stage=paused.stage_id, replayed_tokens=len(seq.fill), replayed_committed=replayed,
                           draws=seq.draws, paused_ms=round((now - paused.since) * 1e3, 3))
-
-    def _forget(self) -> None:
-        self.forgotten.update(self.launcher.inflight)
-        self.launcher.inflight.clear()
 
     def expire(self) -> None:
         """Fail what waited too long for the chain: paused sessions, and requests waiting since it went down."""
