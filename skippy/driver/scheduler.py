@@ -91,6 +91,7 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
         n = min(size, seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
         end = seq.prefilled + n
         outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
-        plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, attempt=seq.attempt))
+        plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, epoch=seq.epoch,
+                                  attempt=seq.attempt))
         budget -= n
     return plan
