@@ -1,13 +1,14 @@
 """Chaos under load: streams of chat completions against `skippy up` while a stage is killed (SIGKILL)
 and `skippy up` restarts it, with the figures the issue asks for.
 
-`run_chaos(server, ...)` runs `streams` client threads for `duration_s`; each sends streaming chat
-completions one after another and files every one as completed (a finish reason came), errored (an
-HTTP error, an error event in the stream, a refused or dropped connection) or hung (no byte for
-`request_timeout_s`, the client's read timeout). Meanwhile the main thread kills `stage` at evenly
-spaced times and, after each kill, waits (bounded) for the restart to show in /metrics and for /readyz
-to say 200 again, then sends a probe request of its own. The survivors' resident memory is read after
-a warm-up and at the end.
+`run_chaos(server, ...)` runs `streams` client threads for `duration_s`; each sends the same greedy
+streaming chat completion one after another and files every one as completed (a finish reason came), errored
+(an HTTP error, an error event in the stream, a refused or dropped connection) or hung (no byte for
+`request_timeout_s`, the client's read timeout), with its text and the longest pause between two of its
+chunks. Meanwhile the main thread kills the stages of `kills` in turn at evenly spaced times and, after
+each kill, waits (bounded) for the restart to show in /metrics and for /readyz to say 200 again, then
+sends a probe request of its own. The survivors' resident memory is read after a warm-up and at the end;
+the replays are read from stage 0's log (`request_replay`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Outcome:
     seconds: float
     tokens: int
     detail: str = ""
+    text: str = ""
+    longest_pause_s: float = 0.0  # between two chunks of the stream (a kill's pause shows here)
 
 
 @dataclass
@@ -62,6 +65,10 @@ class ChaosFigures:
     restarts: list[Restart] = field(default_factory=list)
     completed_after_each_restart: list[int] = field(default_factory=list)
     longest_request_s: float = 0.0
+    longest_pause_s: float = 0.0
+    distinct_texts: int = 0  # among completed greedy streams: 1 when every one equals the undisturbed run
+    replays: int = 0  # requests paused and replayed by stage 0 (its `request_replay` lines)
+    replayed_tokens: int = 0  # tokens prefilled again for them
     rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # survivor: (after warm-up, at the end)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,15 +76,18 @@ class ChaosFigures:
 
 
 def _one_request(client: openai.OpenAI, model: str, max_tokens: int) -> Outcome:
-    started = time.monotonic()
-    tokens, finish, kind, detail = 0, None, "errored", ""
+    started = last = time.monotonic()
+    tokens, finish, kind, detail, texts, pause = 0, None, "errored", "", [], 0.0
     try:
-        stream = client.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
+        stream = client.chat.completions.create(model=model, max_tokens=max_tokens, stream=True, temperature=0.0,
                                                 messages=[{"role": "user", "content": "tell me a story"}],
                                                 extra_body={"ignore_eos": True})
         for chunk in stream:
+            now = time.monotonic()
+            pause, last = max(pause, now - last), now
             if chunk.choices:
                 tokens += 1 if chunk.choices[0].delta.content else 0
+                texts.append(chunk.choices[0].delta.content or "")
                 finish = chunk.choices[0].finish_reason or finish
         kind, detail = ("completed", str(finish)) if finish else ("errored", "stream ended without a finish reason")
     except openai.APITimeoutError:
@@ -86,7 +96,7 @@ def _one_request(client: openai.OpenAI, model: str, max_tokens: int) -> Outcome:
         detail = f"http {exc.status_code} {exc.code}"
     except openai.APIError as exc:  # an error event in the stream, or the connection refused / dropped
         detail = type(exc).__name__ if isinstance(exc, openai.APIConnectionError) else f"stream error {exc.code}"
-    return Outcome(kind, started, time.monotonic() - started, tokens, detail)
+    return Outcome(kind, started, time.monotonic() - started, tokens, detail, "".join(texts), round(pause, 3))
 
 
 def _worker(server: SkippyServer, until: float, max_tokens: int, timeout_s: float, out: list[Outcome],
@@ -131,9 +141,9 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def survivor_pids(server: SkippyServer, killed: str, stages: list[str]) -> dict[str, int]:
+def survivor_pids(server: SkippyServer, killed: set[str], stages: list[str]) -> dict[str, int]:
     """Every process of the run that is not killed: the other stages, the broker and the adapter."""
-    pids = {s: server.stage_pids(s)[0] for s in stages if s != killed}
+    pids = {s: server.stage_pids(s)[0] for s in stages if s not in killed}
     broker = f"ipc://{server.run_dir}/broker.sock"
     for name, pattern in (("broker", f"broker --bind {broker}"), ("adapter", f"adapter --broker {broker}")):
         found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
@@ -169,8 +179,9 @@ def kill_and_wait_back(server: SkippyServer, stage: str, number: int, started: f
     return restart
 
 
-def run_chaos(server: SkippyServer, *, stage: str, stages: list[str], duration_s: float, streams: int = 8,
-              kills: int = 2, max_tokens: int = 16, request_timeout_s: float = 30.0) -> ChaosFigures:
+def run_chaos(server: SkippyServer, *, kills: list[str], stages: list[str], duration_s: float, streams: int = 8,
+              max_tokens: int = 16, request_timeout_s: float = 30.0) -> ChaosFigures:
+    """`kills`: the stages to kill, in order, evenly spaced over the run."""
     figures = ChaosFigures(duration_s, streams)
     outcomes: list[Outcome] = []
     stop = threading.Event()
@@ -181,11 +192,11 @@ def run_chaos(server: SkippyServer, *, stage: str, stages: list[str], duration_s
         worker.start()
     try:
         stop.wait(duration_s * WARMUP_FRACTION)
-        pids = survivor_pids(server, stage, stages)
+        pids = survivor_pids(server, set(kills), stages)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
-        for number in range(1, kills + 1):
-            stop.wait(max(0.0, started + duration_s * number / (kills + 1) - time.monotonic()))
-            figures.restarts.append(kill_and_wait_back(server, stage, number, started))
+        for number, stage in enumerate(kills, 1):
+            stop.wait(max(0.0, started + duration_s * number / (len(kills) + 1) - time.monotonic()))
+            figures.restarts.append(kill_and_wait_back(server, stage, kills[:number].count(stage), started))
     finally:
         for worker in workers:
             worker.join(duration_s + request_timeout_s + BACK_WITHIN_S)  # bounded: a stuck client fails below
@@ -193,6 +204,8 @@ def run_chaos(server: SkippyServer, *, stage: str, stages: list[str], duration_s
     assert not any(w.is_alive() for w in workers), "a client thread never finished"
     figures.rss_mib = {name: (round(before[name], 1), round(rss_mib(pid), 1)) for name, pid in pids.items()}
     _count(figures, outcomes, started)
+    replays = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "request_replay"]
+    figures.replays, figures.replayed_tokens = len(replays), sum(e["replayed_tokens"] for e in replays)
     return figures
 
 
@@ -203,6 +216,8 @@ def _count(figures: ChaosFigures, outcomes: list[Outcome], started: float) -> No
         if outcome.kind == "errored":
             figures.errors[outcome.detail] = figures.errors.get(outcome.detail, 0) + 1
     figures.longest_request_s = round(max((o.seconds for o in outcomes), default=0.0), 2)
+    figures.longest_pause_s = max((o.longest_pause_s for o in outcomes if o.kind == "completed"), default=0.0)
+    figures.distinct_texts = len({o.text for o in outcomes if o.kind == "completed"})
     kills = [started + r.at_s for r in figures.restarts] + [started + figures.duration_s]
     for restart, next_kill in zip(figures.restarts, kills[1:]):  # requests started between back and the next kill
         back = started + restart.at_s + (restart.serving_again_s or 0.0)
