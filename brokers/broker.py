@@ -178,11 +178,12 @@ class Broker:
             self.queue.reject_waiters(AdmissionError(self.pool.unavailable_reason(), "unavailable"))
 
     def _on_silent(self, link: PipelineLink, reason: str) -> None:
-        """Stage 0 stopped answering: fail the requests it holds now (and cancel them there, in case
-        it is only slow, so their lanes come free)."""
+        """Stage 0 stopped answering or lost its connection: the requests it held are lost (cancelled there, in case
+        it is only slow, so their lanes come free); each ends with pipeline_lost, so that its client may resubmit it
+        with the tokens it has (skippy.http.resubmit)."""
         for req in list(link.inflight.values()):
             self._spawn(link.cancel(req.submit.request_id))
-            self._spawn(self._finish(req, _error(req.submit.request_id, "pipeline_failed", reason)))
+            self._spawn(self._finish(req, _error(req.submit.request_id, ErrorCode.PIPELINE_LOST, reason)))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -37,7 +37,7 @@ from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
-from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.telemetry import DriverTelemetry
 from skippy.faults import fault_point
@@ -172,7 +172,10 @@ class Driver:
 
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
-               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
+               resumed: Resumed | None = None) -> RequestHandle:
+        """A new request; `resumed`: what a resubmitted one already generated (skippy.protocol.Submit.history):
+        it is prefilled again as a replay is and continues from the next token."""
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         tokens = np.asarray(prompt, np.int32)
@@ -181,6 +184,8 @@ class Driver:
             raise RuntimeUsageError(unfit.message)
         if max_tokens < 1:
             raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        if resumed is not None and len(resumed.history) >= max_tokens:
+            raise RuntimeUsageError(f"history: {len(resumed.history)} tokens, but max_tokens is {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
         if self.table.get(request_id) is not None:
             raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
@@ -190,8 +195,12 @@ class Driver:
                             f" (at most {self.max_waiting})")
         self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
         handle = RequestHandle(request_id)
-        self.table.add(Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens,
-                                stop_tokens, ChunkPlanner(self.prefill), handle))
+        seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
+                       ChunkPlanner(self.prefill), handle)
+        if resumed is not None:
+            resumed.apply(seq)
+            self.replays.resubmitted(seq)
+        self.table.add(seq)
         self._wakeup.set()
         return handle
 
@@ -258,11 +267,12 @@ class Driver:
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:
             self.speculation.start(seq.session_id, seq.prompt.tolist())
+        history = tuple(seq.generated)  # a resubmitted request's (empty for a new one)
         if self.runtime.is_final:
-            await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling)
+            await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling, history, seq.draws)
         else:
             assert self.downstream is not None
-            self._enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict()))
+            self._enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict(), history, seq.draws))
 
     def _enqueue(self, msg: ConfigureSession) -> None:
         assert self.downstream is not None

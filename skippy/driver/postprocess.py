@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
@@ -80,8 +80,20 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
             outcome = _commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size)
             if outcome.committed:
                 seq.draws = draws.get(seq.session_id, seq.draws)  # the sampler state these tokens leave
+                _resumable(outcome)
             outcomes.append(outcome)
     return outcomes
+
+
+def _resumable(outcome: Outcome) -> None:
+    """Stamp the events with what a resubmission needs: the draws after the window on its last event, the
+    prompt's chunk ends on the request's first token."""
+    seq, events = outcome.seq, outcome.events
+    if not events:
+        return
+    events[-1] = replace(events[-1], draws=seq.draws)
+    if len(seq.generated) == len(outcome.committed):  # the request's first tokens
+        events[0] = replace(events[0], chunks=tuple(seq.chunk_ends))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

@@ -13,6 +13,10 @@ is emitted twice; the client's stream only pauses. A session that cannot resume 
 naming the stage (`expire`); a restarted stage refused on its greeting fails the paused ones with that
 reason (`fail_paused`). Each resume is counted (`skippy_driver_replays_total`,
 `skippy_driver_replayed_tokens_total`) and logged once per request (`request_replay`, with `paused_ms`).
+
+A request resubmitted after its first stage 0 or broker died (skippy.protocol.Submit.history: `Resumed`) is
+admitted as a replay from the start: its committed tokens are prefilled again in the chunks its prompt
+first ran in, then one per window, and it is counted and logged (`request_resubmitted`) the same way.
 """
 
 from __future__ import annotations
@@ -80,6 +84,13 @@ class Replays:
             self.log.info("request_replay", request_id=seq.request_id, session_id=seq.session_id,
                           dead_stage=paused.stage_id, replayed_tokens=len(seq.fill), replayed_committed=replayed,
                           draws=seq.draws, paused_ms=round((now - paused.since) * 1e3, 3))
+
+    def resubmitted(self, seq: Sequence) -> None:
+        """Count and log a request resubmitted with its committed tokens (`Resumed`)."""
+        self.telemetry.replays.inc()
+        self.telemetry.replayed_tokens.inc(len(seq.fill))
+        self.log.info("request_resubmitted", request_id=seq.request_id, session_id=seq.session_id,
+                      replayed_tokens=len(seq.fill), replayed_committed=len(seq.generated), draws=seq.draws)
 
     def expire(self) -> None:
         """Fail what waited too long for the chain: paused sessions, and requests waiting since it went down."""

@@ -206,3 +206,19 @@ class SequenceTable:
         """Sessions finished since the last call: they must be released on every stage."""
         ids, self._releases = tuple(self._releases), []
         return ids
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resubmitted request already generated: its committed tokens, its prompt's chunk ends, the RNG draws."""
+
+    history: tuple[int, ...]
+    chunks: tuple[int, ...] = ()
+    draws: int = 0
+
+    def apply(self, seq: Sequence) -> None:
+        """Make `seq` a replay of its prompt and `history` (prefilled again, then decoding the next token)."""
+        seq.generated[:] = self.history
+        seq.chunk_ends[:] = [e for e in self.chunks if 0 < e <= len(seq.prompt)]
+        seq.draws = self.draws
+        seq.replay()

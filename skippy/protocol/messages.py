@@ -28,7 +28,9 @@ from skippy.protocol.stats import RequestStats
 # 6: SessionPrediction.draws, ConfigureSession.history/draws (a session replayed after a later stage died: its
 #    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
 #    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
-PROTOCOL_VERSION: Final = 6  # also the Literal of _Message.v
+# 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resubmitted with
+#    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them)
+PROTOCOL_VERSION: Final = 7  # also the Literal of _Message.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
@@ -83,7 +85,7 @@ class PrefixRef(msgspec.Struct, frozen=True):
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
     """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
 
-    v: Literal[6] = PROTOCOL_VERSION
+    v: Literal[7] = PROTOCOL_VERSION
 
 
 class Hello(_Message, tag=MessageKind.HELLO.value, frozen=True):
@@ -255,6 +257,11 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
     TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
+
+    A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
+    has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
+    prompt's prefill chunks ended (TokenEvents.chunks), and ``draws``, the sampler's RNG draws after them;
+    stage 0 prefills them again as a replay does and continues from the next token.
     """
     request_id: str
     prompt: Tokens
@@ -262,6 +269,9 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     stop_tokens: Tokens = ()
     events_to: str | None = None
+    history: Tokens = ()
+    chunks: Tokens = ()
+    draws: U63 = 0
 
 
 class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
@@ -275,7 +285,9 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
     last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
     of the final event of a request whose events went straight to its client (``Submit.events_to``):
-    how many tokens went that way.
+    how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
+    message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
+    them: Submit.chunks).
     """
     request_id: str
     tokens: Tokens
@@ -285,6 +297,8 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     logprobs: Logprobs = ()
     stats: RequestStats | None = None
     sent_direct: U63 | None = None
+    draws: U63 = 0
+    chunks: Tokens = ()
 
 
 class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):

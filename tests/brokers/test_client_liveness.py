@@ -3,7 +3,7 @@
 Its peer here is a stand-in broker: a ROUTER that takes every message and answers none, in a process
 of its own (killed with SIGKILL: the DEALER's monitor reports the disconnect) or in the test (alive
 but silent: the status watch gives up after `dead_after_s`). Either way every pending handle gets a
-final error event with code unavailable naming the peer, and the client serves again once a peer is back.
+final error event with code pipeline_lost naming the peer (its client may resubmit it), and the client serves again once a peer is back.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_pending_requests_fail_when_the_broker_process_dies(tmp_path: Path) -> N
         proc.wait(WAIT_S)
     assert pending == 0
     for final in finals:
-        assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.UNAVAILABLE
+        assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.PIPELINE_LOST
         assert final.error is not None and endpoint in final.error and "lost the connection" in final.error
 
 
