@@ -9,7 +9,8 @@ Unlike `Driver.submit`, `submit` here is a coroutine: it sends. With `events_end
 (skippy.driver.direct_events); stage 0's copy of a final event, sent to the submitter, is ignored.
 
 A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
-event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.http.resubmit) when the DEALER's connection is lost (its monitor reports a
+event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.http.resubmit) when the
+DEALER's connection is lost (its monitor reports a
 disconnect: the peer exited, e.g. a killed broker; whatever it held for us is lost with it), or when,
 with requests pending, the peer leaves a status query unanswered for `dead_after_s` (a hung peer).
 `fail_pending` does the same on demand (the adapter stopping). Each loss is one `peer_lost` line.
