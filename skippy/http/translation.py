@@ -1,0 +1,175 @@
+"""What the Responses and Anthropic Messages translations share: a request of either API becomes the
+/v1/chat/completions body it means (`Translated`), which runs through the chat route's own parsing and
+pipeline (skippy.http.openai_request, skippy.http.generation): chat template, tool prompt and call
+grammar, response format, sampling checks, stops, admission, usage. An error the chat parsing raises
+names the chat field (`tools[0].function.parameters...`, `max_tokens`); `renames` maps it back to the
+API's own (`tools[2].parameters...`, `max_output_tokens`), message text included.
+
+Both render the generation's pieces back through an `EventRenderer` (their event streams; a response
+not streamed is the same events' final object): `stream_events` for a stream, `drain` for a whole one.
+Also the small checks both translations use on their bodies: fields known or refused, text parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from skippy.http.errors import HttpError, invalid
+from skippy.http.generation import Generation, Piece, Run
+from skippy.http.openai_request import GenerationRequest, parse_generation
+from skippy.http.routing import Handler
+from skippy.log import get_logger
+from skippy.protocol.stats import RequestStats
+
+Renames = list[tuple[str, str]]
+Route = tuple[str, str, Handler]  # (method, path, handler): what each API adds to the adapter's route table
+
+
+@dataclass
+class Translated:
+    """An agent-API request as a chat completions body, its stop strings and how to name its fields back."""
+
+    body: dict[str, Any]
+    renames: Renames = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # set after parsing: Anthropic allows more than chat's 4
+    stop_param: str = "stop"
+    prompt_param: str = "messages"
+
+
+def _renamed(param: str, renames: Renames) -> str:
+    for old, new in renames:
+        if param == old or param.startswith((old + ".", old + "[")):
+            return new + param[len(old):]
+    return param
+
+
+def rename(exc: HttpError, renames: Renames) -> HttpError:
+    """`exc` with its param (and the message that starts with it) named as the API's request names it."""
+    if exc.param is None:
+        return exc
+    param = _renamed(exc.param, renames)
+    if param == exc.param:
+        return exc
+    message = param + exc.message[len(exc.param):] if exc.message.startswith(exc.param) else exc.message
+    return HttpError(exc.status, message, type=exc.type, param=param, code=exc.code, headers=exc.headers)
+
+
+def parse_translated(translated: Translated, model_id: str) -> GenerationRequest:
+    """The chat request the translation means (its errors renamed)."""
+    try:
+        req = parse_generation(translated.body, "chat", model_id)
+    except HttpError as exc:
+        raise rename(exc, translated.renames) from None
+    if translated.stop and req.sampling.grammar is not None:
+        raise invalid(translated.stop_param, "cannot be combined with tools or a JSON format (a stop string could cut"
+                                             " the output)")
+    req.stop = translated.stop
+    return req
+
+
+async def start_translated(generation: Generation, translated: Translated, request_id: str,
+                           api: str) -> tuple[GenerationRequest, Run]:
+    """Parse and submit; the first token has arrived when this returns (errors before it renamed)."""
+    req = parse_translated(translated, generation.model_id)
+    try:
+        return req, await generation.start(req, request_id, translated.prompt_param, api)
+    except HttpError as exc:
+        raise rename(exc, translated.renames) from None
+
+
+def count_translated(generation: Generation, translated: Translated) -> int:
+    """The prompt's length in tokens, tools prompt included (the token counting routes)."""
+    return len(generation.prompt_ids(parse_translated(translated, generation.model_id)))
+
+
+def check_fields(body: Any, known: Iterable[str], refused: dict[str, str]) -> dict[str, Any]:
+    """`body` as an object whose every non-null field is known; a refused one is a 400 naming it with its reason."""
+    if not isinstance(body, dict):
+        raise HttpError(400, "request body must be a JSON object", code="invalid_value")
+    names = set(known)
+    for name, value in body.items():
+        if value is None:
+            continue
+        if name in refused:
+            raise invalid(name, refused[name], "unsupported_parameter")
+        if name not in names:
+            raise invalid(name, "unrecognized request argument", "unknown_parameter")
+    return body
+
+
+MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image", "document"})
+
+
+def text_of(value: Any, param: str, kinds: tuple[str, ...]) -> str:
+    """A string, or a list of text parts of `kinds` (`{"type": KIND, "text": ...}`; a `refusal` part's text is
+    its `refusal`) joined; image, audio and file parts are a 400 saying why, anything else a 400 too."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(param, f"expected a string or a list of {kinds[0]} parts")
+    texts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in MEDIA_PARTS:
+            raise invalid(f"{param}[{j}]", f"{kind} parts need a multimodal projector; this server takes text only")
+        text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(text, str):
+            raise invalid(f"{param}[{j}]", f'expected a text part {{"type": "{kinds[0]}", "text": ...}}')
+        texts.append(text)
+    return "".join(texts)
+
+
+def keep(body: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The fields of `body` among `names` that are set (a null is not sent)."""
+    return {name: body[name] for name in names if body.get(name) is not None}
+
+
+class EventRenderer(Protocol):
+    """An API's stream events from the generation's pieces; each call returns the SSE events to send."""
+
+    def start(self) -> list[bytes]: ...
+
+    def piece(self, piece: Piece) -> list[bytes]: ...
+
+    def finish(self, piece: Piece, n_tokens: int, stats: RequestStats | None) -> list[bytes]: ...
+
+    def fail(self, exc: HttpError) -> list[bytes]: ...
+
+
+async def _events(renderer: EventRenderer, pieces: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
+    """Every event of a generation that succeeds; a failure raises (HttpError) where it happens."""
+    for event in renderer.start():
+        yield event
+    n_tokens = 0
+    stats: RequestStats | None = None
+    async for piece in pieces:
+        n_tokens += piece.n_tokens
+        stats = piece.stats or stats
+        for event in renderer.piece(piece):
+            yield event
+        if piece.finish_reason is not None:
+            for event in renderer.finish(piece, n_tokens, stats):
+                yield event
+
+
+async def stream_events(renderer: EventRenderer, pieces: AsyncIterator[Piece], generation_id: str) -> AsyncIterator[bytes]:
+    """A stream that never ends without its final event or the API's error event, whatever broke."""
+    try:
+        async for event in _events(renderer, pieces):
+            yield event
+    except HttpError as exc:
+        for event in renderer.fail(exc):
+            yield event
+    except Exception as exc:
+        get_logger().exception("stream_failed", generation_id=generation_id)
+        for event in renderer.fail(HttpError(502, f"generation failed: {exc!r}", type="server_error",
+                                             code="pipeline_failed")):
+            yield event
+
+
+async def drain(renderer: EventRenderer, pieces: AsyncIterator[Piece]) -> None:
+    """Run a generation not streamed through the renderer, which then holds the final object."""
+    async for _ in _events(renderer, pieces):
+        pass
