@@ -14,7 +14,9 @@ route), and `previous_response_id`, `conversation` and `item_reference` items ar
   needs, and logged. `tool_choice` none / auto / required / `{"type": "function", "name"}`;
   `parallel_tool_calls` as chat (one call per answer).
 - `text.format`: text, json_object, json_schema (`name`, `schema`, `strict`, `description`), enforced by
-  the grammar as chat's `response_format`. `max_output_tokens`, `temperature`, `top_p` as chat's.
+  the grammar as chat's `response_format`. `max_output_tokens`, `temperature`, `top_p` as chat's; without
+  `max_output_tokens` a response may run until the context is full (OpenAI's default; Codex sends none),
+  not the adapter's `--default-max-tokens`.
 - Accepted and meaningless here: `reasoning`, `include`, `metadata`, `prompt_cache_key`,
   `prompt_cache_retention`, `user`, `safety_identifier`, `service_tier`, `truncation`, `max_tool_calls`,
   `stream_options`, `text.verbosity`.
@@ -169,7 +171,7 @@ def translate_responses(raw: Any) -> Translated:
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    return Translated(chat, renames, prompt_param="input")
+    return Translated(chat, renames, prompt_param="input", up_to_context=True)
 
 
 def echo_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
 
 Renames = list[tuple[str, str]]
+UP_TO_CONTEXT = 2**31 - 1
 Route = tuple[str, str, Handler]  # (method, path, handler): what each API adds to the adapter's route table
 
 
@@ -36,6 +37,7 @@ class Translated:
     stop: list[str] = field(default_factory=list)  # set after parsing: Anthropic allows more than chat's 4
     stop_param: str = "stop"
     prompt_param: str = "messages"
+    up_to_context: bool = False  # no max_tokens given: generate until the context is full (not the adapter's default)
 
 
 def _renamed(param: str, renames: Renames) -> str:
@@ -66,6 +68,8 @@ def parse_translated(translated: Translated, model_id: str) -> GenerationRequest
         raise invalid(translated.stop_param, "cannot be combined with tools or a JSON format (a stop string could cut"
                                              " the output)")
     req.stop = translated.stop
+    if translated.up_to_context and req.max_tokens is None:
+        req.max_tokens = UP_TO_CONTEXT  # Generation.start clamps it to what the context leaves
     return req
 
 

@@ -31,6 +31,7 @@ class FakeBroker:
         self.cancelled = 0
         self.sampling: Any = None  # the last submitted request's
         self.fail_after: int | None = None
+        self.max_tokens: int | None = None  # the last submitted request's
 
     async def status(self, timeout_s: float = 5.0) -> Status:
         return Status(0, True, None, 0, 0, 2, 256)
@@ -39,6 +40,7 @@ class FakeBroker:
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
+        self.max_tokens = max_tokens
         handle = RequestHandle(request_id or "fake")
         for token in TOKENS[:max_tokens if self.fail_after is None else self.fail_after]:
             handle.put(TokenEvent(token=token))

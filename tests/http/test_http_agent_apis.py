@@ -1,8 +1,8 @@
-"""A generation that fails after its first token, seen through the agent APIs with the official async SDKs (the
-real adapter, a fake broker that fails each request after one token): the Responses stream ends with
-`response.failed` (its `error` saying why), the Anthropic stream with an `error` event the SDK raises, and
-responses not streamed are a 502 in each API's envelope. Without a key the routes are open; with one,
-`x-api-key` opens the Anthropic routes as the SDK sends it."""
+"""The agent APIs' edges with the official async SDKs on the real adapter over a fake broker (tests/http's
+adapter_helpers): a generation that fails after its first token (the Responses stream ends with
+`response.failed`, its `error` saying why, the Anthropic stream with an `error` event the SDK raises, and
+responses not streamed are a 502 in each API's envelope); `x-api-key` as Anthropic's SDK sends the key;
+what a request without a token limit may generate."""
 
 from __future__ import annotations
 
@@ -61,3 +61,20 @@ async def test_the_anthropic_sdk_passes_the_key_as_x_api_key(tiny_model: Callabl
             body: object = refused.value.body
             assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
         assert broker.submitted == 1
+
+
+async def test_a_response_without_max_output_tokens_may_fill_the_context(tiny_model: Callable[..., Path]) -> None:
+    """OpenAI's Responses default (and Codex's requests, which send no limit): up to what the context leaves,
+    not the adapter's default max tokens (8 here), which chat keeps; Anthropic's max_tokens is clamped to it."""
+    async with adapter_server(tiny_model("llama")) as (server, broker):
+        base = f"http://127.0.0.1:{server.port}"
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0) as oai:
+            count = (await oai.responses.input_tokens.count(input="hi")).input_tokens
+            await oai.responses.create(model="tiny", input="hi")
+            assert broker.max_tokens == 256 - count  # the fake broker's context: 256
+            await oai.chat.completions.create(model="tiny", messages=ASK)
+            assert broker.max_tokens == 8
+        async with anthropic.AsyncAnthropic(base_url=base, api_key="x", max_retries=0) as claude:
+            async for _ in await claude.messages.create(model="tiny", max_tokens=32000, messages=ASK, stream=True):
+                pass
+            assert broker.max_tokens == 256 - (await claude.messages.count_tokens(model="tiny", messages=ASK)).input_tokens
