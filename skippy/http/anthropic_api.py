@@ -26,7 +26,7 @@ from skippy.http.generation import Generation, Piece
 from skippy.http.openai_response import usage as chat_usage
 from skippy.http.routing import Handler, Request, Response, StreamResponse, json_response
 from skippy.http.sse import sse_event
-from skippy.http.translation import Route, count_translated, drain, start_translated, stream_events
+from skippy.http.translation import Route, count_translated, respond, start_translated
 from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
 
@@ -162,10 +162,7 @@ class MessagesApi:
         req, run = await start_translated(self.generation, translate_messages(request.json()), request.request_id,
                                           "messages")
         events = MessageEvents(run.rid, self.generation.model_id, run.n_prompt)
-        if req.stream:
-            return StreamResponse(stream_events(events, run.pieces, run.rid))
-        await drain(events, run.pieces)
-        return json_response(events.final)
+        return await respond(events, req, run)
 
     async def count_tokens(self, request: Request) -> Response:
         count = count_translated(self.generation, translate_messages(request.json(), count_only=True))

@@ -24,8 +24,8 @@ import json
 from typing import Any
 
 from skippy.http.errors import invalid
-from skippy.http.translation import MEDIA_PARTS, Renames, Translated, check_fields, keep, text_of
-from skippy.log import get_logger
+from skippy.http.messages import MEDIA_PARTS, text_parts
+from skippy.http.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
 
 PASSED = ("model", "stream", "top_p", "top_k")
 MEANINGLESS = ("metadata", "thinking", "service_tier", "cache_control", "inference_geo", "speed", "diagnostics",
@@ -69,7 +69,7 @@ def _user(content: Any, param: str) -> list[dict[str, Any]]:
             use_id = block.get("tool_use_id")
             if not isinstance(use_id, str) or not use_id:
                 raise invalid(f"{where}.tool_use_id", "expected the id of the tool_use this answers")
-            text = text_of(block.get("content", ""), f"{where}.content", ("text",))
+            text = text_parts(block.get("content", ""), f"{where}.content", ("text",))
             results.append({"role": "tool", "tool_call_id": use_id,
                             "content": f"Error: {text}" if block.get("is_error") else text})
         else:
@@ -99,7 +99,7 @@ def _assistant(content: Any, param: str) -> dict[str, Any]:
 def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if system is not None:
-        out.append({"role": "system", "content": text_of(system, "system", ("text",))})
+        out.append({"role": "system", "content": text_parts(system, "system", ("text",))})
     if not isinstance(value, list) or not value:
         raise invalid("messages", "expected a non-empty list of messages")
     for i, message in enumerate(value):
@@ -120,28 +120,12 @@ def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(raw: Any, renames: Renames) -> list[dict[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise invalid("tools", "expected a list of tools")
-    tools: list[dict[str, Any]] = []
-    ignored: list[str] = []
-    for i, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise invalid(f"tools[{i}]", "expected a tool object")
-        if tool.get("type") not in (None, "custom"):
-            ignored.append(str(tool.get("type")))
-            continue
-        if not isinstance(tool.get("input_schema"), dict):
-            raise invalid(f"tools[{i}].input_schema", "expected the tool's JSON Schema object")
-        k = len(tools)
-        renames += [(f"tools[{k}].function.parameters", f"tools[{i}].input_schema"), (f"tools[{k}].function", f"tools[{i}]")]
-        tools.append({"type": "function", "function": {**keep(tool, ("name", "description")),
-                                                       "parameters": tool["input_schema"]}})
-    if ignored:
-        get_logger().info("messages_tools_ignored", types=ignored)
-    return tools
+def _function(tool: dict[str, Any], param: str) -> dict[str, Any] | None:
+    if tool.get("type") not in (None, "custom"):
+        return None
+    if not isinstance(tool.get("input_schema"), dict):
+        raise invalid(f"{param}.input_schema", "expected the tool's JSON Schema object")
+    return {**keep(tool, ("name", "description")), "parameters": tool["input_schema"]}
 
 
 def _tool_choice(value: Any) -> Any:
@@ -166,14 +150,10 @@ def _stop_sequences(value: Any) -> list[str]:
 
 def _response_format(config: Any) -> dict[str, Any] | None:
     """`output_config.format` (`{"type": "json_schema", "schema": ...}`) as chat's response_format; `effort` ignored."""
-    if config is None:
-        return None
-    if not isinstance(config, dict) or set(config) - {"effort", "format"}:
-        raise invalid("output_config", 'expected {"effort": ..., "format": {"type": "json_schema", "schema": {...}}}')
-    fmt = config.get("format")
+    fmt = format_of(config, "output_config", {"effort", "format"}, '{"effort": ..., "format": {...}}')
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or set(fmt) - {"type", "schema"}:
+    if fmt.get("type") != "json_schema" or set(fmt) - {"type", "schema"}:
         raise invalid("output_config.format", 'expected {"type": "json_schema", "schema": {...}}')
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
 
@@ -194,7 +174,8 @@ def translate_messages(raw: Any, *, count_only: bool = False) -> Translated:
         chat["max_tokens"] = body["max_tokens"]
     if temperature is not None:
         chat["temperature"] = temperature
-    tools = _tools(body.get("tools"), renames)
+    tools = chat_tools(body.get("tools"), renames, _function,
+                       {"function.parameters": ".input_schema", "function": ""}, "messages")
     choice = _tool_choice(body.get("tool_choice"))
     if tools:
         chat["tools"] = tools

@@ -25,7 +25,7 @@ from skippy.http.responses_request import echo_fields, translate_responses
 from skippy.http.routing import Request, Response, StreamResponse, json_response
 from skippy.http.sse import sse_event
 from skippy.http.tool_output import CallDelta
-from skippy.http.translation import Route, count_translated, drain, start_translated, stream_events
+from skippy.http.translation import Route, count_translated, respond, start_translated
 from skippy.protocol.stats import RequestStats
 
 
@@ -147,10 +147,7 @@ class ResponsesApi:
         body = request.json()
         req, run = await start_translated(self.generation, translate_responses(body), request.request_id, "responses")
         events = ResponseEvents(run.rid, self.generation.model_id, echo_fields(body), run.n_prompt)
-        if req.stream:
-            return StreamResponse(stream_events(events, run.pieces, run.rid))
-        await drain(events, run.pieces)
-        return json_response(events.final)
+        return await respond(events, req, run)
 
     async def input_tokens(self, request: Request) -> Response:
         body = request.json()

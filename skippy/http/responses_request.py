@@ -28,8 +28,8 @@ from typing import Any
 
 from skippy.http.errors import invalid
 from skippy.http.json_body import JsonBodyError, loads
-from skippy.http.translation import Renames, Translated, check_fields, keep, text_of
-from skippy.log import get_logger
+from skippy.http.messages import text_parts
+from skippy.http.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
 
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "service_tier")
 MEANINGLESS = ("reasoning", "include", "metadata", "prompt_cache_key", "prompt_cache_retention", "user",
@@ -46,7 +46,7 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in ROLES:
         raise invalid(f"{param}.role", f"expected one of {sorted(ROLES)}, got {role!r}")
-    return {"role": role, "content": text_of(item.get("content", ""), f"{param}.content", PART_KINDS)}
+    return {"role": role, "content": text_parts(item.get("content", ""), f"{param}.content", PART_KINDS)}
 
 
 def _string(item: dict[str, Any], key: str, param: str) -> str:
@@ -94,7 +94,7 @@ def input_messages(value: Any, instructions: Any) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = text_of(item.get("output"), f"{param}.output", ("input_text", "output_text"))
+            output = text_parts(item.get("output"), f"{param}.output", ("input_text", "output_text"))
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": output})
         elif kind == "reasoning":
             continue
@@ -106,26 +106,8 @@ def input_messages(value: Any, instructions: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _tools(body: dict[str, Any], renames: Renames) -> list[dict[str, Any]]:
-    """The function tools as chat tools; the others left out (and logged)."""
-    raw = body.get("tools")
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise invalid("tools", "expected a list of tools")
-    tools: list[dict[str, Any]] = []
-    ignored: list[str] = []
-    for i, tool in enumerate(raw):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            ignored.append(str(kind))
-            continue
-        assert isinstance(tool, dict)
-        renames.append((f"tools[{len(tools)}].function", f"tools[{i}]"))
-        tools.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
-    if ignored:
-        get_logger().info("responses_tools_ignored", types=ignored)
-    return tools
+def _function(tool: dict[str, Any], param: str) -> dict[str, Any] | None:
+    return {k: v for k, v in tool.items() if k != "type"} if tool.get("type") == "function" else None
 
 
 def _tool_choice(value: Any) -> Any:
@@ -138,16 +120,8 @@ def _tool_choice(value: Any) -> Any:
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
-        raise invalid("text", 'expected {"format": {...}}')
-    fmt = text.get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict):
-        raise invalid("text.format", "expected an object with a type")
-    if fmt.get("type") != "json_schema":
+    fmt = format_of(text, "text", {"format", "verbosity"}, '{"format": {...}}')
+    if fmt is None or fmt.get("type") != "json_schema":
         return fmt  # text / json_object: chat's own shapes
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
@@ -160,7 +134,7 @@ def translate_responses(raw: Any) -> Translated:
     renames: Renames = [("max_tokens", "max_output_tokens"), ("response_format.json_schema", "text.format"),
                         ("response_format", "text.format"), ("tool_choice.function.name", "tool_choice.name")]
     chat = {**keep(body, PASSED), "messages": input_messages(body.get("input"), body.get("instructions"))}
-    tools = _tools(body, renames)
+    tools = chat_tools(body.get("tools"), renames, _function, {"function": ""}, "responses")
     if tools:
         chat["tools"] = tools
     choice = _tool_choice(body.get("tool_choice"))

@@ -7,19 +7,20 @@ API's own (`tools[2].parameters...`, `max_output_tokens`), message text included
 
 Both render the generation's pieces back through an `EventRenderer` (their event streams; a response
 not streamed is the same events' final object): `stream_events` for a stream, `drain` for a whole one.
-Also the small checks both translations use on their bodies: fields known or refused, text parts.
+Also the small checks both translations use on their bodies: fields known or refused, the tools
+(`chat_tools`), a nested format object.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from skippy.http.errors import HttpError, invalid
 from skippy.http.generation import Generation, Piece, Run
 from skippy.http.openai_request import GenerationRequest, parse_generation
-from skippy.http.routing import Handler
+from skippy.http.routing import Handler, Response, StreamResponse, json_response
 from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
 
@@ -103,26 +104,49 @@ def check_fields(body: Any, known: Iterable[str], refused: dict[str, str]) -> di
     return body
 
 
-MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image", "document"})
+def chat_tools(raw: Any, renames: Renames, function: Callable[[dict[str, Any], str], dict[str, Any] | None],
+               paths: dict[str, str], api: str) -> list[dict[str, Any]]:
+    """An API's `tools` as chat function tools: `function(tool, param)` gives a tool's chat `function` object, or
+    None for a tool type this server leaves out (logged once per request as `{api}_tools_ignored`). `paths` maps
+    a chat tool's field paths to the API's (`{"function": ""}`: chat's tools[k].function.x is tools[i].x)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise invalid("tools", "expected a list of tools")
+    tools: list[dict[str, Any]] = []
+    ignored: list[str] = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict):
+            raise invalid(f"tools[{i}]", "expected a tool object")
+        converted = function(tool, f"tools[{i}]")
+        if converted is None:
+            ignored.append(str(tool.get("type")))
+            continue
+        renames += [(f"tools[{len(tools)}].{chat}", f"tools[{i}]{own}") for chat, own in paths.items()]
+        tools.append({"type": "function", "function": converted})
+    if ignored:
+        get_logger().info(f"{api}_tools_ignored", types=ignored)
+    return tools
 
 
-def text_of(value: Any, param: str, kinds: tuple[str, ...]) -> str:
-    """A string, or a list of text parts of `kinds` (`{"type": KIND, "text": ...}`; a `refusal` part's text is
-    its `refusal`) joined; image, audio and file parts are a 400 saying why, anything else a 400 too."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise invalid(param, f"expected a string or a list of {kinds[0]} parts")
-    texts = []
-    for j, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in MEDIA_PARTS:
-            raise invalid(f"{param}[{j}]", f"{kind} parts need a multimodal projector; this server takes text only")
-        text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
-        if kind not in kinds or not isinstance(text, str):
-            raise invalid(f"{param}[{j}]", f'expected a text part {{"type": "{kinds[0]}", "text": ...}}')
-        texts.append(text)
-    return "".join(texts)
+def format_of(value: Any, param: str, keys: set[str], expected: str) -> dict[str, Any] | None:
+    """`value`'s `format` object (None when it or `value` is unset); `value` may hold only `keys`."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - keys:
+        raise invalid(param, f"expected {expected}")
+    fmt = value.get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise invalid(f"{param}.format", "expected an object with a type")
+    return fmt
+
+
+async def respond(renderer: EventRenderer, req: GenerationRequest, run: Run) -> Response | StreamResponse:
+    """The generation as the API's stream, or (not streamed) the final object its events build."""
+    if req.stream:
+        return StreamResponse(stream_events(renderer, run.pieces, run.rid))
+    await drain(renderer, run.pieces)
+    return json_response(renderer.final)
 
 
 def keep(body: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
@@ -131,7 +155,10 @@ def keep(body: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
 
 
 class EventRenderer(Protocol):
-    """An API's stream events from the generation's pieces; each call returns the SSE events to send."""
+    """An API's stream events from the generation's pieces; each call returns the SSE events to send.
+    `final`: the whole response object, once `finish` has run."""
+
+    final: dict[str, Any] | None
 
     def start(self) -> list[bytes]: ...
 
