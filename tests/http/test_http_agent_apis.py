@@ -1,7 +1,8 @@
 """The agent APIs' edges with the official async SDKs on the real adapter over a fake broker (tests/http's
 adapter_helpers): a generation that fails after its first token (the Responses stream ends with
 `response.failed`, its `error` saying why, the Anthropic stream with an `error` event the SDK raises, and
-responses not streamed are a 502 in each API's envelope); `x-api-key` as Anthropic's SDK sends the key;
+responses not streamed are a 502 in each API's envelope); `x-api-key` as Anthropic's SDK sends the key, and
+its beta client's `/v1/messages?beta=true` (Claude Code's);
 what a request without a token limit may generate."""
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ async def test_the_anthropic_sdk_passes_the_key_as_x_api_key(tiny_model: Callabl
             reply = await claude.messages.create(model="tiny", max_tokens=8, messages=ASK)
             assert reply.stop_reason == "max_tokens" and reply.usage.output_tokens == 3
             assert (await claude.messages.count_tokens(model="tiny", messages=ASK)).input_tokens > 0
+            beta = await claude.beta.messages.create(model="tiny", max_tokens=8, messages=ASK)  # ?beta=true, as Claude Code
+            assert beta.stop_reason == "max_tokens"
         async with anthropic.AsyncAnthropic(base_url=base, api_key="wrong", max_retries=0) as wrong:
             with pytest.raises(anthropic.AuthenticationError) as refused:
                 await wrong.messages.create(model="tiny", max_tokens=8, messages=ASK)
             body: object = refused.value.body
             assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
-        assert broker.submitted == 1
+        assert broker.submitted == 2
 
 
 async def test_a_response_without_max_output_tokens_may_fill_the_context(tiny_model: Callable[..., Path]) -> None:
