@@ -45,8 +45,8 @@ def claude(server: SkippyServer) -> Iterator[anthropic.Anthropic]:
 def test_responses_text_whole_and_streamed_agree(server: SkippyServer, client: openai.OpenAI) -> None:
     ask = {"model": server.model_id, "input": "Name three colors.", "instructions": "Be brief.",
            "max_output_tokens": 6, "temperature": 0}
-    whole = client.responses.create(**ask)
-    assert whole.status == "incomplete" and whole.incomplete_details and \
+    whole = client.responses.create(**ask, store=True)  # accepted and ignored: nothing is stored
+    assert whole.store is False and whole.status == "incomplete" and whole.incomplete_details and \
         whole.incomplete_details.reason == "max_output_tokens"
     assert whole.usage and whole.usage.output_tokens == 6 and whole.id.startswith("resp_")
     wait_idle(server)  # greedy runs repeat only when the next does not share the pipeline with the last
@@ -202,6 +202,8 @@ def test_messages_claude_code_shaped_request(server: SkippyServer, claude: anthr
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}]}, 400, "invalid_request_error",
      "tools[0].input_schema.properties.n.minimum"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tools": checks.ANTHROPIC_TOOLS,
+      "stop_sequences": ["}"]}, 400, "invalid_request_error", "stop_sequences"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "mcp_servers": [{}]}, 400,
      "invalid_request_error", "mcp_servers"),
     ({"max_tokens": 4, "model": "claude-opus-4", "messages": [{"role": "user", "content": "hi"}]}, 404,
@@ -213,7 +215,7 @@ def test_messages_bad_requests_in_anthropics_envelope(server: SkippyServer, clau
     assert raw.json()["error"]["type"] == kind and raw.json()["error"]["message"].startswith(says), raw.json()
     if "max_tokens" not in body:  # the SDK will not send a request without it
         return
-    named = {k: v for k, v in body.items() if k in ("model", "max_tokens", "messages", "tools")}
+    named = {k: v for k, v in body.items() if k in ("model", "max_tokens", "messages", "tools", "stop_sequences")}
     with pytest.raises(anthropic.APIStatusError) as caught:  # the SDK reads it as the same error
         claude.messages.create(**{"model": server.model_id, **named,
                                   "extra_body": {k: v for k, v in body.items() if k not in named}})
