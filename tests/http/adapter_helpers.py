@@ -2,7 +2,8 @@
 
 `FakeBroker` answers Status (ready, ctx 256) and every Submit with a few tokens and `length` (keeping the
 last request's sampling), so each request exercises the adapter's parsing, tokenizing, detokenizing and
-response paths without a pipeline. `adapter_server(model, api_key=..., limits=...)` yields the
+response paths without a pipeline; with `fail_after = N` it fails each request after N tokens instead
+(`pipeline_failed`, as when a stage dies mid-stream). `adapter_server(model, api_key=..., limits=...)` yields the
 HttpServer (port 0) and the fake broker.
 """
 
@@ -29,6 +30,8 @@ class FakeBroker:
         self.submitted = 0
         self.cancelled = 0
         self.sampling: Any = None  # the last submitted request's
+        self.fail_after: int | None = None
+        self.max_tokens: int | None = None  # the last submitted request's
 
     async def status(self, timeout_s: float = 5.0) -> Status:
         return Status(0, True, None, 0, 0, 2, 256)
@@ -37,10 +40,14 @@ class FakeBroker:
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
+        self.max_tokens = max_tokens
         handle = RequestHandle(request_id or "fake")
-        for token in TOKENS[:max_tokens]:
+        for token in TOKENS[:max_tokens if self.fail_after is None else self.fail_after]:
             handle.put(TokenEvent(token=token))
-        handle.put(TokenEvent(finish_reason="length"))
+        if self.fail_after is not None:
+            handle.put(TokenEvent(finish_reason="error", error="stage 1 at ipc://x lost", code="pipeline_failed"))
+        else:
+            handle.put(TokenEvent(finish_reason="length"))
         return handle
 
     async def cancel(self, request_id: str) -> None:
