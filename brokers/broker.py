@@ -235,7 +235,11 @@ class Broker:
 
     async def _on_cancel(self, client: bytes, request_id: str) -> None:
         req = self.requests.get(request_id)
-        if req is None or req.client != client or req.done:
+        if req is None:  # held by a broker before this one (it died; its adapter resubmits): every stage 0 is told
+            for link in self.pool.links:
+                await link.cancel(request_id)
+            return
+        if req.client != client or req.done:
             return
         if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
             assert req.task is not None

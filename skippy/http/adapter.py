@@ -25,6 +25,7 @@ from skippy.http.errors import HttpError
 from skippy.http.generation import Generation
 from skippy.http.metrics import Metrics
 from skippy.http.responses_api import ResponsesApi
+from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
 from skippy.http.server import Request, Response, Router, StreamResponse, json_response
 from skippy.http.tokenize import detokenize, tokenize
 from skippy.log import get_logger
@@ -36,8 +37,10 @@ from skippy.runtime.tokenizer import Tokenizer
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
-                 metrics_targets: Path | None = None) -> None:
-        """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one)."""
+                 metrics_targets: Path | None = None, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
+        """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
+        `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to be resubmitted
+        (skippy.http.resubmit)."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template
@@ -49,7 +52,8 @@ class OpenAIAdapter:
         self.metrics = Metrics()
         self.log = get_logger()
         self._status: tuple[float, Status] | None = None
-        self.generate = Generation(broker, tokenizer, template, model_id, default_max_tokens, self.metrics,
+        self.resubmitter = Resubmitter(broker, resume_timeout_s, self.metrics.resubmitted.inc)
+        self.generate = Generation(self.resubmitter, tokenizer, template, model_id, default_max_tokens, self.metrics,
                                    self.status)
         self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)
         self.responses_api = ResponsesApi(self.generate)

@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippy.client import PipelineClient
 from skippy.config import prompt_length_error
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
 from skippy.http.metrics import Metrics
 from skippy.http.openai_request import GenerationRequest, parse_generation
 from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
+from skippy.http.resubmit import Resubmitter
 from skippy.http.routing import Request, Response, StreamResponse, json_response
 from skippy.http.sse import SSE_DONE, sse_event
 from skippy.http.stops import StopMatcher
@@ -86,7 +86,7 @@ async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> As
 
 @dataclass
 class Generation:
-    broker: PipelineClient
+    broker: Resubmitter  # the broker's PipelineClient, resubmitting what a dead stage 0 or broker lost
     tokenizer: Tokenizer
     template: ChatTemplate
     model_id: str
