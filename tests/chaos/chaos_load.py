@@ -8,7 +8,8 @@ streaming chat completion one after another and files every one as completed (a 
 chunks. Meanwhile the main thread kills the stages of `kills` in turn at evenly spaced times and, after
 each kill, waits (bounded) for the restart to show in /metrics and for /readyz to say 200 again, then
 sends a probe request of its own. The survivors' resident memory is read after a warm-up and at the end;
-the replays are read from stage 0's log (`request_replay`).
+the replays are read from stage 0's log (`request_replay`, `request_resubmitted`), the resubmissions from the
+adapter's.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class ChaosFigures:
     longest_request_s: float = 0.0
     longest_pause_s: float = 0.0
     distinct_texts: int = 0  # among completed greedy streams: 1 when every one equals the undisturbed run
-    replays: int = 0  # requests paused and replayed by stage 0 (its `request_replay` lines)
+    replays: int = 0  # requests replayed by stage 0 (paused ones, `request_replay`; resubmitted ones too)
     replayed_tokens: int = 0  # tokens prefilled again for them
+    resubmitted: int = 0  # requests the adapter resubmitted after stage 0 or the broker died
     rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # survivor: (after warm-up, at the end)
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,9 +129,24 @@ def wait_metric(server: SkippyServer, name: str, stage: str, value: float) -> No
         time.sleep(0.1)  # poll interval of a bounded poll
 
 
+FRONT = ("broker", "adapter")  # skippy up's other children, found by their command lines
+
+
+def pid_of(server: SkippyServer, name: str) -> int:
+    """The pid of the run's process `name`: a stage id, "broker" or "adapter"."""
+    if name not in FRONT:
+        (pid,) = server.stage_pids(name)
+        return pid
+    broker = f"ipc://{server.run_dir}/broker.sock"
+    pattern = f"broker --bind {broker}" if name == "broker" else f"adapter --broker {broker}"
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
+    assert len(found) == 1, (name, found)
+    return int(found[0])
+
+
 def kill_stage(server: SkippyServer, stage_id: str) -> int:
-    """SIGKILL the stage's process; its pid."""
-    (pid,) = server.stage_pids(stage_id)
+    """SIGKILL the process `stage_id` (a stage, or the broker); its pid."""
+    pid = pid_of(server, stage_id)
     os.kill(pid, signal.SIGKILL)
     return pid
 
@@ -143,13 +160,7 @@ def rss_mib(pid: int) -> float:
 
 def survivor_pids(server: SkippyServer, killed: set[str], stages: list[str]) -> dict[str, int]:
     """Every process of the run that is not killed: the other stages, the broker and the adapter."""
-    pids = {s: server.stage_pids(s)[0] for s in stages if s not in killed}
-    broker = f"ipc://{server.run_dir}/broker.sock"
-    for name, pattern in (("broker", f"broker --bind {broker}"), ("adapter", f"adapter --broker {broker}")):
-        found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
-        assert len(found) == 1, (name, found)
-        pids[name] = int(found[0])
-    return pids
+    return {name: pid_of(server, name) for name in (*stages, *FRONT) if name not in killed}
 
 
 def _stage0_back(server: SkippyServer) -> int:
@@ -157,8 +168,9 @@ def _stage0_back(server: SkippyServer) -> int:
 
 
 def kill_and_wait_back(server: SkippyServer, stage: str, number: int, started: float) -> Restart:
-    """Kill `stage`; wait for skippy up's restart, for stage 0 to have greeted the chain again (a restart
-    faster than the heartbeat bound leaves /readyz at 200 throughout), for /readyz; then a probe request."""
+    """Kill `stage`; wait for skippy up's restart, for stage 0 to have greeted the chain again when a later stage
+    died (a restart faster than the heartbeat bound leaves /readyz at 200 throughout), for /readyz; then a probe
+    request."""
     back = _stage0_back(server)
     pid = kill_stage(server, stage)
     killed = time.monotonic()
@@ -166,7 +178,7 @@ def kill_and_wait_back(server: SkippyServer, stage: str, number: int, started: f
     wait_metric(server, "skippy_stage_restarts_total", stage, float(number))
     restart.supervisor_restart_s = metric(server, "skippy_stage_last_restart_seconds", stage)
     deadline = killed + BACK_WITHIN_S
-    while _stage0_back(server) == back:
+    while stage not in ("stage0", *FRONT) and _stage0_back(server) == back:
         assert time.monotonic() < deadline, f"stage 0 did not greet {stage} again\n{server.log_tail()}"
         time.sleep(0.05)  # poll interval of a bounded poll
     wait_readyz(server, BACK_WITHIN_S)
@@ -204,8 +216,11 @@ def run_chaos(server: SkippyServer, *, kills: list[str], stages: list[str], dura
     assert not any(w.is_alive() for w in workers), "a client thread never finished"
     figures.rss_mib = {name: (round(before[name], 1), round(rss_mib(pid), 1)) for name, pid in pids.items()}
     _count(figures, outcomes, started)
-    replays = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "request_replay"]
+    stage0 = read_events(server.run_dir / "stage0.log")
+    replays = [e for e in stage0 if e.get("event") in ("request_replay", "request_resubmitted")]
     figures.replays, figures.replayed_tokens = len(replays), sum(e["replayed_tokens"] for e in replays)
+    figures.resubmitted = sum(1 for e in read_events(server.run_dir / "adapter.log")
+                              if e.get("event") == "request_resubmitted")
     return figures
 
 
