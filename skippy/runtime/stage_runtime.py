@@ -8,7 +8,10 @@ only for the rows that ask for them and samples with a per-session sampler chain
 one llama.cpp sequence ("lane"); one decode call may carry windows from many sessions. Positions
 are authoritative: a session whose KV runs past a window's `pos_start` is trimmed first. With
 `prefix_entries` the stage keeps a prefix cache (`prefix_cache`): windows may restore, record and
-evict its entries. Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
+evict its entries. A recurrent family (skippy.runtime.families: LFM2) keeps no prefix cache
+(`prefix_cache_off` says why), rewinds only inside a session's last window (llama.cpp's n_rs_seq
+snapshots), and its non-final stage decodes mixed-length windows one by one. Not thread-safe: one
+thread at a time (skippy.stage.worker) calls a runtime.
 """
 
 from __future__ import annotations
