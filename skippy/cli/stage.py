@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path,
              mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all")
     runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg))
+    if runtime.prefix_cache_off:  # a recurrent family: its prefix cache cannot be exact, so it is not kept
+        log.warning("prefix_cache_off", reason=runtime.prefix_cache_off)
     if cfg.stage_index == 0:
         from skippy.cli.front import start_openai_front
         from skippy.driver.process import DriverProcess
