@@ -109,6 +109,6 @@ def test_pending_requests_fail_when_the_broker_stops_answering_and_serve_again(t
     finally:
         router.close()
         ctx.term()
-    assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.UNAVAILABLE
+    assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.PIPELINE_LOST
     assert final.error is not None and "did not answer a status query within 0.3 s" in final.error
     assert status.ready
