@@ -30,6 +30,7 @@ sock.bind(sys.argv[1])
 print("bound", flush=True)
 while True:
     sock.recv_multipart()
+    print("got", flush=True)
 """
 
 
@@ -54,7 +55,9 @@ def test_pending_requests_fail_when_the_broker_process_dies(tmp_path: Path) -> N
         client = PipelineClient(endpoint, dead_after_s=600.0)  # only the disconnect can fail them here
         try:
             handles = [await client.submit([1, 2, 3], max_tokens=4) for _ in range(3)]
-            await asyncio.sleep(0)
+            assert proc.stdout is not None
+            for _ in handles:  # connected: the router has them (a kill before the connection would show no disconnect)
+                assert await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) == "got\n"
             proc.kill()
             proc.wait(WAIT_S)
             finals = [await _final(h) for h in handles]

@@ -42,6 +42,7 @@ class Outcome:
     detail: str = ""
     text: str = ""
     longest_pause_s: float = 0.0  # between two chunks of the stream (a kill's pause shows here)
+    longest_pause_end: float = 0.0  # when it ended (monotonic)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class ChaosFigures:
     replays: int = 0  # requests replayed by stage 0 (paused ones, `request_replay`; resubmitted ones too)
     replayed_tokens: int = 0  # tokens prefilled again for them
     resubmitted: int = 0  # requests the adapter resubmitted after stage 0 or the broker died
+    pauses: list[dict[str, Any]] = field(default_factory=list)  # per kill: the streams it paused, p50 / max pause
     rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # survivor: (after warm-up, at the end)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,14 +81,16 @@ class ChaosFigures:
 
 def _one_request(client: openai.OpenAI, model: str, max_tokens: int) -> Outcome:
     started = last = time.monotonic()
-    tokens, finish, kind, detail, texts, pause = 0, None, "errored", "", [], 0.0
+    tokens, finish, kind, detail, texts, pause, pause_end = 0, None, "errored", "", [], 0.0, 0.0
     try:
         stream = client.chat.completions.create(model=model, max_tokens=max_tokens, stream=True, temperature=0.0,
                                                 messages=[{"role": "user", "content": "tell me a story"}],
                                                 extra_body={"ignore_eos": True})
         for chunk in stream:
             now = time.monotonic()
-            pause, last = max(pause, now - last), now
+            if now - last > pause:
+                pause, pause_end = now - last, now
+            last = now
             if chunk.choices:
                 tokens += 1 if chunk.choices[0].delta.content else 0
                 texts.append(chunk.choices[0].delta.content or "")
@@ -98,7 +102,7 @@ def _one_request(client: openai.OpenAI, model: str, max_tokens: int) -> Outcome:
         detail = f"http {exc.status_code} {exc.code}"
     except openai.APIError as exc:  # an error event in the stream, or the connection refused / dropped
         detail = type(exc).__name__ if isinstance(exc, openai.APIConnectionError) else f"stream error {exc.code}"
-    return Outcome(kind, started, time.monotonic() - started, tokens, detail, "".join(texts), round(pause, 3))
+    return Outcome(kind, started, time.monotonic() - started, tokens, detail, "".join(texts), round(pause, 3), pause_end)
 
 
 def _worker(server: SkippyServer, until: float, max_tokens: int, timeout_s: float, out: list[Outcome],
@@ -238,3 +242,11 @@ def _count(figures: ChaosFigures, outcomes: list[Outcome], started: float) -> No
         back = started + restart.at_s + (restart.serving_again_s or 0.0)
         figures.completed_after_each_restart.append(
             sum(1 for o in outcomes if o.kind == "completed" and back <= o.started < next_kill))
+    for restart, next_kill in zip(figures.restarts, [*kills[1:-1], float("inf")]):  # pauses that span this kill
+        killed_at = started + restart.at_s
+        paused = sorted(o.longest_pause_s for o in outcomes
+                        if o.kind == "completed" and killed_at <= o.longest_pause_end < next_kill
+                        and o.longest_pause_end - o.longest_pause_s <= killed_at + 0.05)
+        figures.pauses.append({"stage": restart.stage, "streams": len(paused),
+                               "p50_s": paused[len(paused) // 2] if paused else None,
+                               "max_s": paused[-1] if paused else None})
