@@ -129,11 +129,16 @@ class Generation:
         self._check(req)
         ids = self.prompt_ids(req)
         try:
-            ctx = (await self.status()).ctx_size
+            status: Status | None = await self.status()
         except PipelineUnavailable as exc:
-            raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
-        if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
-            raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
+            status, why = None, str(exc)
+        if status is None or status.ctx_size <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
+            why = "no pipeline is ready" if status is not None else why
+            status = await self.broker.wait_ready()  # a restart in progress: wait for it, within the resume deadline
+            if status is None:
+                raise HttpError(503, f"{why} (none became ready within {self.broker.resume_timeout_s:g} s)",
+                                type="service_unavailable", code="unavailable")
+        ctx = status.ctx_size
         unfit = prompt_length_error(len(ids), ctx)
         if unfit is not None:
             raise HttpError(400, unfit.message, param=prompt_param, code=unfit.code)

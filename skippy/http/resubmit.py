@@ -11,6 +11,9 @@ its broker still runs it). A request that cannot be resubmitted within `resume_t
 loss ends with one pipeline_failed error naming what died. Each resubmission is counted (`on_resubmit`)
 and logged (`request_resubmitted`, with the tokens it carried and the pause).
 
+A new request that finds no pipeline ready waits the same way (`wait_ready`, bounded by the same deadline)
+before it is refused with 503, so requests sent during a restart are served once it is over.
+
 The handle it returns is the one the generation routes iterate (skippy.http.generation); `cancel` takes
 the request id they know and cancels whichever submission is current.
 """
@@ -99,7 +102,7 @@ class Resubmitter:
                     req.draws = event.draws or req.draws
                     yield event
                 assert final is not None
-                if final.code is not ErrorCode.PIPELINE_LOST or req.cancelled:
+                if final.code != ErrorCode.PIPELINE_LOST or req.cancelled:
                     yield final
                     return
                 resumed = await self._resubmit(req, final)
@@ -118,7 +121,7 @@ class Resubmitter:
         self.log.warning("request_lost", request_id=req.request_id, generated_tokens=len(req.history), error=lost.error)
         lost_submission = req.current
         while time.monotonic() < deadline and not req.cancelled:
-            if await self._ready(deadline):
+            if await self._ready(deadline) is not None:
                 # a stage 0 that outlived the broker still runs the lost submission: it is cancelled there
                 await self.client.cancel(lost_submission)
                 req.attempts += 1
@@ -137,13 +140,26 @@ class Resubmitter:
         error = f"{lost.error}; no pipeline took it back within {self.resume_timeout_s:g} s"
         return TokenEvent(finish_reason=FinishReason.ERROR, error=error, code=ErrorCode.PIPELINE_FAILED)
 
-    async def _ready(self, deadline: float) -> bool:
-        """Bounded poll: True once the broker answers that a pipeline is ready."""
+    async def wait_ready(self) -> Status | None:
+        """A new request that finds no pipeline ready (a process of it is restarting) waits for one rather than
+        being refused: the broker's ready Status, or None when none is ready within `resume_timeout_s`."""
+        since = time.monotonic()
+        deadline = since + self.resume_timeout_s
+        while time.monotonic() < deadline:
+            status = await self._ready(deadline)
+            if status is not None:
+                self.log.info("pipeline_waited", waited_ms=round((time.monotonic() - since) * 1e3, 3))
+                return status
+        self.log.warning("pipeline_not_ready", waited_s=self.resume_timeout_s)
+        return None
+
+    async def _ready(self, deadline: float) -> Status | None:
+        """Bounded poll: the broker's Status once it answers that a pipeline is ready (else None, after a pause)."""
         try:
             status = await self.client.status(timeout_s=max(0.1, min(2.0, deadline - time.monotonic())))
             if status.ready and status.ctx_size > 0:
-                return True
+                return status
         except PipelineUnavailable:
             pass
         await asyncio.sleep(READY_POLL_S)  # the poll's period (the broker or stage 0 is restarting)
-        return False
+        return None

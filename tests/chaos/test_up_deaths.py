@@ -186,3 +186,18 @@ def test_stage0_killed_mid_stream(up: SkippyServer, undisturbed: str) -> None:
     wait_stderr(up, "stage0 restarted (restart 1")
     served(up)
     assert up.stage_pids("stage0") not in ([], stage0)
+
+
+def test_a_request_sent_while_stage0_restarts_waits_and_completes(up: SkippyServer, undisturbed: str) -> None:
+    """Sent right after stage 0 is killed (no pipeline is ready), a request is not refused with 503: the adapter
+    waits for the restart (within --openai-resume-timeout-s) and it completes with the undisturbed text."""
+    wait_readyz(up, WITHIN_S)
+    stage0, before = up.stage_pids("stage0"), resubmitted(up)
+    kill(stage0[0])
+    result = StreamResult()
+    _stream(up, result)
+    assert result.done and not result.broken and result.error is None, result
+    assert result.finish_reason == "length" and result.text == undisturbed, result
+    assert up.stage_pids("stage0") not in ([], stage0)
+    # it found no pipeline ready and waited, or was sent before the broker knew and was resubmitted
+    assert '"pipeline_waited"' in (up.run_dir / "adapter.log").read_text() or resubmitted(up) > before
