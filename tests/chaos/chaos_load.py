@@ -15,6 +15,7 @@ adapter's.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -59,6 +60,7 @@ class Restart:
 class ChaosFigures:
     duration_s: float
     streams: int
+    seed: int = 0  # of the kill moments (SKIPPY_CHAOS_SEED replays a run's)
     sent: int = 0
     completed: int = 0
     errored: int = 0
@@ -197,8 +199,10 @@ def kill_and_wait_back(server: SkippyServer, stage: str, number: int, started: f
 
 def run_chaos(server: SkippyServer, *, kills: list[str], stages: list[str], duration_s: float, streams: int = 8,
               max_tokens: int = 16, request_timeout_s: float = 30.0) -> ChaosFigures:
-    """`kills`: the stages to kill, in order, evenly spaced over the run."""
-    figures = ChaosFigures(duration_s, streams)
+    """`kills`: the processes to kill, in order, each at a random moment near its even slot over the run (the
+    seed is `SKIPPY_CHAOS_SEED`, else drawn, and reported with the figures)."""
+    seed = int(os.environ.get("SKIPPY_CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
+    figures, rng = ChaosFigures(duration_s, streams, seed=seed), random.Random(seed)
     outcomes: list[Outcome] = []
     stop = threading.Event()
     started = time.monotonic()
@@ -210,8 +214,10 @@ def run_chaos(server: SkippyServer, *, kills: list[str], stages: list[str], dura
         stop.wait(duration_s * WARMUP_FRACTION)
         pids = survivor_pids(server, set(kills), stages)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
-        for number, stage in enumerate(kills, 1):
-            stop.wait(max(0.0, started + duration_s * number / (len(kills) + 1) - time.monotonic()))
+        spacing = duration_s / (len(kills) + 1)
+        for number, stage in enumerate(kills, 1):  # at a random moment within a quarter spacing of its even slot
+            at = spacing * (number + rng.uniform(-0.25, 0.25))
+            stop.wait(max(0.0, started + at - time.monotonic()))
             figures.restarts.append(kill_and_wait_back(server, stage, kills[:number].count(stage), started))
     finally:
         for worker in workers:
