@@ -21,9 +21,9 @@ from hypothesis.extra import numpy as hnp
 
 from skippy.config import ConfigError, WireChoice, WireCondition, parse_serving_args
 from skippy.config.serving_args import Owner, flag_owner
+from skippy.driver.wire_certify import MARGIN_EPS, agreement
 from skippy.launcher import write_local_topology
 from skippy.protocol import Batch, ProtocolError, SetWire, Window, WireDtype, decode, encode
-from skippy.driver.wire_certify import MARGIN_EPS, agreement
 from skippy.protocol.activations import row_bytes
 from skippy.stage.links import apply_wire
 
