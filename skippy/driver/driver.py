@@ -40,7 +40,7 @@ from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_ite
 from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.telemetry import DriverTelemetry
-from skippy.driver.wire_certify import calibration_prompt, certify_wire, verdict_fields
+from skippy.driver.wire_certify import calibration_prompt, certify_wire, set_chain_wire, verdict_fields
 from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
@@ -368,6 +368,8 @@ class Driver:
         self._wakeup.set()
 
     def chain_back(self) -> None:
+        if self.downstream is not None and self.wire_verdict is not None and self.wire_verdict.certified:
+            set_chain_wire(self.downstream, self.wire_verdict.used, self.log)  # a restarted stage starts afresh
         self.replays.resume()
         self._wakeup.set()
 

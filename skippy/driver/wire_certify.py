@@ -11,7 +11,8 @@ passes when its argmax equals f32's at a fraction >= `MIN_AGREEMENT` of the coun
 A format asked by name that fails refuses the start (`WireRefused`, naming the format, the measured
 agreement and the flag); `auto` tries q8 then f16 and falls back to f32. The links are left in the
 format used, and the `WireVerdict` goes into stage 0's `pipeline_ready`/`ready` lines and its Status.
-The calibration runs on the reserved session that the speculation calibration uses (skippy.driver.calibrate),
+When a later stage is back after a restart, stage 0 sets the format used on the chain again. The
+calibration runs on the reserved session that the speculation calibration uses (skippy.driver.calibrate),
 and is released on every stage after.
 """
 
@@ -33,10 +34,10 @@ from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS
 from skippy.runtime.tokenizer import Tokenizer
-from skippy.stage.links import apply_wire
+from skippy.stage.links import DownstreamLink, apply_wire
 
 __all__ = ["CALIBRATION_TEXT", "MARGIN_EPS", "MIN_AGREEMENT", "WireRefused", "agreement", "calibration_prompt",
-           "certify_wire", "verdict_fields"]
+           "certify_wire", "set_chain_wire", "verdict_fields"]
 
 CALIBRATION_TEXT = ("The capital of France is Paris. Water boils at 100 degrees Celsius, and the sun rises in the"
                     " east every morning.")
@@ -75,6 +76,13 @@ def verdict_fields(verdict: WireVerdict | None) -> dict[str, Any] | None:
             "positions": verdict.positions, "certified": verdict.certified}
 
 
+def set_chain_wire(link: DownstreamLink, dtype: WireDtype, log: Any) -> None:
+    """Set `dtype` on this link now and, by a `whole_chain` SetWire ahead of the next batch, on every link below.
+    Also what stage 0 does when a later stage is back (a restarted one starts with the flag's format, f32 under
+    auto): the certified format is set on the chain again."""
+    apply_wire(link, SetWire(0.0, None, dtype, whole_chain=True), log)
+
+
 async def certify_wire(launcher: BatchLauncher, options: ServingOptions, prompt: Sequence[int], release: Release,
                        timeout_s: float = 60.0) -> WireVerdict:
     """Run the calibration through the real split and pick the format (or raise `WireRefused`)."""
@@ -84,24 +92,21 @@ async def certify_wire(launcher: BatchLauncher, options: ServingOptions, prompt:
     candidates = AUTO_ORDER if asked is WireChoice.AUTO else (WireDtype(asked.value),)
     log = get_logger()
 
-    def switch(dtype: WireDtype) -> None:  # this link now, every link below ahead of the next batch
-        apply_wire(link, SetWire(0.0, None, dtype, whole_chain=True), log)
-
     link.enqueue(ConfigureSession(CALIBRATION_SESSION, SamplingParams(top_logprobs=2).to_dict()))
     tried: list[tuple[WireDtype, float]] = []
     positions = 0
     try:
-        switch(WireDtype.F32)
+        set_chain_wire(link, WireDtype.F32, log)
         reference = await _ranked(launcher, options, prompt, timeout_s)
         for dtype in candidates:
-            switch(dtype)
+            set_chain_wire(link, dtype, log)
             score, positions = agreement(reference, await _ranked(launcher, options, prompt, timeout_s))
             tried.append((dtype, round(score, 4)))
             log.info("wire_calibrated", activation_dtype=str(dtype), agreement=round(score, 4), positions=positions,
                      min_agreement=MIN_AGREEMENT, margin_eps=MARGIN_EPS)
             if score >= MIN_AGREEMENT:
                 return WireVerdict(str(asked), dtype, tuple(tried), positions)
-        switch(WireDtype.F32)
+        set_chain_wire(link, WireDtype.F32, log)
     finally:
         await release((CALIBRATION_SESSION,))
     if asked is WireChoice.AUTO:
