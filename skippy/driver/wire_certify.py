@@ -104,7 +104,7 @@ async def certify_wire(launcher: BatchLauncher, options: ServingOptions, prompt:
             tried.append((dtype, round(score, 4)))
             log.info("wire_calibrated", activation_dtype=str(dtype), agreement=round(score, 4), positions=positions,
                      min_agreement=MIN_AGREEMENT, margin_eps=MARGIN_EPS)
-            if score >= MIN_AGREEMENT:
+            if positions and score >= MIN_AGREEMENT:  # no decisive position certifies nothing
                 return WireVerdict(str(asked), dtype, tuple(tried), positions)
         set_chain_wire(link, WireDtype.F32, log)
     finally:
