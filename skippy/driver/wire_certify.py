@@ -7,7 +7,7 @@ format, switching every link with a `whole_chain` SetWire that travels ahead of 
 position it compares the final stage's argmax (the greedy token) and f32's top-2 margin (logprob of
 the best minus the second, in nats = a logit difference). Positions where f32's margin is at most
 `MARGIN_EPS` are near-ties that the Q4 model's own noise flips; they are not counted. The format
-passes when its argmax equals f32's at a fraction >= `MIN_AGREEMENT` of the counted positions.
+passes when its argmax equals f32's at a fraction >= `MIN_AGREEMENT` of the counted positions (one at least).
 A format asked by name that fails refuses the start (`WireRefused`, naming the format, the measured
 agreement and the flag); `auto` tries q8 then f16 and falls back to f32. The links are left in the
 format used, and the `WireVerdict` goes into stage 0's `pipeline_ready`/`ready` lines and its Status.
