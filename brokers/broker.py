@@ -155,7 +155,7 @@ class Broker:
     def status(self, nonce: int = 0) -> Status:
         """The broker as one pipeline: what adapters' /readyz and /metrics read."""
         return Status(nonce, self.pool.ready, self.pool.dead_stage(), self.queue.running, self.queue.waiting,
-                      self.total_concurrency, self.pool.ctx_size)
+                      self.total_concurrency, self.pool.ctx_size, self.pool.wire())
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
         """Wait (bounded) until `predicate()` holds; re-checked whenever pipeline state is refreshed."""

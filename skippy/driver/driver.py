@@ -40,6 +40,7 @@ from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_ite
 from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.telemetry import DriverTelemetry
+from skippy.driver.wire_certify import calibration_prompt, certify_wire, set_chain_wire, verdict_fields
 from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
@@ -53,6 +54,7 @@ from skippy.protocol import (
     ReleaseSessions,
     StageIdentity,
     Status,
+    WireVerdict,
     decode,
 )
 from skippy.protocol.stats import RequestStats
@@ -101,6 +103,7 @@ class Driver:
         self.liveness = Liveness(())
         self.speculation = speculation
         self.failed: str | None = None  # set when this process failed: no new requests
+        self.wire_verdict: WireVerdict | None = None  # the activation wire's startup certification (start)
         self._ids = itertools.count(1)
         self._wakeup = asyncio.Event()
         self.inbound: PullQueue | None = None
@@ -139,11 +142,14 @@ class Driver:
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
         self.supervisor.spawn("receive loop", self.inbound_handler.run(self.inbound, early))
+        self.wire_verdict = await certify_wire(self.launcher, self.options, calibration_prompt(
+            self.runtime.model, self.runtime.spec.ctx_size), self.release_now)
         if self.speculation is not None and self.speculation.calibrate:
             await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
         self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
-        self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
+        self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations,
+                      wire=verdict_fields(self.wire_verdict))
 
     async def release_now(self, session_ids: tuple[int, ...]) -> None:
         """Forget sessions on every stage now (the calibration session)."""
@@ -208,7 +214,7 @@ class Driver:
         """Stage 0's answer to a StatusQuery: whether it serves (else the stage that is down), its load."""
         dead = self.liveness.dead or (self.identity.stage_id if self.failed else None)
         return Status(nonce, dead is None, dead, len(self.table.running), len(self.table.waiting),
-                      self.runtime.spec.lane_count, self.runtime.spec.ctx_size)
+                      self.runtime.spec.lane_count, self.runtime.spec.ctx_size, self.wire_verdict)
 
     def cancel(self, request_id: str) -> None:
         seq = self.table.get(request_id)
@@ -362,6 +368,8 @@ class Driver:
         self._wakeup.set()
 
     def chain_back(self) -> None:
+        if self.downstream is not None and self.wire_verdict is not None and self.wire_verdict.certified:
+            set_chain_wire(self.downstream, self.wire_verdict.used, self.log)  # a restarted stage starts afresh
         self.replays.resume()
         self._wakeup.set()
 

@@ -245,10 +245,13 @@ class Heartbeat(_Message, tag=MessageKind.HEARTBEAT.value, frozen=True):
 
 class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     """Change the wire condition of a running stage's downstream link (scripts/wire-delay);
-    ``activation_dtype`` None keeps the link's activation encoding."""
+    ``activation_dtype`` None keeps the link's activation encoding. ``whole_chain``: set only
+    ``activation_dtype``, on this stage's link and, forwarded, on every link below it (the delay
+    fields are ignored): stage 0's startup certification (skippy.driver.wire_certify)."""
     delay_ms: Finite
     mbps: Finite | None = None
     activation_dtype: WireDtype | None = None
+    whole_chain: bool = False
 
 
 class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
@@ -306,8 +309,19 @@ class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):
     nonce: U63
 
 
+class WireVerdict(msgspec.Struct, frozen=True):
+    """Stage 0's startup certification of the activation wire format (skippy.driver.wire_certify):
+    the format asked (f32 | f16 | q8 | auto), the one the links use, and per format tried its
+    final-stage argmax agreement with f32 over ``positions`` decisive calibration positions."""
+    asked: str
+    used: WireDtype
+    tried: tuple[tuple[WireDtype, float], ...] = ()
+    positions: U63 = 0
+    certified: bool = True  # False: served without certification (--no-activation-wire-certify, or one stage)
+
+
 class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
-    """Stage 0 -> client: pipeline readiness and load."""
+    """Stage 0 -> client: pipeline readiness and load; ``wire``: the activation wire's verdict."""
     nonce: U63
     ready: bool
     dead_stage: str | None
@@ -315,6 +329,7 @@ class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
     waiting: U63
     lane_count: U63
     ctx_size: U63
+    wire: WireVerdict | None = None
 
 
 Message: TypeAlias = (

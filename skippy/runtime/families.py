@@ -124,8 +124,11 @@ def family_table_markdown() -> str:
         "",
         f"- {CHECKED}.",
         "- A split a family's rules refuse is refused at load and by `skippy check-config`, naming the rule.",
-        "- Wire formats: f32 is bitwise; f16 and q8 were measured for the tiny llama and gemma3 and Gemma 3 270M "
-        "(docs/activation-wire-dtype.md) but are not certified per family at startup yet.",
+        "- Wire formats: f32 is bitwise; f16 and q8 are certified when a pipeline starts with them: stage 0 compares "
+        "the final stage's argmax with f32's through the real split and refuses a format that disagrees, or under "
+        "`--activation-wire-dtype auto` uses the smallest that passes (docs/activation-wire-dtype.md, 'Certified at "
+        "startup'; measured there: the tiny llama, gemma3 and qwen2 pass q8 and f16, Gemma 3 270M passes f16 and is "
+        "refused q8).",
         "",
         "| architecture | mechanisms | split-point rules | certified wire | speculation rewinds | prefix cache |",
         "|---|---|---|---|---|---|",

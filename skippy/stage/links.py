@@ -177,7 +177,16 @@ async def handle_link_control(msg: Message, link: DownstreamLink | None, log: An
 
 
 def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
-    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied."""
+    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied.
+    A `whole_chain` SetWire sets only the activation dtype and goes on down the chain, ahead of any batch
+    this stage forwards after it (the final stage, with no link, is its end)."""
+    if msg.whole_chain:
+        if link is not None and msg.activation_dtype is not None:
+            link.wire = dataclasses.replace(link.wire, activation_dtype=msg.activation_dtype)
+            link.enqueue(msg)
+            log.info("wire_changed", downstream=link.endpoint, activation_dtype=str(msg.activation_dtype),
+                     whole_chain=True)
+        return
     if link is None:
         log.warning("wire_ignored", error="this stage has no downstream link")
         return

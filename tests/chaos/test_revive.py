@@ -7,6 +7,7 @@
 - A stage restarted faster than the heartbeat bound is still noticed: its heartbeats carry another
   process incarnation, so the requests it lost replay instead of hanging.
 - The final stage of three restarted: stage 1 greets it again before answering stage 0.
+- A restarted middle stage under `--activation-wire-dtype auto` is given the certified format again.
 - A stage restarted with another model or another layer range is refused (logged on both sides): the
   paused request fails with that reason and the pipeline stays not ready; the right stage is accepted
   afterwards.
@@ -31,6 +32,8 @@ from revive_helpers import (
     start_rogue,
     until,
 )
+
+from skippy.protocol import WireDtype, WireVerdict
 
 MAX_TOKENS = 10
 
@@ -162,3 +165,31 @@ def test_restarted_stage_with_another_model_or_range_is_refused(tiny_model: Call
     assert "upstream stage0 ends at layer 3 but stage stage1 starts at layer 2" in range_error, range_error
     assert reason == "length"
     assert len(refusals) >= 2 and all(e["stage"] == "stage1" for e in refusals), refusals
+
+
+def test_a_restarted_stage_gets_the_certified_wire_again(tiny_model: Callable[..., Path],
+                                                         make_pipeline: Callable[..., Pipeline]) -> None:
+    """Under `--activation-wire-dtype auto` a restarted middle stage starts in f32; once it is back stage 0
+    sets the certified format (q8 on the tiny gemma3) on the chain again, as its verdict says."""
+    auto = ("--activation-wire-dtype", "auto")
+    pipe = make_pipeline(tiny_model("gemma3"), [2, 4], lane_count=1, stage_flags=auto)
+
+    def set_again() -> bool:  # stage1's log since its last ready line: the chained SetWire with q8
+        events = pipe.events("stage1")
+        last_ready = max(i for i, e in enumerate(events) if e.get("event") == "ready")
+        return any(e.get("event") == "wire_changed" and e.get("whole_chain") and e.get("activation_dtype") == "q8"
+                   for e in events[last_ready:])
+
+    async def body() -> WireVerdict | None:
+        async with running_driver(pipe, *auto, dead_after_s=600.0) as driver:
+            verdict = driver.wire_verdict
+            await until(lambda: "stage1" in driver.liveness.incarnations, "stage1's heartbeat heard")  # a restart is told
+            pipe.stages.kill("stage1")
+            await restart_stage(pipe, 1)
+            await until(lambda: serving(driver) and set_again(), "q8 set on the restarted stage")
+            _, final = await asyncio.wait_for(driver.submit([5, 6, 7, 8], max_tokens=4).collect(), 60.0)
+            assert final.finish_reason == "length"
+            return verdict
+
+    verdict = run(body())
+    assert verdict is not None and verdict.asked == "auto" and verdict.used is WireDtype.Q8

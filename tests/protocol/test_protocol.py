@@ -47,6 +47,7 @@ from skippy.protocol import (
     TokenLogprob,
     Window,
     WireDtype,
+    WireVerdict,
     decode,
     encode,
 )
@@ -456,14 +457,15 @@ EVERY_FIELD: list[Message] = [
                 True),
     ErrorReport(ErrorCode.BATCH_FAILED, "boom", "s1", 2, (7, 9)),
     Heartbeat("s1", "incarnation-1"),
-    SetWire(20.0, 100.0, WireDtype.Q8),
+    SetWire(20.0, 100.0, WireDtype.Q8, True),
     Submit("r", (1, 2, 3), {"temperature": 0.5}, 8, (1,), "ipc:///tmp/events", history=(4, 5), chunks=(2, 3), draws=2),
     Cancel("r"),
     TokenEvents("r", (5,), FinishReason.ERROR, "boom", ErrorCode.PIPELINE_FAILED, (TokenLogprob(5, -0.5, ((5, -0.5),)),),
                 RequestStats(SpeculativeStats(*range(1, 9), 0.5, *range(9, 14), 2.5, 15, 16),
                              PrefixStats(1, True, True, 2, 3, 4, 5)), 6, draws=3, chunks=(2, 3)),
     StatusQuery(9),
-    Status(3, True, "s1", 1, 2, 4, 512),
+    Status(3, True, "s1", 1, 2, 4, 512, WireVerdict("auto", WireDtype.F16, ((WireDtype.Q8, 0.5), (WireDtype.F16, 1.0)), 22,
+                                                    False)),
 ]
 
 
