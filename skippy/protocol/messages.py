@@ -29,7 +29,8 @@ from skippy.protocol.stats import RequestStats
 #    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
 #    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
 # 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resubmitted with
-#    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them)
+#    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them);
+#    Status.wire, SetWire.whole_chain (the activation wire format certified at startup)
 PROTOCOL_VERSION: Final = 7  # also the Literal of _Message.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
