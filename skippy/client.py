@@ -79,6 +79,8 @@ class PipelineClient:
         handle = self.handles.get(msg.request_id)
         if handle is None:
             return
+        if msg.progress is not None:
+            handle.put(TokenEvent(progress=msg.progress))
         logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
         for token, logprob in zip(msg.tokens, logprobs):
             handle.put(TokenEvent(token=token, logprob=logprob))
@@ -126,12 +128,15 @@ class PipelineClient:
             raise PipelineUnavailable(f"stage 0 at {self.endpoint} did not answer within {timeout_s:g} s") from None
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
-                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
+                     progress: bool = False) -> RequestHandle:
+        """`progress`: stage 0 also sends prompt progress reports while the prompt prefills."""
         request_id = request_id or uuid.uuid4().hex
         handle = self.handles[request_id] = RequestHandle(request_id)
         sampling_dict = (sampling or SamplingParams()).to_dict()
         await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
-                                     tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None))
+                                     tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None,
+                                     progress))
         return handle
 
     async def cancel(self, request_id: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from skippy.protocol import ErrorCode, FinishReason, TokenLogprob
+from skippy.protocol import ErrorCode, FinishReason, PromptProgress, TokenLogprob
 from skippy.protocol.stats import RequestStats
 
 
@@ -26,6 +26,7 @@ class TokenEvent:
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
     stats: RequestStats | None = None  # on the final event: the request's numbers
+    progress: PromptProgress | None = None  # a prompt progress report (no token; Submit.progress)
 
     @property
     def final(self) -> bool:
@@ -55,6 +56,6 @@ class RequestHandle:
         async for event in self:
             if event.final:
                 return tokens, event
-            assert event.token is not None
-            tokens.append(event.token)
+            if event.token is not None:  # else a progress report
+                tokens.append(event.token)
         raise AssertionError("unreachable")

@@ -34,7 +34,9 @@ from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
 from skippy.http.metrics import DirectEventsCollector
+from skippy.http.pipeline_info import stage_ranges
 from skippy.http.server import HttpServer
+from skippy.http.sse import DEFAULT_PING_INTERVAL_S
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
 from skippy.runtime.models import resolve_model_path
@@ -83,6 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
     p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--sse-ping-interval", type=float, default=DEFAULT_PING_INTERVAL_S, metavar="SECS",
+                   help="an SSE comment ping after this long without an event in a stream (default 30; 0: none)")
+    p.add_argument("--topology", type=Path, default=None, metavar="PATH",
+                   help="the pipeline's topology: /props and /slots show each stage's layer range")
     p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
                    help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
     p.add_argument("--http-head-timeout-s", default=None, metavar="SECS",
@@ -153,7 +159,8 @@ async def serve(args: argparse.Namespace) -> int:
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
     broker = PipelineClient(args.broker, ctx, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
-                            CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets)
+                            CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets,
+                            stages=stage_ranges(args.topology), ping_interval_s=args.sse_ping_interval or None)
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))

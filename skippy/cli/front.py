@@ -71,6 +71,7 @@ class FrontProcesses:
         ready = self.children.start_process("adapter", [
             "adapter", "--broker", self.broker, "--events-endpoint", self.events, "--model", str(cfg.model_path or "default"),
             "--model-id", openai.model_id, "--bind", self.bind, "--default-max-tokens", str(openai.default_max_tokens),
+            "--sse-ping-interval", f"{openai.sse_ping_interval_s:g}", "--topology", str(self.topology),
             *self.level, *cors_flags(openai.cors_origins), *openai.http.adapter_flags(),
             "--metrics-targets", str(run_dir / TARGETS_FILE), "--restarts-file", str(run_dir / RESTARTS_FILE)], timeout_s)
         self.url = str(ready["url"])

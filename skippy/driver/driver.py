@@ -168,7 +168,9 @@ class Driver:
 
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
-               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
+               progress: bool = False) -> RequestHandle:
+        """`progress`: the handle also gets PromptProgress events as prefill chunks come back."""
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         if self.liveness.dead is not None:
@@ -189,7 +191,7 @@ class Driver:
         self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
         handle = RequestHandle(request_id)
         self.table.add(Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens,
-                                stop_tokens, ChunkPlanner(self.prefill), handle))
+                                stop_tokens, ChunkPlanner(self.prefill), handle, progress=progress))
         self._wakeup.set()
         return handle
 

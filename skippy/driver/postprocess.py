@@ -15,7 +15,7 @@ from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
-from skippy.protocol import FinishReason, Predictions, TokenLogprob
+from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenLogprob
 from skippy.request_events import TokenEvent
 
 
@@ -77,7 +77,20 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
             outcomes.append(Outcome(seq, stale_rows=len(pw.tokens)))
         elif pw.outputs:
             outcomes.append(_commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size))
+            if pw.is_prefill and seq.progress:  # the prompt's last chunk: its report comes before the first token
+                outcomes[-1].events.insert(0, progress_event(pw))
+        elif pw.is_prefill and seq.progress:
+            outcomes.append(Outcome(seq, events=[progress_event(pw)]))
     return outcomes
+
+
+def progress_event(pw: PlannedWindow) -> TokenEvent:
+    """The prompt's progress once this prefill chunk came back through every stage."""
+    seq = pw.seq
+    started = seq.admitted_at if seq.admitted_at is not None else seq.submitted_at
+    processed = min(len(seq.prompt), pw.pos_start + len(pw.tokens))
+    return TokenEvent(progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
+                                              round((time.perf_counter() - started) * 1000, 3)))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

@@ -47,7 +47,7 @@ class Stage0(Protocol):
     """What the request endpoint needs of stage 0's driver."""
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None) -> RequestHandle:
+               request_id: str | None, progress: bool = False) -> RequestHandle:
         """Take a request (raises QueueFull, PipelineUnavailable, RuntimeUsageError when it cannot)."""
 
     def cancel(self, request_id: str) -> None:
@@ -77,7 +77,7 @@ class RequestEndpoint:
             try:
                 sampling = SamplingParams.from_dict(msg.sampling)
                 handle = self.stage0.submit(list(msg.prompt), sampling, msg.max_tokens, frozenset(msg.stop_tokens),
-                                            msg.request_id)
+                                            msg.request_id, msg.progress)
             except (QueueFull, RuntimeUsageError, PipelineUnavailable, TypeError, ValueError) as exc:
                 code = (ErrorCode.QUEUE_FULL if isinstance(exc, QueueFull) else
                         ErrorCode.UNAVAILABLE if isinstance(exc, PipelineUnavailable) else ErrorCode.BAD_REQUEST)
@@ -112,7 +112,8 @@ class RequestEndpoint:
                     continue  # the request overflowed: the rest of its events (the cancel's final) go nowhere
                 tokens = () if event.token is None else (event.token,)
                 logprobs = () if event.logprob is None else (event.logprob,)
-                msg = TokenEvents(rid, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats)
+                msg = TokenEvents(rid, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats,
+                                  progress=event.progress)
                 if events_to is None:
                     await router.send(client, msg)
                 elif self.sinks.send(events_to, msg):

@@ -86,6 +86,7 @@ class Sequence:
     epoch: int = 0  # bumped when a window breaks the chain: older chained windows are stale
     prefix: PrefixState = field(default_factory=PrefixState)  # prefix cache: restored, recorded, outcome
     attempt: int = 0  # bumped when a prefill restarts at 0 (a chain miss): older windows are ignored
+    progress: bool = False  # send PromptProgress events as prefill chunks come back (Submit.progress)
 
     @property
     def prefilling(self) -> bool:

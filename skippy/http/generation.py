@@ -1,5 +1,5 @@
-"""The generation routes (/v1/chat/completions, /v1/completions): request -> token ids for the broker ->
-text, stream chunks, tool calls and usage back.
+"""The generation routes (/v1/chat/completions, /v1/completions, /infill): request -> token ids for the
+broker -> text, stream chunks, tool calls and usage back.
 
 It applies the chat template, tokenizes, checks the sampling grammar against the vocabulary,
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
@@ -9,6 +9,11 @@ A client that disconnects has its generation cancelled at once, which frees its 
 ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
 stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
 a response not streamed is a 502/503 with the error envelope.
+A stream whose first token has not come within the SSE ping interval (a long prompt prefilling, or
+waiting for a lane) starts anyway and carries `: ping` comments while silent (skippy.http.sse.with_pings);
+an error after that arrives as an error event. With `return_progress: true` (llama-server's field) a
+stream carries `prompt_progress` chunks (`total`, `cache`, `processed`, `time_ms`) as stage 0 gets each
+prefill chunk back through every stage.
 """
 
 from __future__ import annotations
@@ -21,20 +26,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from skippy.client import PipelineClient
 from skippy.config import prompt_length_error
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
+from skippy.http.infill import FimTokens, fim_prompt, infill_completion
 from skippy.http.metrics import Metrics
 from skippy.http.openai_request import GenerationRequest, parse_generation
 from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
 from skippy.http.routing import Request, Response, StreamResponse, json_response
-from skippy.http.sse import SSE_DONE, sse_event
+from skippy.http.sampling_defaults import SamplingDefaults
+from skippy.http.sse import DEFAULT_PING_INTERVAL_S, SSE_DONE, sse_event, with_pings
 from skippy.http.stops import StopMatcher
 from skippy.http.tokenize import check_tokens
 from skippy.http.tool_output import CallDelta, ToolCallReader, merge_calls
 from skippy.log import get_logger
-from skippy.protocol import Status
+from skippy.protocol import PromptProgress, Status
 from skippy.protocol.kinds import http_status
 from skippy.protocol.stats import RequestStats
 from skippy.request_events import PipelineUnavailable, TokenEvent
@@ -61,6 +70,7 @@ class Piece:
     finish_reason: str | None = None
     stats: RequestStats | None = None  # on the last piece: the request's numbers from stage 0
     calls: list[CallDelta] = field(default_factory=list)  # tool-call deltas (chat with tools)
+    progress: PromptProgress | None = None  # a prompt progress report (return_progress), no text
 
 
 async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> AsyncIterator[Piece]:
@@ -83,11 +93,26 @@ class Generation:
     default_max_tokens: int
     metrics: Metrics
     status: Callable[[], Awaitable[Status]]
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S  # None: no SSE pings
     log: Any = field(default_factory=get_logger)
 
-    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+    def __post_init__(self) -> None:
+        self.fim = FimTokens.of(self.tokenizer)
+
+    def parse(self, body: Any, kind: str) -> GenerationRequest:
+        """A request body as the generation routes read it (the model's sampling defaults filled in)."""
+        return parse_generation(body, kind, self.model_id, self.sampling_defaults)
+
+    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The token ids the pipeline is given for `req` (a chat's messages through the chat template)."""
         if req.kind == "chat":
             return self.tokenizer.encode(self.template.apply(req.messages), add_special=True, parse_special=True)
+        if req.suffix is not None:
+            self.fim.require("suffix")
+            if req.prompt_text is None:
+                raise invalid("suffix", "needs the prompt as text (the prefix), not token ids")
+            return fim_prompt(self.tokenizer, self.fim, req.prompt_text, req.suffix)
         if req.prompt_ids is not None:
             return check_tokens(self.tokenizer, req.prompt_ids, "prompt")
         return self.tokenizer.encode(req.prompt_text or "", add_special=True)
@@ -104,9 +129,17 @@ class Generation:
                 raise invalid(param, str(exc), "unsupported_schema") from None
 
     async def __call__(self, request: Request, kind: str) -> Response | StreamResponse:
-        req = parse_generation(request.json(), kind, self.model_id)
+        return await self.serve(request.json(), kind, request.request_id)
+
+    async def infill(self, request: Request) -> Response | StreamResponse:
+        """POST /infill (skippy.http.infill): a completion of the FIM prompt, in llama-server's native shape."""
+        body = infill_completion(request.json(), self.tokenizer, self.fim, self.model_id)
+        return await self.serve(body, "completion", request.request_id, shape_kind="infill")
+
+    async def serve(self, body: Any, kind: str, request_id: str, shape_kind: str | None = None) -> Response | StreamResponse:
+        req = self.parse(body, kind)
         self._check(req)
-        ids = self._prompt_ids(req)
+        ids = self.prompt_ids(req)
         try:
             ctx = (await self.status()).ctx_size
         except PipelineUnavailable as exc:
@@ -120,36 +153,44 @@ class Generation:
         stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
         rid = uuid.uuid4().hex
         started = time.perf_counter()
-        handle = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, request_id=rid)
+        handle = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, request_id=rid,
+                                          progress=req.progress and req.stream)
         events = handle.__aiter__()
-        try:
-            first = await events.__anext__()
+        first: asyncio.Future[TokenEvent] = asyncio.ensure_future(events.__anext__())
+        try:  # a stream starts (and pings) once the interval passes without a first event
+            await asyncio.wait({first}, timeout=self.ping_interval_s if req.stream else None)
         except BaseException:
+            first.cancel()
             await self.broker.cancel(rid)
             raise
-        if first.finish_reason == "error":
-            self.metrics.count_error(first.code or "pipeline_failed")
-            raise event_error(first)
+        if first.done() and first.result().finish_reason == "error":
+            self.metrics.count_error(first.result().code or "pipeline_failed")
+            raise event_error(first.result())
         self.metrics.generation_started(rid, started, len(ids), kind)
-        shape = ResponseShape(kind, self.model_id, rid)
+        shape = ResponseShape(shape_kind or kind, self.model_id, rid)
         pieces = self._pieces(rid, first, events, req)
         if req.tools is not None:
             pieces = read_calls(pieces, ToolCallReader(req.tools.forced))
-        self.log.info("generation_started", request_id=request.request_id, generation_id=rid, kind=kind,
+        self.log.info("generation_started", request_id=request_id, generation_id=rid, kind=shape.kind,
                       prompt_tokens=len(ids), max_tokens=max_tokens, stream=req.stream,
                       grammar=req.sampling.grammar is not None)
         if req.stream:
-            return StreamResponse(self._stream(shape, pieces, req, len(ids)))
+            return StreamResponse(with_pings(self._stream(shape, pieces, req, len(ids)), self.ping_interval_s))
         return await self._complete(shape, pieces, len(ids))
 
-    async def _pieces(self, rid: str, first: TokenEvent, events: AsyncIterator[TokenEvent],
+    async def _pieces(self, rid: str, first: asyncio.Future[TokenEvent], events: AsyncIterator[TokenEvent],
                       req: GenerationRequest) -> AsyncIterator[Piece]:
         """Text deltas (stop strings held back and enforced) ending with one that has finish_reason."""
         decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
-        event: TokenEvent | None = first
+        event: TokenEvent | None = None
         finished = False
         try:
+            event = await first
             while event is not None:
+                if event.progress is not None:
+                    yield Piece("", [], 0, progress=event.progress)
+                    event = await events.__anext__()
+                    continue
                 if event.final:
                     finished = True
                     if event.finish_reason == "error":
@@ -167,6 +208,7 @@ class Generation:
                 yield Piece(text, entries)
                 event = await events.__anext__()
         finally:
+            first.cancel()
             self.metrics.generation_done(rid, event, stops.stopped)
             if not finished:  # stop string, client gone, or error: free the lane now
                 await asyncio.shield(self.broker.cancel(rid))
@@ -194,6 +236,8 @@ class Generation:
             async for piece in pieces:
                 n_tokens += piece.n_tokens
                 stats = piece.stats or stats
+                if piece.progress is not None:
+                    yield sse_event(shape.progress_chunk(msgspec.structs.asdict(piece.progress)))
                 if piece.text or piece.entries or piece.calls:
                     calls = [c.to_json() for c in piece.calls]
                     text = piece.text if piece.text or not calls else None
@@ -210,4 +254,5 @@ class Generation:
             self.log.exception("stream_failed", generation_id=shape.request_id)
             yield sse_event(json.loads(HttpError(502, f"generation failed: {exc!r}", type="server_error",
                                                  code="pipeline_failed").body()))
-        yield SSE_DONE
+        if shape.kind != "infill":  # llama-server's native stream has no [DONE]
+            yield SSE_DONE

@@ -240,12 +240,22 @@ class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     activation_dtype: WireDtype | None = None
 
 
+class PromptProgress(msgspec.Struct, frozen=True):
+    """A prompt's prefill so far (llama-server's `prompt_progress`): ``processed`` of ``total`` positions have come
+    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission."""
+    total: U63
+    cache: U63
+    processed: U63
+    time_ms: Finite
+
+
 class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
 
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
     TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
+    ``progress``: send PromptProgress events while the prompt prefills (``TokenEvents.progress``).
     """
     request_id: str
     prompt: Tokens
@@ -253,6 +263,7 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     stop_tokens: Tokens = ()
     events_to: str | None = None
+    progress: bool = False
 
 
 class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
@@ -266,7 +277,7 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
     last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
     of the final event of a request whose events went straight to its client (``Submit.events_to``):
-    how many tokens went that way.
+    how many tokens went that way. ``progress``: a prompt progress report (no tokens; Submit.progress).
     """
     request_id: str
     tokens: Tokens
@@ -276,6 +287,7 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     logprobs: Logprobs = ()
     stats: RequestStats | None = None
     sent_direct: U63 | None = None
+    progress: PromptProgress | None = None
 
 
 class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):

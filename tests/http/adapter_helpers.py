@@ -34,7 +34,8 @@ class FakeBroker:
         return Status(0, True, None, 0, 0, 2, 256)
 
     async def submit(self, prompt: Sequence[int], sampling: Any = None, max_tokens: int = 16,
-                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
+                     progress: bool = False) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
         handle = RequestHandle(request_id or "fake")

@@ -69,7 +69,7 @@ GEMMA_TEXTS = (
 @pytest.mark.parametrize("splits", [[9], [5, 13]], ids=["split9", "split5-13"])
 def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[..., Pipeline],
                                      splits: list[int]) -> None:
-    pipe = make_pipeline("default", splits, lane_count=2, ctx_size=128)
+    pipe = make_pipeline(gemma_path, splits, lane_count=2, ctx_size=128)
     assert pipe.n_layer == 18
     reference = pipe.reference_chain()
     try:
