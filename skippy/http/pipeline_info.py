@@ -1,12 +1,13 @@
 """`GET /props` and `GET /slots`: what is served, in llama-server's shapes, plus the pipeline's own view.
 
 /props: `default_generation_settings` (`n_ctx` per lane and `params`: the sampling a request gets for
-the fields it does not set, skippy.http.sampling_defaults, with `max_tokens`), `total_slots` (lanes),
+the fields it does not set, skippy.http.sampling_defaults, with `max_tokens`), `total_slots` (the
+generations run at once: the broker's concurrency, by default the stages' lanes),
 `model_alias`, `model_path`, `chat_template` (and where it came from), `bos_token`, `eos_token`,
 `infill` (whether the model has fill-in-the-middle tokens), `stages` (the layer ranges). /slots: one
-entry per lane with `id`, `n_ctx`, `is_processing` and each stage's layer range, a pipeline view no
-peer has. Stage 0 reports how many lanes are busy, not which: lanes are interchangeable, so the first
-`running` lanes are shown processing. While the pipeline is down `n_ctx` and `total_slots` are null
+entry per slot (a generation that can run at once) with `id`, `n_ctx`, `is_processing` and each stage's layer range, a pipeline view no
+peer has. The broker reports how many run, not in which lane: lanes are interchangeable, so the first
+`running` slots are shown processing. While the pipeline is down `n_ctx` and `total_slots` are null
 (/props) and /slots is a 503.
 """
 

@@ -5,8 +5,10 @@
 - `POST /v1/chat/completions/input_tokens`: a chat request's body -> `{"input_tokens": n}`, its token count
   as templated (what `usage.prompt_tokens` would say).
 - `POST /tokenize`: llama-server's form `{"content", ...}` (skippy.http.tokenize), or vLLM's: `{"prompt",
-  "add_special_tokens": true}` or `{"messages", "add_generation_prompt": true, "add_special_tokens": false,
-  "tools"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`. Every form takes `model`, which must
+  "add_special_tokens": true}` or `{"messages", "add_generation_prompt": true, "add_special_tokens": true,
+  "tools"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`. (vLLM's messages form defaults
+  `add_special_tokens` to false; here it is true, so the count is the chat request's `prompt_tokens`: llama.cpp's
+  templates leave BOS to the tokenizer.) Every form takes `model`, which must
   be the served one (else 404, as the generation routes answer).
 These read the request with the generation routes' own parser (skippy.http.generation.Generation.parse),
 so a body they accept is one /v1/chat/completions accepts, and their counts are its counts.
@@ -78,7 +80,7 @@ class PromptRoutes:
             _known(body, VLLM_CHAT_KEYS)
             chat = {k: v for k, v in body.items() if k in ("model", "messages", "tools", "tool_choice")}
             text = self._chat_prompt(chat, switch(body, "add_generation_prompt", True))
-            tokens = tokenizer.encode(text, add_special=switch(body, "add_special_tokens", False), parse_special=True)
+            tokens = tokenizer.encode(text, add_special=switch(body, "add_special_tokens", True), parse_special=True)
         else:
             _known(body, VLLM_PROMPT_KEYS)
             prompt = body.get("prompt")
