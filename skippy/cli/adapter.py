@@ -39,7 +39,7 @@ from skippy.http.server import HttpServer
 from skippy.http.sse import DEFAULT_PING_INTERVAL_S
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import model_card_sampling, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import ignore_signals, stop_on_signals
@@ -160,7 +160,8 @@ async def serve(args: argparse.Namespace) -> int:
     broker = PipelineClient(args.broker, ctx, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets,
-                            stages=stage_ranges(args.topology), ping_interval_s=args.sse_ping_interval or None)
+                            stages=stage_ranges(args.topology), ping_interval_s=args.sse_ping_interval or None,
+                            model_card=model_card_sampling(path))
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))

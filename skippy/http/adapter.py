@@ -39,9 +39,10 @@ class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
                  metrics_targets: Path | None = None, stages: list[StageRange] | None = None,
-                 ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S) -> None:
+                 ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S, model_card: dict[str, float] | None = None) -> None:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
-        `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none)."""
+        `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none);
+        `model_card`: the served model's recommended sampling (skippy.http.sampling_defaults)."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template
@@ -54,7 +55,8 @@ class OpenAIAdapter:
         self.log = get_logger()
         self._status: tuple[float, Status] | None = None
         self.generate = Generation(broker, tokenizer, template, model_id, default_max_tokens, self.metrics,
-                                   self.status, model_sampling_defaults(tokenizer.model), ping_interval_s)
+                                   self.status, model_sampling_defaults(tokenizer.model, model_card),
+                                   ping_interval_s)
         self.prompts = PromptRoutes(self.generate, self.status)
         self.info = PipelineInfo(self.generate, self.status, tokenizer.model.path, stages or [])
         self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)

@@ -5,10 +5,10 @@ the fields it does not set, skippy.http.sampling_defaults, with `max_tokens`), `
 generations run at once: the broker's concurrency, by default the stages' lanes),
 `model_alias`, `model_path`, `chat_template` (and where it came from), `bos_token`, `eos_token`,
 `infill` (whether the model has fill-in-the-middle tokens), `stages` (the layer ranges). /slots: one
-entry per slot (a generation that can run at once) with `id`, `n_ctx`, `is_processing` and each stage's layer range, a pipeline view no
-peer has. The broker reports how many run, not in which lane: lanes are interchangeable, so the first
-`running` slots are shown processing. While the pipeline is down `n_ctx` and `total_slots` are null
-(/props) and /slots is a 503.
+entry per slot (a generation that can run at once) with `id`, `n_ctx`, `is_processing` and each
+stage's layer range, a pipeline view no peer has. The broker reports how many run, not in which lane:
+lanes are interchangeable, so the first `running` slots are shown processing. While the pipeline is
+down `n_ctx` and `total_slots` are null (/props) and /slots is a 503.
 """
 
 from __future__ import annotations

