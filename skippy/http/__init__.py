@@ -3,9 +3,11 @@
 - `server`, `connection`, `framing`, `json_body`, `routing`, `errors`, `auth`, `cors`, `sse`, `busy`: the
   server library: connections with deadlines and a cap, request heads and bodies within limits, bounded
   JSON, the route table, OpenAI error envelopes, the API key, CORS, event streams, requests in progress.
-- `adapter`: the routes; `generation`: /v1/chat/completions and /v1/completions over the broker
+- `adapter`: the routes; `generation`: /v1/chat/completions, /v1/completions and /infill over the broker
   (`skippy.client.PipelineClient`); `openai_request`, `request_fields`, `messages`, `openai_response`:
-  the OpenAI shapes; `chat_template`, `stops`, `tokenize`: text around the token ids.
+  the OpenAI shapes; `sampling_defaults`: the model's sampling for fields a request leaves out;
+  `chat_template`, `stops`, `tokenize`, `infill`: text around the token ids; `prompt_routes` (/tokenize,
+  /apply-template, input tokens) and `pipeline_info` (/props, /slots): llama-server's smaller routes.
 - `structured`, `json_schema`, `schema_pattern`, `tools`, `tool_output`: response formats and tool calls
   as grammars for the final stage.
 - `metrics`, `prefix_metrics`: the adapter's /metrics; `dashboard` (with `static/`): the live pipeline page.

@@ -71,15 +71,19 @@ def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[.
                                      splits: list[int]) -> None:
     pipe = make_pipeline(gemma_path, splits, lane_count=2, ctx_size=128)
     assert pipe.n_layer == 18
+    _check_texts(pipe)
+
+
+def _check_texts(pipe: Pipeline, max_tokens: int = 16) -> None:
+    """GEMMA_TEXTS through the pipeline give the unsplit model's greedy tokens."""
     reference = pipe.reference_chain()
     try:
         tokenizer = Tokenizer(reference.stages[0].model)
         prompts = [tokenizer.encode(text) for text in GEMMA_TEXTS]
-        expected = [list(reference.generate(p, 16)) for p in prompts]
+        expected = [list(reference.generate(p, max_tokens)) for p in prompts]
     finally:
         reference.close()
-    got = _check_pipeline(pipe, prompts, 16)
-    assert got == expected
+    assert _check_pipeline(pipe, prompts, max_tokens) == expected
 
 
 @pytest.mark.gemma
@@ -87,11 +91,4 @@ def test_smollm2_split_matches_unsplit(smollm2_path: Path, make_pipeline: Callab
     """The default model (llama architecture, 30 layers, Q4_1) split where `skippy up` splits it."""
     pipe = make_pipeline(smollm2_path, [15], lane_count=2, ctx_size=128)
     assert pipe.n_layer == 30
-    reference = pipe.reference_chain()
-    try:
-        tokenizer = Tokenizer(reference.stages[0].model)
-        prompts = [tokenizer.encode(text) for text in GEMMA_TEXTS]
-        expected = [list(reference.generate(p, 16)) for p in prompts]
-    finally:
-        reference.close()
-    assert _check_pipeline(pipe, prompts, 16) == expected
+    _check_texts(pipe)
