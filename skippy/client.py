@@ -80,6 +80,8 @@ class PipelineClient:
         handle = self.handles.get(msg.request_id)
         if handle is None:
             return
+        if msg.progress is not None:
+            handle.put(TokenEvent(progress=msg.progress))
         logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
         last = len(msg.tokens) - 1
         for i, (token, logprob) in enumerate(zip(msg.tokens, logprobs)):
@@ -130,14 +132,16 @@ class PipelineClient:
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0) -> RequestHandle:
-        """Send a request; `history`, `chunks`, `draws`: a resubmission's (skippy.protocol.Submit)."""
+                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0,
+                     progress: bool = False) -> RequestHandle:
+        """Send a request; `history`, `chunks`, `draws`: a resubmission's (skippy.protocol.Submit); `progress`:
+        stage 0 also sends prompt progress reports while the prompt prefills."""
         request_id = request_id or uuid.uuid4().hex
         handle = self.handles[request_id] = RequestHandle(request_id)
         sampling_dict = (sampling or SamplingParams()).to_dict()
         await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
                                      tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None,
-                                     history=tuple(history), chunks=tuple(chunks), draws=draws))
+                                     history=tuple(history), chunks=tuple(chunks), draws=draws, progress=progress))
         return handle
 
     async def cancel(self, request_id: str) -> None:

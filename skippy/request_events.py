@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from skippy.protocol import ErrorCode, FinishReason, TokenLogprob
+from skippy.protocol import ErrorCode, FinishReason, PromptProgress, TokenLogprob
 from skippy.protocol.stats import RequestStats
 
 
@@ -28,6 +28,7 @@ class TokenEvent:
     stats: RequestStats | None = None  # on the final event: the request's numbers
     draws: int = 0  # the sampler's RNG draws after this token (a resubmission restores them)
     chunks: tuple[int, ...] = ()  # on the first token: where the prompt's prefill chunks ended
+    progress: PromptProgress | None = None  # a prompt progress report (no token; Submit.progress)
 
     @property
     def final(self) -> bool:
@@ -57,6 +58,6 @@ class RequestHandle:
         async for event in self:
             if event.final:
                 return tokens, event
-            assert event.token is not None
-            tokens.append(event.token)
+            if event.token is not None:  # else a progress report
+                tokens.append(event.token)
         raise AssertionError("unreachable")

@@ -1,6 +1,6 @@
-"""Session-wide fixtures: a fresh slice cache, tiny test models, the packaged Gemma 3 270M.
+"""Session-wide fixtures: a fresh slice cache, tiny test models, the packaged models.
 
-Nothing here is autouse: tests that need a model ask for `tiny_model` / `gemma_path`, which bring
+Nothing here is autouse: tests that need a model ask for `tiny_model` / `gemma_path` / `smollm2_path`, which bring
 the fresh `SKIPPY_CACHE_DIR` with them (tests/runtime/conftest.py turns it on for every runtime test).
 skippy is imported lazily so other test directories do not pay for llama.cpp.
 """
@@ -49,7 +49,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, skippy_cache_dir: Path)
 
 @pytest.fixture(scope="session")
 def gemma_path(skippy_cache_dir: Path) -> Path:
-    """The packaged default model (Gemma 3 270M Q4_K_M)."""
+    """The packaged Gemma 3 270M base model (Q4_K_M; `--model gemma3-270m`), named explicitly: not the default."""
     from skippy.runtime.models import resolve_model_path
 
-    return resolve_model_path("default")
+    return resolve_model_path("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(skippy_cache_dir: Path) -> Path:
+    """The packaged default model, SmolLM2-135M-Instruct (Q4_1; `--model smollm2-135m`, or no `--model`)."""
+    from skippy.runtime.models import resolve_model_path
+
+    return resolve_model_path("smollm2-135m")

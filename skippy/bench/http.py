@@ -41,7 +41,7 @@ from skippy.bench.http_servers import (
     stop,
 )
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 
 LLAMA_CPP_PYTHON_REQ = "llama-cpp-python[server]==0.3.36"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -163,7 +163,7 @@ def run_http_bench(args: argparse.Namespace) -> int:
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("http", help="skippy up vs llama-cpp-python's server and llama-server: tok/s, TTFT, TPOT")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", default="9")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")

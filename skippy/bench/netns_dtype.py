@@ -23,7 +23,7 @@ from skippy.netns import HostSet, LinkConditions, set_conditions
 from skippy.netns.commands import run
 from skippy.protocol import SetWire, WireDtype
 from skippy.protocol.activations import row_bytes
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.stage.set_wire import send_wire
 from skippy.transport.endpoints import request_endpoint
@@ -84,7 +84,7 @@ def run_dtype(args: argparse.Namespace) -> int:
     with netns_pipeline(2, LinkConditions(rate_mbit=rates[0]), ctx_size=args.prompt_tokens + 64, lane_count=2,
                         emulator="auto") as (hosts, procs):
         results = asyncio.run(_measure(procs, hosts, cases, args.prompt_tokens, args.rounds))
-    n_embd = read_model_info(resolve_model_path("default")).n_embd
+    n_embd = read_model_info(resolve_model_path(BENCH_MODEL)).n_embd
     print(f"2 stages on 2 namespace hosts ({PREFIX}), host egress rate-limited by tbf, emulator {hosts.emulator};"
           f" TTFT of a {args.prompt_tokens}-token prompt, {args.rounds} rounds cycling every row (medians)")
     print("| rate (Mbit/s) | --activation-wire-dtype | bytes/row | MB sent by host 1 | wire time at the rate (s) | TTFT (s) |"

@@ -21,7 +21,7 @@ from skippy.config.serving_args import flag_owner
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.netns import HostSet, LinkConditions, down, netem_available, up
 from skippy.netns.topology import place_on_hosts
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, resolve_model_path
 from skippy.runtime.slices import read_model_info
 
 PREFIX, SUBNET = "skbench", "10.77.200"
@@ -46,7 +46,7 @@ def netns_pipeline(stages: int, conditions: LinkConditions, *, ctx_size: int = 5
         hosts = up(stages, conditions, prefix=PREFIX, subnet=SUBNET, emulator=emulator or delay_emulator())
     try:
         with tempfile.TemporaryDirectory(prefix="skippy-bench-netns-") as tmp:
-            model = resolve_model_path("default")
+            model = resolve_model_path(BENCH_MODEL)
             topology, configs = write_local_topology(Path(tmp) / "topology", model, read_model_info(model).n_layer,
                                                      SPLITS[stages], lane_count=lane_count, ctx_size=ctx_size)
             place_on_hosts(topology, configs, [address for _, address in hosts.hosts])

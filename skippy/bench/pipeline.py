@@ -32,7 +32,7 @@ from skippy.launcher import StageProcesses, write_local_topology
 from skippy.log import configure_logging
 from skippy.protocol import Batch, SetWire, StageTiming, Window, decode, encode
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
@@ -248,7 +248,7 @@ def run_pipeline_bench(args: argparse.Namespace) -> int:
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("pipeline", help="2-stage pipeline vs unsplit llama.cpp: overhead, tok/s, wire delay")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", type=int, default=9)
     p.add_argument("--tokens", type=int, default=48, help="decode tokens per request")
     p.add_argument("--delay-ms", type=float, default=20.0)

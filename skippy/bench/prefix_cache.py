@@ -41,7 +41,7 @@ from skippy.http.chat_template import ChatMessage, ChatTemplate
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging, get_logger
 from skippy.protocol import SetWire
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import apply_wire
@@ -246,7 +246,7 @@ def run_prefix_cache_bench(args: argparse.Namespace) -> int:
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("prefix-cache", help="prefix cache on vs off, 2 stages: multi-turn chat TTFT, throughput, memory")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", type=int, default=9)
     p.add_argument("--lanes", type=int, default=4)
     p.add_argument("--ctx-size", type=int, default=2048, help="context per lane")

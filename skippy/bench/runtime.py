@@ -19,7 +19,7 @@ import numpy as np
 
 from skippy.runtime.chain import LocalChain, layer_ranges
 from skippy.runtime.gguf_file import GGUFFile
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
@@ -142,7 +142,7 @@ def run_runtime_bench(model: str, split: int, rounds: int, prompt_len: int, deco
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     r = kinds.add_parser("runtime", help="2-slice chain vs unsplit llama.cpp: prefill, decode, RSS per slice")
-    r.add_argument("--model", default="default")
+    r.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     r.add_argument("--split", type=int, default=9)
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--prompt-tokens", type=int, default=128)

@@ -43,7 +43,7 @@ from skippy.launcher import StageProcesses, write_local_topology
 from skippy.log import configure_logging
 from skippy.protocol import SetWire, decode
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
@@ -204,7 +204,7 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("speculative", help="plain vs speculative decoding, 2 stages, by delay and concurrency")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", type=int, default=9)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests", type=int, default=4, help="requests per cell at least (whole waves of c)")

@@ -26,7 +26,7 @@ from skippy.bench.streams import random_prompts
 from skippy.client import PipelineClient
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.request_events import RequestHandle
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.telemetry.scrape import scrape
 from skippy.telemetry.targets import TARGETS_FILE, read_targets
@@ -119,7 +119,7 @@ def run_telemetry_bench(args: argparse.Namespace) -> int:
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("telemetry", help="decode tok/s with a stalled / unreachable OTLP collector vs none")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", type=int, default=9)
     p.add_argument("--streams", type=int, default=4, help="concurrent requests per measurement")
     p.add_argument("--tokens", type=int, default=48, help="decode tokens per request")

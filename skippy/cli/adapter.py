@@ -34,11 +34,13 @@ from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
 from skippy.http.metrics import DirectEventsCollector
+from skippy.http.pipeline_info import stage_ranges
 from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S
 from skippy.http.server import HttpServer
+from skippy.http.sse import DEFAULT_PING_INTERVAL_S
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
-from skippy.runtime.models import resolve_model_path
+from skippy.runtime.models import model_card_sampling, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import ignore_signals, stop_on_signals
@@ -98,6 +100,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--openai-resume-timeout-s", type=positive_seconds, default=DEFAULT_RESUME_TIMEOUT_S, metavar="SECS",
                    help="a request lost with its stage 0 or the broker is resubmitted with the tokens it has once a"
                         " pipeline is ready; it fails after this long (default %(default)s)")
+    p.add_argument("--sse-ping-interval", type=float, default=DEFAULT_PING_INTERVAL_S, metavar="SECS",
+                   help="an SSE comment ping after this long without an event in a stream (default 30; 0: none)")
+    p.add_argument("--topology", type=Path, default=None, metavar="PATH",
+                   help="the pipeline's topology: /props and /slots show each stage's layer range")
     p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
                    help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
     p.add_argument("--http-head-timeout-s", default=None, metavar="SECS",
@@ -169,7 +175,9 @@ async def serve(args: argparse.Namespace) -> int:
     broker = PipelineClient(args.broker, ctx, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets,
-                            resume_timeout_s=args.openai_resume_timeout_s)
+                            resume_timeout_s=args.openai_resume_timeout_s,
+                            stages=stage_ranges(args.topology), ping_interval_s=args.sse_ping_interval or None,
+                            model_card=model_card_sampling(path))
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))

@@ -1,6 +1,7 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
-Default: the packaged Gemma 3 270M split over 2 stages at layer 9 on ipc:// endpoints inside the
+Default: the packaged SmolLM2-135M-Instruct (skippy.runtime.models; `--model gemma3-270m` for the
+packaged Gemma 3 270M base, or a GGUF path) split over 2 stages at half its layers on ipc:// endpoints inside the
 run directory, serving http://127.0.0.1:9337, with the prefix cache on (`--no-prefix-cache` turns it
 off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
@@ -42,7 +43,7 @@ from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
-from skippy.runtime.models import DEFAULT_MODEL_ID, resolve_model_path
+from skippy.runtime.models import PACKAGED, model_id_for, resolve_model_path
 from skippy.runtime.slices import read_model_info
 
 UP_OWNERS = (Owner.EVERY_STAGE, Owner.STAGE0, Owner.BROKER, Owner.ADAPTER)
@@ -52,8 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start stages, broker and OpenAI adapter; serve until Ctrl-C",
                        epilog="flags after -- are passed to every `skippy stage`")
     p.add_argument("--topology", type=Path, default=None, help="default: the packaged model split over 2 stages")
-    p.add_argument("--model", default="default", help="without --topology: the GGUF to split (default: Gemma 3 270M)")
-    p.add_argument("--split", default="9", help="without --topology: split points, e.g. 9 or 5,13")
+    p.add_argument("--model", default="default",
+                   help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
+                        " (default: smollm2-135m, SmolLM2-135M-Instruct)")
+    p.add_argument("--split", default=None,
+                   help="without --topology: split points, e.g. 9 or 5,13 (default: half the model's layers)")
     p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -71,9 +75,10 @@ def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path]
     if args.topology is not None:
         return args.topology, stage_config_paths(args.topology, StageTopology.load(args.topology))
     model = resolve_model_path(args.model)
-    splits = [int(x) for x in args.split.split(",") if x.strip()]
-    model_id = DEFAULT_MODEL_ID if args.model == "default" else model.stem
-    return write_local_topology(run_dir / "topology", model, read_model_info(model).n_layer, splits,
+    n_layer = read_model_info(model).n_layer
+    splits = [n_layer // 2] if args.split is None else [int(x) for x in args.split.split(",") if x.strip()]
+    model_id = model_id_for(args.model, model)
+    return write_local_topology(run_dir / "topology", model, n_layer, splits,
                                 lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id,
                                 extra={"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None})
 

@@ -84,6 +84,7 @@ class OpenAIOptions(ConfigModel):
     bind_addr: str
     model_id: str
     default_max_tokens: int = 16
+    sse_ping_interval_s: float = 30.0  # --openai-sse-ping-interval (0: no pings)
     admission: AdmissionOptions
     api_key: str | None = field(default=None, repr=False)  # --openai-api-key(-file) (the adapter also reads its env var)
     cors_origins: tuple[str, ...] = ()  # --openai-cors-origins: () = no CORS headers, preflights without them
@@ -165,6 +166,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         bind_addr=bind_addr,
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
         default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
+        sse_ping_interval_s=flags.number("--openai-sse-ping-interval", 30.0),
         admission=resolve_admission(flags, config.lane_count),
         api_key=_api_key(flags),
         cors_origins=_cors_origins(flags),

@@ -68,6 +68,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)", _F),
     ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
     ("--openai-default-max-tokens", "N", "max_tokens when a request omits it (default 16)", _A),
+    ("--openai-sse-ping-interval", "SECS", "an SSE comment ping after this long without an event in a stream, e.g."
+     " while a long prompt prefills (default 30, as llama-server; 0: none)", _A),
     ("--openai-api-key", "KEY", "Bearer key the HTTP API requires, visible on the command line (default:"
      " $SKIPPY_OPENAI_API_KEY; unset: open)", _A),
     ("--openai-api-key-file", "PATH", "file holding the Bearer key (instead of --openai-api-key)", _A),

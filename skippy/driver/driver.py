@@ -179,9 +179,10 @@ class Driver:
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
                stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
-               resumed: Resumed | None = None) -> RequestHandle:
+               resumed: Resumed | None = None, progress: bool = False) -> RequestHandle:
         """A new request; `resumed`: what a resubmitted one already generated (skippy.protocol.Submit.history):
-        it is prefilled again as a replay is and continues from the next token."""
+        it is prefilled again as a replay is and continues from the next token. `progress`: the handle also gets
+        PromptProgress events as prefill chunks come back."""
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         tokens = np.asarray(prompt, np.int32)
@@ -202,7 +203,7 @@ class Driver:
         self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
         handle = RequestHandle(request_id)
         seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
-                       ChunkPlanner(self.prefill), handle)
+                       ChunkPlanner(self.prefill), handle, progress=progress)
         if resumed is not None:
             resumed.apply(seq)
             self.replays.resubmitted(seq)

@@ -15,7 +15,7 @@ from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
-from skippy.protocol import FinishReason, Predictions, TokenLogprob
+from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenLogprob
 from skippy.request_events import TokenEvent
 
 
@@ -81,7 +81,11 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
             if outcome.committed:
                 seq.draws = draws.get(seq.session_id, seq.draws)  # the sampler state these tokens leave
                 _resumable(outcome)
+            if pw.is_prefill and seq.progress:  # the prompt's last chunk: its report comes before the first token
+                outcome.events.insert(0, progress_event(pw))
             outcomes.append(outcome)
+        elif pw.is_prefill and seq.progress:
+            outcomes.append(Outcome(seq, events=[progress_event(pw)]))
     return outcomes
 
 
@@ -94,6 +98,15 @@ def _resumable(outcome: Outcome) -> None:
     events[-1] = replace(events[-1], draws=seq.draws)
     if len(seq.generated) == len(outcome.committed):  # the request's first tokens
         events[0] = replace(events[0], chunks=tuple(seq.chunk_ends))
+
+
+def progress_event(pw: PlannedWindow) -> TokenEvent:
+    """The prompt's progress once this prefill chunk came back through every stage."""
+    seq = pw.seq
+    started = seq.admitted_at if seq.admitted_at is not None else seq.submitted_at
+    processed = min(len(seq.prompt), pw.pos_start + len(pw.tokens))
+    return TokenEvent(progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
+                                              round((time.perf_counter() - started) * 1000, 3)))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

@@ -48,7 +48,7 @@ class Stage0(Protocol):
     """What the request endpoint needs of stage 0's driver."""
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resumed: Resumed | None) -> RequestHandle:
+               request_id: str | None, resumed: Resumed | None, progress: bool = False) -> RequestHandle:
         """Take a request (raises QueueFull, PipelineUnavailable, RuntimeUsageError when it cannot)."""
 
     def cancel(self, request_id: str) -> None:
@@ -79,7 +79,7 @@ class RequestEndpoint:
                 sampling = SamplingParams.from_dict(msg.sampling)
                 resumed = Resumed(msg.history, msg.chunks, msg.draws) if msg.history else None
                 handle = self.stage0.submit(list(msg.prompt), sampling, msg.max_tokens, frozenset(msg.stop_tokens),
-                                            msg.request_id, resumed)
+                                            msg.request_id, resumed, msg.progress)
             except (QueueFull, RuntimeUsageError, PipelineUnavailable, TypeError, ValueError) as exc:
                 code = (ErrorCode.QUEUE_FULL if isinstance(exc, QueueFull) else
                         ErrorCode.UNAVAILABLE if isinstance(exc, PipelineUnavailable) else ErrorCode.BAD_REQUEST)
@@ -115,7 +115,7 @@ class RequestEndpoint:
                 tokens = () if event.token is None else (event.token,)
                 logprobs = () if event.logprob is None else (event.logprob,)
                 msg = TokenEvents(rid, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats,
-                                  draws=event.draws, chunks=event.chunks)
+                                  draws=event.draws, chunks=event.chunks, progress=event.progress)
                 if events_to is None:
                     await router.send(client, msg)
                 elif self.sinks.send(events_to, msg):

@@ -98,6 +98,7 @@ class Sequence:
     # a replay (a later stage died): the prompt and all committed tokens but the last are prefilled again
     fill: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # what is prefilled: the prompt, or more
     resumed_at: int = 0  # committed tokens when `fill` was built (0: the last chunk samples the first token)
+    progress: bool = False  # send PromptProgress events as prefill chunks come back (Submit.progress)
     draws: int = 0  # the final stage's RNG draws for this session, as of the last committed window
     paused: Paused | None = None  # set while the chain is down: nothing of this session runs
     replays: int = 0

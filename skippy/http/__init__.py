@@ -3,9 +3,12 @@
 - `server`, `connection`, `framing`, `json_body`, `routing`, `errors`, `auth`, `cors`, `sse`, `busy`: the
   server library: connections with deadlines and a cap, request heads and bodies within limits, bounded
   JSON, the route table, OpenAI error envelopes, the API key, CORS, event streams, requests in progress.
-- `adapter`: the routes; `generation`: /v1/chat/completions and /v1/completions over the broker
-  (`skippy.client.PipelineClient`); `openai_request`, `request_fields`, `messages`, `openai_response`:
-  the OpenAI shapes; `chat_template`, `stops`, `tokenize`: text around the token ids.
+- `adapter`: the routes; `generation`: /v1/chat/completions, /v1/completions and /infill over the broker
+  (`skippy.client.PipelineClient`; `resubmit`: what a dead stage 0 or broker lost is resubmitted);
+  `openai_request`, `request_fields`, `messages`, `openai_response`:
+  the OpenAI shapes; `sampling_defaults`: the model's sampling for fields a request leaves out;
+  `chat_template`, `stops`, `tokenize`, `infill`: text around the token ids; `prompt_routes` (/tokenize,
+  /apply-template, input tokens) and `pipeline_info` (/props, /slots): llama-server's smaller routes.
 - `responses_api`, `responses_request` (OpenAI Responses) and `anthropic_api`, `anthropic_request` (Anthropic
   Messages): each request translated into the chat request it means and run by `generation`
   (`translation`: what both share), its events rendered back in that API's shapes.

@@ -1,8 +1,10 @@
-"""The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /tokenize and /detokenize.
+"""The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /detokenize.
 
 The generation routes are skippy.http.generation, the OpenAI Responses API skippy.http.responses_api and
-the Anthropic Messages API skippy.http.anthropic_api (both translated onto the chat route); the live
-pipeline page /dashboard is skippy.http.dashboard. `router` is the one route table of the adapter (what `skippy adapter` serves):
+the Anthropic Messages API skippy.http.anthropic_api (both translated onto the chat route); /tokenize,
+/apply-template and the chat input-token count are skippy.http.prompt_routes; /props and /slots
+skippy.http.pipeline_info; the live pipeline page /dashboard is skippy.http.dashboard. `router` is the one
+route table of the adapter (what `skippy adapter` serves):
 every route, the dashboard's included, is counted, answers CORS preflights and carries CORS headers
 for the allowed origins (skippy.http.cors), and with an API key wants it as a Bearer token, all but
 /health and /readyz (skippy.http.auth; the dashboard's routes also take its `?key=` and cookie).
@@ -24,10 +26,14 @@ from skippy.http.dashboard import Dashboard
 from skippy.http.errors import HttpError
 from skippy.http.generation import Generation
 from skippy.http.metrics import Metrics
+from skippy.http.pipeline_info import PipelineInfo, StageRange
+from skippy.http.prompt_routes import PromptRoutes
 from skippy.http.responses_api import ResponsesApi
 from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
+from skippy.http.sampling_defaults import model_sampling_defaults
 from skippy.http.server import Request, Response, Router, StreamResponse, json_response
-from skippy.http.tokenize import detokenize, tokenize
+from skippy.http.sse import DEFAULT_PING_INTERVAL_S
+from skippy.http.tokenize import detokenize
 from skippy.log import get_logger
 from skippy.protocol import Status
 from skippy.request_events import PipelineUnavailable
@@ -37,8 +43,12 @@ from skippy.runtime.tokenizer import Tokenizer
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
-                 metrics_targets: Path | None = None, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
+                 metrics_targets: Path | None = None, stages: list[StageRange] | None = None,
+                 ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S, model_card: dict[str, float] | None = None,
+                 resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
+        `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none);
+        `model_card`: the served model's recommended sampling (skippy.http.sampling_defaults);
         `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to be resubmitted
         (skippy.http.resubmit)."""
         self.broker = broker
@@ -54,7 +64,10 @@ class OpenAIAdapter:
         self._status: tuple[float, Status] | None = None
         self.resubmitter = Resubmitter(broker, resume_timeout_s, self.metrics.resubmitted.inc)
         self.generate = Generation(self.resubmitter, tokenizer, template, model_id, default_max_tokens, self.metrics,
-                                   self.status)
+                                   self.status, model_sampling_defaults(tokenizer.model, model_card),
+                                   ping_interval_s)
+        self.prompts = PromptRoutes(self.generate, self.status)
+        self.info = PipelineInfo(self.generate, self.status, tokenizer.model.path, stages or [])
         self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)
         self.responses_api = ResponsesApi(self.generate)
         self.messages_api = MessagesApi(self.generate)
@@ -66,7 +79,13 @@ class OpenAIAdapter:
             ("GET", "/metrics", self.metrics_text),
             ("POST", "/v1/chat/completions", lambda r: self.generate(r, "chat")),
             ("POST", "/v1/completions", lambda r: self.generate(r, "completion")),
-            ("POST", "/tokenize", self.tokenize), ("POST", "/detokenize", self.detokenize)]
+            ("POST", "/tokenize", self.prompts.tokenize), ("POST", "/detokenize", self.detokenize)]
+        # llama-server's smaller routes (issue 24 part A: prompts, pipeline info, fill-in-the-middle)
+        routes += [
+            ("POST", "/apply-template", self.prompts.apply_template),
+            ("POST", "/v1/chat/completions/input_tokens", self.prompts.input_tokens),
+            ("GET", "/props", self.info.props), ("GET", "/slots", self.info.slots),
+            ("POST", "/infill", self.generate.infill)]
         pages = {path for _, path, _ in self.dashboard.routes()}  # a browser opens them: ?key= or the cookie too
         routes += self.dashboard.routes()
         # -- the agent APIs (issue 24 B): OpenAI Responses and Anthropic Messages, translated onto the chat route
@@ -117,9 +136,6 @@ class OpenAIAdapter:
     async def models(self, _: Request) -> Response:
         return json_response({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skippy"}]})
-
-    async def tokenize(self, request: Request) -> Response:
-        return tokenize(self.tokenizer, request)
 
     async def detokenize(self, request: Request) -> Response:
         return detokenize(self.tokenizer, request)

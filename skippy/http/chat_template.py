@@ -1,7 +1,8 @@
 """Chat messages -> prompt text with llama.cpp's template engine.
 
 The GGUF's own `tokenizer.chat_template` is used when it has one; otherwise llama.cpp's built-in
-template for the architecture (the default Gemma 3 270M base model carries none: `gemma`).
+template for the architecture (the packaged Gemma 3 270M base model carries none: `gemma`; the default
+SmolLM2-135M-Instruct carries its ChatML template).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The generation routes (/v1/chat/completions, /v1/completions): request -> token ids for the broker ->
-text, stream chunks, tool calls and usage back.
+"""The generation routes (/v1/chat/completions, /v1/completions, /infill): request -> token ids for the
+broker -> text, stream chunks, tool calls and usage back.
 
 It applies the chat template, tokenizes, checks the sampling grammar against the vocabulary,
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
@@ -8,7 +8,14 @@ reads tool calls out of the text (skippy.http.tool_output) and maps broker error
 A client that disconnects has its generation cancelled at once, which frees its lane. No response
 ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
 stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
-a response not streamed is a 502/503 with the error envelope.
+a response not streamed is a 502/503 with the error envelope. A request lost with its stage 0 or the
+broker is resubmitted with the tokens it has (skippy.http.resubmit), and one that finds no pipeline ready
+waits for one within the same deadline.
+A stream whose first token has not come within the SSE ping interval (a long prompt prefilling, or
+waiting for a lane) starts anyway and carries `: ping` comments while silent (skippy.http.sse.with_pings);
+an error after that arrives as an error event. With `return_progress: true` (llama-server's field) a
+stream carries `prompt_progress` chunks (`total`, `cache`, `processed`, `time_ms`) as stage 0 gets each
+prefill chunk back through every stage.
 """
 
 from __future__ import annotations
@@ -21,20 +28,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from skippy.config import prompt_length_error
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
+from skippy.http.infill import FimTokens, fim_prompt, infill_completion
 from skippy.http.metrics import Metrics
 from skippy.http.openai_request import GenerationRequest, parse_generation
 from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
 from skippy.http.resubmit import Resubmitter
 from skippy.http.routing import Request, Response, StreamResponse, json_response
-from skippy.http.sse import SSE_DONE, sse_event
+from skippy.http.sampling_defaults import SamplingDefaults
+from skippy.http.sse import DEFAULT_PING_INTERVAL_S, SSE_DONE, sse_event, with_pings
 from skippy.http.stops import StopMatcher
 from skippy.http.tokenize import check_tokens
 from skippy.http.tool_output import CallDelta, ToolCallReader, merge_calls
 from skippy.log import get_logger
-from skippy.protocol import Status
+from skippy.protocol import PromptProgress, Status
 from skippy.protocol.kinds import http_status
 from skippy.protocol.stats import RequestStats
 from skippy.request_events import PipelineUnavailable, TokenEvent
@@ -61,12 +72,14 @@ class Piece:
     finish_reason: str | None = None
     stats: RequestStats | None = None  # on the last piece: the request's numbers from stage 0
     calls: list[CallDelta] = field(default_factory=list)  # tool-call deltas (chat with tools)
+    progress: PromptProgress | None = None  # a prompt progress report (return_progress), no text
     stop_sequence: str | None = None  # the stop string that ended the generation (finish_reason "stop")
 
 
 @dataclass
 class Run:
-    """A submitted generation whose first token has arrived: its id, prompt length and pieces to come."""
+    """A submitted generation whose first event has arrived, or whose ping interval has passed: its id, prompt
+    length and pieces to come."""
 
     rid: str
     n_prompt: int
@@ -93,12 +106,26 @@ class Generation:
     default_max_tokens: int
     metrics: Metrics
     status: Callable[[], Awaitable[Status]]
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S  # None: no SSE pings
     log: Any = field(default_factory=get_logger)
 
+    def __post_init__(self) -> None:
+        self.fim = FimTokens.of(self.tokenizer)
+
+    def parse(self, body: Any, kind: str) -> GenerationRequest:
+        """A request body as the generation routes read it (the model's sampling defaults filled in)."""
+        return parse_generation(body, kind, self.model_id, self.sampling_defaults)
+
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
-        """The prompt's token ids: the chat template applied (chat), or the prompt's text or ids."""
+        """The token ids the pipeline is given for `req` (a chat's messages through the chat template)."""
         if req.kind == "chat":
             return self.tokenizer.encode(self.template.apply(req.messages), add_special=True, parse_special=True)
+        if req.suffix is not None:
+            self.fim.require("suffix")
+            if req.prompt_text is None:
+                raise invalid("suffix", "needs the prompt as text (the prefix), not token ids")
+            return fim_prompt(self.tokenizer, self.fim, req.prompt_text, req.suffix)
         if req.prompt_ids is not None:
             return check_tokens(self.tokenizer, req.prompt_ids, "prompt")
         return self.tokenizer.encode(req.prompt_text or "", add_special=True)
@@ -115,17 +142,26 @@ class Generation:
                 raise invalid(param, str(exc), "unsupported_schema") from None
 
     async def __call__(self, request: Request, kind: str) -> Response | StreamResponse:
-        req = parse_generation(request.json(), kind, self.model_id)
-        run = await self.start(req, request.request_id, "messages" if kind == "chat" else "prompt")
-        shape = ResponseShape(kind, self.model_id, run.rid)
+        return await self.serve(request.json(), kind, request.request_id)
+
+    async def infill(self, request: Request) -> Response | StreamResponse:
+        """POST /infill (skippy.http.infill): a completion of the FIM prompt, in llama-server's native shape."""
+        body = infill_completion(request.json(), self.tokenizer, self.fim, self.model_id)
+        return await self.serve(body, "completion", request.request_id, shape_kind="infill")
+
+    async def serve(self, body: Any, kind: str, request_id: str, shape_kind: str | None = None) -> Response | StreamResponse:
+        req = self.parse(body, kind)
+        run = await self.start(req, request_id, "messages" if kind == "chat" else "prompt")
+        shape = ResponseShape(shape_kind or kind, self.model_id, run.rid)
         if req.stream:
-            return StreamResponse(self._stream(shape, run.pieces, req, run.n_prompt))
+            return StreamResponse(with_pings(self._stream(shape, run.pieces, req, run.n_prompt), self.ping_interval_s))
         return await self._complete(shape, run.pieces, run.n_prompt)
 
     async def start(self, req: GenerationRequest, request_id: str, prompt_param: str, api: str | None = None) -> Run:
-        """Submit `req` and wait for its first token: what every generation route (chat, completions, and the
-        Responses and Anthropic translations) runs. An error before the first token is an HttpError (a prompt
-        that does not fit names `prompt_param`); `api` labels the route in logs and metrics (default: the kind)."""
+        """Submit `req` and wait for its first event (a stream: at most the ping interval): what every generation
+        route (chat, completions, infill, and the Responses and Anthropic translations) runs. An error before the
+        first token is an HttpError (a prompt that does not fit names `prompt_param`); `api` labels the route in
+        logs and metrics (default: the kind)."""
         self._check(req)
         ids = self.prompt_ids(req)
         try:
@@ -146,16 +182,18 @@ class Generation:
         stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
         rid = uuid.uuid4().hex
         started = time.perf_counter()
-        handle = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, request_id=rid)
-        events = handle.__aiter__()
-        try:
-            first = await events.__anext__()
+        events = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, rid,
+                                          progress=req.progress and req.stream)
+        first: asyncio.Future[TokenEvent] = asyncio.ensure_future(events.__anext__())
+        try:  # a stream starts (and pings) once the interval passes without a first event
+            await asyncio.wait({first}, timeout=self.ping_interval_s if req.stream else None)
         except BaseException:
+            first.cancel()
             await self.broker.cancel(rid)
             raise
-        if first.finish_reason == "error":
-            self.metrics.count_error(first.code or "pipeline_failed")
-            raise event_error(first)
+        if first.done() and first.result().finish_reason == "error":
+            self.metrics.count_error(first.result().code or "pipeline_failed")
+            raise event_error(first.result())
         kind = api or req.kind
         self.metrics.generation_started(rid, started, len(ids), kind)
         pieces = self._pieces(rid, first, events, req)
@@ -166,14 +204,19 @@ class Generation:
                       grammar=req.sampling.grammar is not None)
         return Run(rid, len(ids), pieces)
 
-    async def _pieces(self, rid: str, first: TokenEvent, events: AsyncIterator[TokenEvent],
+    async def _pieces(self, rid: str, first: asyncio.Future[TokenEvent], events: AsyncIterator[TokenEvent],
                       req: GenerationRequest) -> AsyncIterator[Piece]:
         """Text deltas (stop strings held back and enforced) ending with one that has finish_reason."""
         decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
-        event: TokenEvent | None = first
+        event: TokenEvent | None = None
         finished = False
         try:
+            event = await first
             while event is not None:
+                if event.progress is not None:
+                    yield Piece("", [], 0, progress=event.progress)
+                    event = await events.__anext__()
+                    continue
                 if event.final:
                     finished = True
                     if event.finish_reason == "error":
@@ -191,6 +234,7 @@ class Generation:
                 yield Piece(text, entries)
                 event = await events.__anext__()
         finally:
+            first.cancel()
             self.metrics.generation_done(rid, event, stops.stopped)
             if not finished:  # stop string, client gone, or error: free the lane now
                 await asyncio.shield(self.broker.cancel(rid))
@@ -218,6 +262,8 @@ class Generation:
             async for piece in pieces:
                 n_tokens += piece.n_tokens
                 stats = piece.stats or stats
+                if piece.progress is not None:
+                    yield sse_event(shape.progress_chunk(msgspec.structs.asdict(piece.progress)))
                 if piece.text or piece.entries or piece.calls:
                     calls = [c.to_json() for c in piece.calls]
                     text = piece.text if piece.text or not calls else None
@@ -234,4 +280,5 @@ class Generation:
             self.log.exception("stream_failed", generation_id=shape.request_id)
             yield sse_event(json.loads(HttpError(502, f"generation failed: {exc!r}", type="server_error",
                                                  code="pipeline_failed").body()))
-        yield SSE_DONE
+        if shape.kind != "infill":  # llama-server's native stream has no [DONE]
+            yield SSE_DONE

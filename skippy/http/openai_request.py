@@ -5,6 +5,8 @@ README's table); messages are skippy.http.messages; `response_format` and tools 
 grammar in skippy.http.structured. A grammar excludes `stop` strings (one could cut the structured
 output short while reporting `stop`) and `ignore_eos` (a finished grammar allows only end-of-generation).
 
+A sampling field the request does not set gets the model's default (skippy.http.sampling_defaults: the
+GGUF's `general.sampling.*`, else llama-server's), field by field.
 Sampling values outside their range are a 400 naming the field, never rewritten: `temperature` in
 [0, 2], `top_p` in [0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2] (OpenAI's ranges);
 llama.cpp's extensions `top_k` an integer in [0, 2^31 - 1] (0: off), `min_p` in [0, 1] (0: off) and
@@ -23,6 +25,7 @@ from skippy.http.chat_template import ChatMessage
 from skippy.http.errors import HttpError, invalid
 from skippy.http.messages import parse_messages, with_system
 from skippy.http.request_fields import audit_fields
+from skippy.http.sampling_defaults import LLAMA_CPP_SAMPLING, SamplingDefaults
 from skippy.http.structured import build_grammar, response_schema
 from skippy.http.tools import ToolPlan, parse_tools, tools_prompt
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
@@ -34,10 +37,12 @@ class GenerationRequest:
     model: str
     prompt_text: str | None = None  # completions
     prompt_ids: list[int] | None = None  # completions given token ids
+    suffix: str | None = None  # completions: the text after the insertion (fill-in-the-middle)
     messages: list[ChatMessage] = field(default_factory=list)  # chat
     max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
+    progress: bool = False  # return_progress: prompt progress chunks in the stream
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0
@@ -94,6 +99,10 @@ def _integer(body: dict[str, Any], name: str, lo: int | None = None, hi: int | N
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise invalid(name, f"must be {_bounds(lo, hi)}, got {_show(value)}")
     return value
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -156,7 +165,16 @@ def _stream_options(req: GenerationRequest, options: Any) -> None:
     req.include_usage = bool(options.get("include_usage", False))
 
 
-def parse_generation(body: Any, kind: str, served_model: str) -> GenerationRequest:
+def _suffix(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise invalid("suffix", f"expected a string, got {_show(value)}")
+    return value
+
+
+def parse_generation(body: Any, kind: str, served_model: str,
+                     defaults: SamplingDefaults = LLAMA_CPP_SAMPLING) -> GenerationRequest:
     if not isinstance(body, dict):
         raise HttpError(400, "request body must be a JSON object", code="invalid_value")
     model = body.get("model")
@@ -181,10 +199,12 @@ def parse_generation(body: Any, kind: str, served_model: str) -> GenerationReque
             raise invalid("top_logprobs", "requires logprobs: true")
     else:
         _prompt(req, body.get("prompt"))
+        req.suffix = _suffix(body.get("suffix"))
         top = _integer(body, "logprobs", 0, 20)
         req.logprobs, req.top_logprobs = top is not None, top or 0
     req.max_tokens = _integer(body, "max_completion_tokens", 1) or _integer(body, "max_tokens", 1)
     req.stream = _flag(body, "stream")
+    req.progress = _flag(body, "return_progress")
     _stream_options(req, body.get("stream_options"))
     req.stop = _stops(body.get("stop"))
     req.ignore_eos = _flag(body, "ignore_eos")
@@ -197,13 +217,13 @@ def parse_generation(body: Any, kind: str, served_model: str) -> GenerationReque
     req.user = user if isinstance(user, str) else None
     seed = _integer(body, "seed")
     req.sampling = SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=_integer(body, "top_k", 0, INT32_MAX) or 0,
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        temperature=_number(body, "temperature", defaults.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", defaults.top_p, 0.0, 1.0),
+        top_k=_or(_integer(body, "top_k", 0, INT32_MAX), defaults.top_k),
+        min_p=_number(body, "min_p", defaults.min_p, 0.0, 1.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, above=True),
+        repeat_penalty=_number(body, "repeat_penalty", defaults.repeat_penalty, 0.0, above=True),
         seed=DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF,
         logit_bias=_logit_bias(body.get("logit_bias")),
         top_logprobs=req.top_logprobs if req.logprobs else None,

@@ -1,4 +1,5 @@
-"""OpenAI response shapes: completion objects, stream chunks, usage and logprobs, for chat and completions."""
+"""OpenAI response shapes: completion objects, stream chunks, usage and logprobs, for chat and completions;
+and llama-server's native shape for /infill (kind "infill": `content`, `stop`, token counts)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from skippy.protocol.stats import RequestStats
 
 OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
-ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
+ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "infill": "cmpl-"}
 
 
 @dataclass
@@ -55,6 +56,9 @@ class ResponseShape:
 
     def full(self, text: str, finish_reason: str, usage: dict[str, int], entries: list[LogprobEntry],
              extra: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        if self.kind == "infill":
+            return {"content": text, "stop": True, "finish_reason": finish_reason, "model": self.model,
+                    "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"]}
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": self.logprobs(entries)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text or None if tool_calls else text}
@@ -66,6 +70,9 @@ class ResponseShape:
 
     def chunk(self, text: str | None, finish_reason: str | None = None, entries: list[LogprobEntry] | None = None,
               role: bool = False, offset: int = 0, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        if self.kind == "infill":
+            return {"content": text or "", "stop": finish_reason is not None,
+                    **({"finish_reason": finish_reason} if finish_reason is not None else {})}
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason,
                                   "logprobs": self.logprobs(entries or [], offset)}
         if self.kind == "chat":
@@ -78,6 +85,11 @@ class ResponseShape:
         else:
             choice["text"] = text or ""
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [choice]}
+
+    def progress_chunk(self, progress: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's `return_progress` event: an empty delta carrying `prompt_progress`."""
+        chunk = self.chunk("" if self.kind != "chat" else None, role=self.kind == "chat")
+        return {**chunk, "prompt_progress": progress}
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [], "usage": usage}

@@ -15,7 +15,7 @@ from skippy.http.errors import invalid
 COMMON = frozenset({"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "n", "response_format",
                     # llama.cpp's extensions
-                    "top_k", "min_p", "repeat_penalty", "ignore_eos"})
+                    "top_k", "min_p", "repeat_penalty", "ignore_eos", "return_progress"})
 HONOURED = {
     "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                       "parallel_tool_calls", "modalities"},
@@ -48,7 +48,6 @@ REFUSED: dict[str, Callable[[Any], str | None]] = {
     "service_tier": _unless(lambda v: v in ("auto", "default"), 'only "auto" and "default" are served'),
     "best_of": _unless(lambda v: v == 1, "only best_of = 1 is supported"),
     "echo": _unless(lambda v: v is False, "echo is not supported"),
-    "suffix": _unless(lambda v: v == "", "suffix (insertion) is not supported"),
 }
 
 

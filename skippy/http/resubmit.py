@@ -44,7 +44,8 @@ class Submitter(Protocol):
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0) -> EventSource: ...
+                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0,
+                     progress: bool = False) -> EventSource: ...
 
     async def cancel(self, request_id: str) -> None: ...
 
@@ -62,6 +63,7 @@ class _Request:
     history: list[int] = field(default_factory=list)  # tokens the client was sent
     chunks: tuple[int, ...] = ()
     draws: int = 0
+    progress: bool = False  # prompt progress reports asked for (Submit.progress)
     attempts: int = 0
     cancelled: bool = False
 
@@ -76,9 +78,11 @@ class Resubmitter:
         self.active: dict[str, _Request] = {}
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
-                     stop_tokens: frozenset[int] = frozenset(), request_id: str = "") -> AsyncIterator[TokenEvent]:
-        req = _Request(list(prompt), sampling, max_tokens, stop_tokens, request_id, request_id)
-        handle = await self.client.submit(req.prompt, sampling, max_tokens, stop_tokens, request_id=request_id)
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str = "", *,
+                     progress: bool = False) -> AsyncIterator[TokenEvent]:
+        req = _Request(list(prompt), sampling, max_tokens, stop_tokens, request_id, request_id, progress=progress)
+        handle = await self.client.submit(req.prompt, sampling, max_tokens, stop_tokens, request_id=request_id,
+                                          progress=progress)
         self.active[request_id] = req
         return self._events(req, handle)
 
@@ -128,7 +132,7 @@ class Resubmitter:
                 req.current = f"{req.request_id}-r{req.attempts}"
                 handle = await self.client.submit(req.prompt, req.sampling, req.max_tokens, req.stop_tokens,
                                                   request_id=req.current, history=req.history, chunks=req.chunks,
-                                                  draws=req.draws)
+                                                  draws=req.draws, progress=req.progress)
                 if self.on_resubmit is not None:
                     self.on_resubmit()
                 self.log.info("request_resubmitted", request_id=req.request_id, submission=req.current,

@@ -4,6 +4,8 @@
 `{"tokens": [ids]}`, or with pieces `{"tokens": [{"id": 1, "piece": "text"}]}` (a piece that is not
 valid UTF-8 is a list of its bytes). /detokenize: `{"tokens": [ids]}` -> `{"content": str}` (special
 tokens rendered as their text, as llama-server does). Ids outside the vocabulary are a 400.
+/tokenize's route (with `model` and vLLM's forms) is skippy.http.prompt_routes; `tokenize_content` is its
+llama-server form.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from skippy.http.errors import HttpError, invalid
 from skippy.http.routing import Request, Response, json_response
 from skippy.runtime.tokenizer import Tokenizer
 
-TOKENIZE_KEYS = {"content", "add_special", "parse_special", "with_pieces"}
+TOKENIZE_KEYS = frozenset({"content", "add_special", "parse_special", "with_pieces"})
 
 
 def _object(request: Request, keys: set[str]) -> dict[str, Any]:
@@ -27,14 +29,14 @@ def _object(request: Request, keys: set[str]) -> dict[str, Any]:
     return body
 
 
-def _switch(body: dict[str, Any], name: str, default: bool) -> bool:
+def switch(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name, default)
     if not isinstance(value, bool):
         raise invalid(name, f"expected true or false, got {value!r}")
     return value
 
 
-def _piece(tokenizer: Tokenizer, token: int) -> str | list[int]:
+def piece_text(tokenizer: Tokenizer, token: int) -> str | list[int]:
     data = tokenizer.piece(token, special=True)
     try:
         return data.decode("utf-8")
@@ -42,15 +44,15 @@ def _piece(tokenizer: Tokenizer, token: int) -> str | list[int]:
         return list(data)
 
 
-def tokenize(tokenizer: Tokenizer, request: Request) -> Response:
-    body = _object(request, TOKENIZE_KEYS)
+def tokenize_content(tokenizer: Tokenizer, body: dict[str, Any]) -> Response:
+    """llama-server's /tokenize form (its keys already checked)."""
     content = body.get("content")
     if not isinstance(content, str):
         raise invalid("content", f"expected a string, got {type(content).__name__}")
-    tokens = tokenizer.encode(content, add_special=_switch(body, "add_special", False),
-                              parse_special=_switch(body, "parse_special", True))
-    if _switch(body, "with_pieces", False):
-        return json_response({"tokens": [{"id": t, "piece": _piece(tokenizer, t)} for t in tokens]})
+    tokens = tokenizer.encode(content, add_special=switch(body, "add_special", False),
+                              parse_special=switch(body, "parse_special", True))
+    if switch(body, "with_pieces", False):
+        return json_response({"tokens": [{"id": t, "piece": piece_text(tokenizer, t)} for t in tokens]})
     return json_response({"tokens": tokens})
 
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from skippy.http.errors import HttpError, invalid
 from skippy.http.generation import Generation, Piece, Run
-from skippy.http.openai_request import GenerationRequest, parse_generation
+from skippy.http.openai_request import GenerationRequest
 from skippy.http.routing import Handler, Response, StreamResponse, json_response
 from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
@@ -59,10 +59,10 @@ def rename(exc: HttpError, renames: Renames) -> HttpError:
     return HttpError(exc.status, message, type=exc.type, param=param, code=exc.code, headers=exc.headers)
 
 
-def parse_translated(translated: Translated, model_id: str) -> GenerationRequest:
-    """The chat request the translation means (its errors renamed)."""
+def parse_translated(translated: Translated, generation: Generation) -> GenerationRequest:
+    """The chat request the translation means, the model's sampling defaults filled in (its errors renamed)."""
     try:
-        req = parse_generation(translated.body, "chat", model_id)
+        req = generation.parse(translated.body, "chat")
     except HttpError as exc:
         raise rename(exc, translated.renames) from None
     if translated.stop and req.sampling.grammar is not None:
@@ -77,7 +77,7 @@ def parse_translated(translated: Translated, model_id: str) -> GenerationRequest
 async def start_translated(generation: Generation, translated: Translated, request_id: str,
                            api: str) -> tuple[GenerationRequest, Run]:
     """Parse and submit; the first token has arrived when this returns (errors before it renamed)."""
-    req = parse_translated(translated, generation.model_id)
+    req = parse_translated(translated, generation)
     try:
         return req, await generation.start(req, request_id, translated.prompt_param, api)
     except HttpError as exc:
@@ -86,7 +86,7 @@ async def start_translated(generation: Generation, translated: Translated, reque
 
 def count_translated(generation: Generation, translated: Translated) -> int:
     """The prompt's length in tokens, tools prompt included (the token counting routes)."""
-    return len(generation.prompt_ids(parse_translated(translated, generation.model_id)))
+    return len(generation.prompt_ids(parse_translated(translated, generation)))
 
 
 def check_fields(body: Any, known: Iterable[str], refused: dict[str, str]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from skippy.protocol.messages import (
     MessageKind,
     Predictions,
     PrefixRef,
+    PromptProgress,
     ProtocolError,
     Ready,
     ReleaseSessions,
@@ -65,7 +66,7 @@ from skippy.protocol.messages import (
 __all__ = [
     "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps", "Cancel",
     "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "KeptPrefix", "Message",
-    "MessageKind", "Predictions", "PrefixRef", "ProtocolError",
+    "MessageKind", "Predictions", "PrefixRef", "PromptProgress", "ProtocolError",
     "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
     "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
 ]

@@ -255,12 +255,22 @@ class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     whole_chain: bool = False
 
 
+class PromptProgress(msgspec.Struct, frozen=True):
+    """A prompt's prefill so far (llama-server's `prompt_progress`): ``processed`` of ``total`` positions have come
+    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission."""
+    total: U63
+    cache: U63
+    processed: U63
+    time_ms: Finite
+
+
 class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
 
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
     TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
+    ``progress``: send PromptProgress events while the prompt prefills (``TokenEvents.progress``).
 
     A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
     has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
@@ -276,6 +286,7 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     history: Tokens = ()
     chunks: Tokens = ()
     draws: U63 = 0
+    progress: bool = False
 
 
 class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
@@ -292,6 +303,7 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
     message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
     them: Submit.chunks).
+    ``progress``: a prompt progress report (no tokens; Submit.progress).
     """
     request_id: str
     tokens: Tokens
@@ -303,6 +315,7 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     sent_direct: U63 | None = None
     draws: U63 = 0
     chunks: Tokens = ()
+    progress: PromptProgress | None = None
 
 
 class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):

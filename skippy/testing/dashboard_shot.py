@@ -1,6 +1,6 @@
 """`scripts/dashboard-screenshot`: a picture of /dashboard while `skippy up` serves a steady load.
 
-Starts `skippy up` (default: Gemma 3 270M over 2 stages; extra `skippy up` flags may follow `--`),
+Starts `skippy up` (default: SmolLM2-135M-Instruct over 2 stages; extra `skippy up` flags may follow `--`),
 keeps `--streams` completions running, opens the page in headless Chromium, waits until it has
 polled `--polls` times, saves a PNG (default docs/dashboard.png) and stops everything.
 """

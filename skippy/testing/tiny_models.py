@@ -53,6 +53,7 @@ _QK_NORM = 2.0  # mean of attn_q_norm / attn_k_norm weights
 _LOGIT_STD = 2.0  # target std of the output logits
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+FIM_TOKENS = {"fim_pre": "<fim_prefix>", "fim_suf": "<fim_suffix>", "fim_mid": "<fim_middle>"}  # written when fim=True
 _SPACE = "\u2581"  # SentencePiece's word-boundary marker
 _WORDS = (
     "the a an and of to in is it that was for on with as at by be this from or not you he she we they "
@@ -156,7 +157,8 @@ def _hyperparameters(w: GGUFWriter, spec: FamilySpec, n_layer: int, n_embd: int,
         _put(w, key.format(arch=w.arch), value)
 
 
-def _tokenizer(w: GGUFWriter, tokens: list[str], scores: list[float], types: list[int]) -> None:
+def _tokenizer(w: GGUFWriter, tokens: list[str], scores: list[float], types: list[int],
+               fim_ids: dict[str, int]) -> None:
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -167,16 +169,21 @@ def _tokenizer(w: GGUFWriter, tokens: list[str], scores: list[float], types: lis
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    for key, token_id in fim_ids.items():
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", token_id)
 
 
 def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048, seed: int = 0,
-                     tensor_type: str = "f32", vocab_seed: int = 0, n_extra_tokens: int = 0) -> Path:
+                     tensor_type: str = "f32", vocab_seed: int = 0, n_extra_tokens: int = 0,
+                     fim: bool = False) -> Path:
     """Write a tiny random-weight ``family`` model to ``path`` and return ``path``.
 
     The same arguments always produce a byte-identical file.  ``vocab_seed`` and
     ``n_extra_tokens`` change the vocabulary (see ``_vocab``); at 0 every model
-    shares one vocabulary, whatever its family, size or weight seed.
+    shares one vocabulary, whatever its family, size or weight seed.  ``fim``
+    appends fill-in-the-middle control tokens and declares them
+    (``tokenizer.ggml.fim_{pre,suf,mid}_token_id``), as a code model's GGUF does.
     """
     if family not in FAMILY_SPECS:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
@@ -190,13 +197,18 @@ def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int =
     qtype, file_type = _TENSOR_TYPES[tensor_type]
     arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == family)
     tokens, scores, types = _vocab(vocab_seed, n_extra_tokens)
+    fim_ids = {}
+    if fim:
+        for key, text in FIM_TOKENS.items():
+            fim_ids[key] = len(tokens)
+            tokens, scores, types = [*tokens, text], [*scores, 0.0], [*types, int(TokenType.CONTROL)]
     path = Path(path)
 
     w = GGUFWriter(path, family)
     w.add_name(spec.model_name or f"tiny-{family}")
     w.add_file_type(int(file_type))
     _hyperparameters(w, spec, n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train)
-    _tokenizer(w, tokens, scores, types)
+    _tokenizer(w, tokens, scores, types, fim_ids)
 
     rng = np.random.default_rng(seed)
     globals_: list[Tensor] = [(MODEL_TENSOR.TOKEN_EMBD, "weight", (len(tokens), n_embd)),

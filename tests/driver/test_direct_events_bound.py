@@ -41,7 +41,7 @@ class ScriptedStage0:
         self.submitted = asyncio.Queue[str]()
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resumed: Resumed | None = None) -> RequestHandle:
+               request_id: str | None, resumed: Resumed | None = None, progress: bool = False) -> RequestHandle:
         assert request_id is not None
         handle = self.handles[request_id] = RequestHandle(request_id)
         self.submitted.put_nowait(request_id)

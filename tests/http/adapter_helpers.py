@@ -48,7 +48,7 @@ class FakeBroker:
 
     async def submit(self, prompt: Sequence[int], sampling: Any = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), **resubmission: Any) -> RequestHandle:
+                     history: Sequence[int] = (), progress: bool = False, **resubmission: Any) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
         self.max_tokens = max_tokens

@@ -1,10 +1,12 @@
-"""Structured output, forced tool calls, tokenize, CORS and refused fields on the real model: `skippy up`
-with its defaults (Gemma 3 270M over 2 stages) and the official client."""
+"""Structured output, forced tool calls, tokenize, CORS and refused fields on a real model: `skippy up`
+with Gemma 3 270M named explicitly (`skippy up`'s defaults otherwise: 2 stages split at 9, 4 lanes) and the
+official client."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -22,9 +24,9 @@ NESTED = {"type": "object", "required": ["city", "country", "landmarks"], "prope
 
 
 @pytest.fixture(scope="module")
-def server(start_up: Callable[..., Any]) -> Iterator[SkippyServer]:
-    """This module's server (conftest's `client` talks to it): the defaults, Gemma 3 270M."""
-    with start_up("up-gemma-structured", None) as s:
+def server(start_up: Callable[..., Any], gemma_path: Path) -> Iterator[SkippyServer]:
+    """This module's server (conftest's `client` talks to it): Gemma 3 270M."""
+    with start_up("up-gemma-structured", gemma_path, "--split", "9", "--lane-count", "4") as s:
         yield s
 
 

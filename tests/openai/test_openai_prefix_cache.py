@@ -96,9 +96,10 @@ def test_gemma_chat_answers_as_without_the_cache(start_up: Callable[..., Any], g
     """A restored prefix changes how the prompt is batched, and llama.cpp is not batch-invariant, so the
     answers must agree wherever the cache-off run's top-2 margin is clear (exactness itself is the
     pipeline tests' replay)."""
-    with start_up("up-gemma-prefix", None, "--ctx-size", "1024") as server:
+    gemma = (gemma_path, "--split", "9", "--lane-count", "4", "--ctx-size", "1024")  # skippy up's defaults, on Gemma
+    with start_up("up-gemma-prefix", *gemma) as server:
         cached = gemma_conversation(server)
-    with start_up("up-gemma-no-prefix", None, "--ctx-size", "1024", "--no-prefix-cache") as server:
+    with start_up("up-gemma-no-prefix", *gemma, "--no-prefix-cache") as server:
         plain = gemma_conversation(server)
     assert cached[0][2] == 0 and all(turn[2] > 0 for turn in cached[1:]), [turn[2] for turn in cached]
     assert all(turn[2] == 0 for turn in plain)

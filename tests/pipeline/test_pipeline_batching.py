@@ -105,7 +105,7 @@ GEMMA_MAX_TOKENS = (12, 8, 16, 10, 8, 12, 10, 14)
 @pytest.mark.gemma
 def test_gemma_concurrent_requests_match_unsplit_same_batches(gemma_path: Path,
                                                                make_pipeline: Callable[..., Pipeline]) -> None:
-    pipe = make_pipeline("default", [5, 13], lane_count=LANES, ctx_size=128)
+    pipe = make_pipeline(gemma_path, [5, 13], lane_count=LANES, ctx_size=128)
     chain = pipe.reference_chain()
     try:
         tokenizer = Tokenizer(chain.stages[0].model)

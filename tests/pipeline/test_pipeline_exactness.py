@@ -69,14 +69,26 @@ GEMMA_TEXTS = (
 @pytest.mark.parametrize("splits", [[9], [5, 13]], ids=["split9", "split5-13"])
 def test_gemma_split_matches_unsplit(gemma_path: Path, make_pipeline: Callable[..., Pipeline],
                                      splits: list[int]) -> None:
-    pipe = make_pipeline("default", splits, lane_count=2, ctx_size=128)
+    pipe = make_pipeline(gemma_path, splits, lane_count=2, ctx_size=128)
     assert pipe.n_layer == 18
+    _check_texts(pipe)
+
+
+def _check_texts(pipe: Pipeline, max_tokens: int = 16) -> None:
+    """GEMMA_TEXTS through the pipeline give the unsplit model's greedy tokens."""
     reference = pipe.reference_chain()
     try:
         tokenizer = Tokenizer(reference.stages[0].model)
         prompts = [tokenizer.encode(text) for text in GEMMA_TEXTS]
-        expected = [list(reference.generate(p, 16)) for p in prompts]
+        expected = [list(reference.generate(p, max_tokens)) for p in prompts]
     finally:
         reference.close()
-    got = _check_pipeline(pipe, prompts, 16)
-    assert got == expected
+    assert _check_pipeline(pipe, prompts, max_tokens) == expected
+
+
+@pytest.mark.gemma
+def test_smollm2_split_matches_unsplit(smollm2_path: Path, make_pipeline: Callable[..., Pipeline]) -> None:
+    """The default model (llama architecture, 30 layers, Q4_1) split where `skippy up` splits it."""
+    pipe = make_pipeline(smollm2_path, [15], lane_count=2, ctx_size=128)
+    assert pipe.n_layer == 30
+    _check_texts(pipe)

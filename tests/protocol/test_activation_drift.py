@@ -38,7 +38,6 @@ import pytest
 from wire_split import WireSplit
 
 from skippy.protocol import WireDtype
-from skippy.runtime.models import resolve_model_path
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.tokenizer import Tokenizer
@@ -111,7 +110,7 @@ def test_tiny_models(tiny_model: Callable[..., Path], family: str, split: int) -
 @pytest.mark.gemma
 @pytest.mark.parametrize("split", [9])
 def test_gemma(gemma_path: Path, split: int) -> None:
-    model = resolve_model_path("default")
+    model = gemma_path
     probe = StageRuntime(RuntimeSpec(model_path=model, layer_start=0, layer_end=1, lane_count=1, ctx_size=64))
     try:
         tokenizer = Tokenizer(probe.model)
