@@ -72,7 +72,7 @@ def _timed(runtime: object, rows: int, first: bool, final: bool, n_embd: int) ->
         runtime.decode(windows, hidden)  # type: ignore[attr-defined]
         if final:
             for row in range(rows):
-                biased_argmax(runtime.ctx.logits_row(row, runtime.n_vocab), None)  # type: ignore[attr-defined]
+                biased_argmax(runtime.ctx.logits_row(row, runtime.n_vocab), {})  # type: ignore[attr-defined]
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times[1:])
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["ROWS", "ComputeCosts", "Overheads", "interpolate"]
+__all__ = ["DEFAULT_OVERHEADS", "ROWS", "ComputeCosts", "Overheads", "interpolate"]
 
 ROWS = (1, 4, 16)
 
@@ -83,3 +83,6 @@ class Overheads:
     return_ms: float = 1.2  # the predictions' return hop, stage 0's postprocess and next schedule
     step_ms: float = 0.6  # one stage alone: the step loop's postprocess and schedule around a decode
     stage_ms: float = 0.1  # each stage: compute end to the socket
+
+
+DEFAULT_OVERHEADS = Overheads()

@@ -18,7 +18,8 @@ sizes). `stage_memory` adds up what a stage holding `[start, end)` keeps residen
   loads) and a headroom of 10%.
 
 Memory that is reserved but never written is not resident and not counted (docs/plan.md compares the
-predictions with measured RSS).
+predictions with measured RSS). `refuse_if_too_big` is a stage's check before it loads: a prediction over
+the memory cgroup it runs in (a namespace host's `--mem-mb`) refuses to start, naming both.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from skippy.config.errors import ConfigError
+from skippy.netns.cgroups import own_memory_limit
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.prefix_cache import kv_layer_bytes
 from skippy.runtime.slices import read_model_info
 
-__all__ = ["MIB", "ModelFacts", "ServingShape", "StageMemory", "read_model_facts", "stage_memory"]
+__all__ = ["DEFAULT_SHAPE", "MIB", "ModelFacts", "ServingShape", "StageMemory", "kv_scale", "read_model_facts",
+           "refuse_if_too_big", "stage_memory"]
 
 MIB = 1 << 20
 PAGE = 4096
@@ -119,6 +123,9 @@ class ServingShape:
         return self.lane_count * (5 if self.prefix_cache else 1)
 
 
+DEFAULT_SHAPE = ServingShape()
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """Predicted resident bytes of one stage, by part."""
@@ -142,8 +149,9 @@ class StageMemory:
         return f"{self.total / MIB:.0f} MiB (" + ", ".join(f"{name} {value / MIB:.0f}" for name, value in parts) + ")"
 
 
-def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape = ServingShape()) -> StageMemory:
+def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape | None = None) -> StageMemory:
     """What a stage holding layers [start, end) keeps resident serving `shape`."""
+    shape = shape or DEFAULT_SHAPE
     first, final = start == 0, end == facts.n_layer
     weights = sum(facts.layer_bytes[start:end])
     kv_layers = list(facts.kv_bytes_f16[start:end])
@@ -161,3 +169,21 @@ def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape = 
         logits = shape.lane_count * facts.n_vocab * 4
         compute = max(compute, logits + MIB) + logits  # the graph's logits, then llama.cpp's output buffer
     return StageMemory(weights=weights, kv=kv, compute=compute)
+
+
+def kv_scale(cache_type_k: str, cache_type_v: str) -> float:
+    """KV bytes of these cache types relative to f16 K and V."""
+    per_element = [size / block for block, size in (GGML_QUANT_SIZES[GGMLQuantizationType[t.upper()]]
+                                                     for t in (cache_type_k, cache_type_v))]
+    return sum(per_element) / 4.0
+
+
+def refuse_if_too_big(model: Path, start: int, end: int, shape: ServingShape, stage_id: str) -> StageMemory:
+    """A stage's predicted memory; ConfigError when it exceeds the memory cgroup this process runs in."""
+    need = stage_memory(read_model_facts(model), start, end, shape)
+    limit = own_memory_limit()
+    if limit is not None and need.total > limit:
+        raise ConfigError(f"{stage_id} (layers {start}-{end} of {model.name}) needs about {need.describe()}, but its"
+                          f" memory cgroup allows {limit / MIB:.0f} MiB: split the model further or over hosts with more"
+                          " memory (skippy plan)")
+    return need

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from skippy.plan.costs import ComputeCosts, Overheads
+from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
 __all__ = ["Prediction", "StageCost", "hop_ms", "predict", "transfer_ms"]
@@ -59,7 +59,7 @@ def round_ms(stage_ms: Sequence[float], hops: Sequence[float], transfers: Sequen
     return max(trip, in_flight * max(stage_ms), in_flight * max(transfers, default=0.0))
 
 
-def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = Overheads()) -> Prediction:
+def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS) -> Prediction:
     in_flight = min(len(stages), concurrency)
     rows = math.ceil(concurrency / in_flight)
     ms = tuple(s.costs.stage_ms(s.start, s.end, rows) + overheads.stage_ms for s in stages)

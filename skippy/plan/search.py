@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from skippy.plan.costs import ComputeCosts, Overheads
+from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 from skippy.plan.memory import ModelFacts, ServingShape, StageMemory, stage_memory
 from skippy.plan.predict import Prediction, StageCost, hop_ms, predict, transfer_ms
@@ -59,8 +59,9 @@ def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFa
     need = {r: stage_memory(facts, *r, shape).total for r in ranges}
     cost: dict[tuple[int, int, int], float] = {}
     for h, (_, costs) in enumerate(hosts):
+        budget = budgets[h]
         for a, j in ranges:
-            if budgets[h] is None or need[a, j] <= budgets[h]:
+            if budget is None or need[a, j] <= budget:
                 cost[h, a, j] = costs.stage_ms(a, j, rows) + overheads.stage_ms
     hop = [hop_ms(h, rows, facts.n_embd, overheads) for h, _ in hosts]
     wire = [transfer_ms(h, rows, facts.n_embd) for h, _ in hosts]
@@ -74,9 +75,9 @@ def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFa
                 continue
             for h in range(last + 1, count - (k - s - 1)):
                 for j in range(placed + 1, n + 1):
-                    ms = cost.get((h, placed, j))
-                    if ms is None:
+                    if (h, placed, j) not in cost:
                         continue
+                    ms = cost[h, placed, j]
                     target = fronts.setdefault((j, h, s + 1), [])
                     for bottleneck, trip, path in front:
                         _add(target, (max(bottleneck, ms, wire[last]), trip + hop[last] + ms, (*path, (h, placed, j))))
@@ -93,7 +94,7 @@ def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFa
 
 
 def best_splits(hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape, concurrency: int,
-                overheads: Overheads = Overheads()) -> dict[int, Split | None]:
+                overheads: Overheads = DEFAULT_OVERHEADS) -> dict[int, Split | None]:
     """For every stage count 1..len(hosts), the split with the shortest round at `concurrency` (None: none fits)."""
     found: dict[int, Split | None] = {}
     for k in range(1, min(len(hosts), facts.n_layer) + 1):
