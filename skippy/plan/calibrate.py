@@ -63,8 +63,9 @@ def _timed(runtime: object, rows: int, first: bool, final: bool, n_embd: int) ->
     from skippy.runtime.sampling import biased_argmax  # noqa: PLC0415  (llama.cpp loads in the child only)
     from skippy.runtime.windows import SessionWindow  # noqa: PLC0415
 
-    windows = [SessionWindow(s, POSITION, 1, (0,) if final else (), np.array([1000 + s], np.int32) if first else None)
-               for s in range(rows)]
+    n_vocab = runtime.n_vocab  # type: ignore[attr-defined]
+    windows = [SessionWindow(s, POSITION, 1, (0,) if final else (),
+                             np.array([(1000 + s) % n_vocab], np.int32) if first else None) for s in range(rows)]
     hidden = None if first else np.full((rows, n_embd), 0.01, np.float32)
     times = []
     for _ in range(REPEATS + 1):
@@ -72,7 +73,7 @@ def _timed(runtime: object, rows: int, first: bool, final: bool, n_embd: int) ->
         runtime.decode(windows, hidden)  # type: ignore[attr-defined]
         if final:
             for row in range(rows):
-                biased_argmax(runtime.ctx.logits_row(row, runtime.n_vocab), {})  # type: ignore[attr-defined]
+                biased_argmax(runtime.ctx.logits_row(row, n_vocab), {})  # type: ignore[attr-defined]
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times[1:])
 
@@ -89,7 +90,7 @@ def _runtime_ms(model: Path, start: int, end: int, final: bool) -> list[float]:
         if final != runtime.is_final:
             raise ModelError(f"calibration slice [{start}, {end}) of {model.name}: final is {runtime.is_final}")
         for s in range(max(ROWS)):  # every session holds POSITION positions, as a running request does
-            tokens = np.arange(POSITION, dtype=np.int32) % 100 + 100 if first else None
+            tokens = (np.arange(POSITION, dtype=np.int32) + 100) % runtime.n_vocab if first else None
             hidden = None if first else np.full((POSITION, runtime.n_embd), 0.01, np.float32)
             runtime.decode([SessionWindow(s, 0, POSITION, (), tokens)], hidden)
         return [_timed(runtime, rows, first, final, runtime.n_embd) for rows in ROWS]
