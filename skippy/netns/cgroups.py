@@ -5,25 +5,27 @@ a limit of M MiB (cgroup v1: memory.limit_in_bytes, and memory.memsw.limit_in_by
 accounted; v2: memory.max with memory.swap.max 0). Page cache a host's processes fault in counts too,
 as on a real machine, and is reclaimed first; what cannot be reclaimed past the limit is OOM-killed.
 `join_prefix(namespace)` is the command prefix that puts a process in its host's cgroup before it
-execs (`skippy.netns.owner` adds it when the host has one). `own_memory_limit()` is this process's
-tightest limit over its cgroup and their parents (None: unlimited), which a stage checks its predicted
-memory against before it loads.
+execs (`skippy.netns.owner` adds it when the host has one), passing the limit in $SKIPPY_MEMORY_LIMIT_BYTES.
+`own_memory_limit()` is this process's limit: that variable, else the tightest limit over its cgroup and
+their parents (None: unlimited), which a stage checks its predicted memory against before it loads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from pathlib import Path
 
 from skippy.netns.commands import NetnsError
 
-__all__ = ["cgroup_dir", "join_prefix", "make_memory_cgroup", "own_memory_limit", "remove_memory_cgroups"]
+__all__ = ["LIMIT_ENV", "cgroup_dir", "join_prefix", "make_memory_cgroup", "own_memory_limit", "remove_memory_cgroups"]
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _V2 = Path("/sys/fs/cgroup")
 _PARENT = "skippy-netns"
 _UNLIMITED = 1 << 60
+LIMIT_ENV = "SKIPPY_MEMORY_LIMIT_BYTES"  # a stage's memory limit, set by join_prefix
 
 
 def _root() -> tuple[Path, int] | None:
@@ -85,16 +87,26 @@ def remove_memory_cgroups(prefix: str) -> list[str]:
     return removed
 
 
+def _limit_file(path: Path) -> Path:
+    return path / ("memory.limit_in_bytes" if (path / "memory.limit_in_bytes").exists() else "memory.max")
+
+
 def join_prefix(namespace: str) -> list[str]:
-    """A command prefix that moves the process into the host's memory cgroup, then execs the rest."""
+    """A command prefix that moves the process into the host's memory cgroup, then execs the rest with the
+    limit in LIMIT_ENV (`ip netns exec` remounts /sys, so the process cannot read its cgroup there)."""
     path = cgroup_dir(namespace)
     if path is None:
         return []
-    return ["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$@"', "skippy-cgroup"]
+    limit = _limit_file(path).read_text().strip()
+    return ["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$@"', "skippy-cgroup", "env", f"{LIMIT_ENV}={limit}"]
 
 
 def own_memory_limit() -> int | None:
-    """Bytes this process may use under its memory cgroup and their parents (None: no limit)."""
+    """Bytes this process may use under its memory cgroup and their parents (None: no limit): LIMIT_ENV when
+    its host's prefix set it, else read from the cgroup files."""
+    given = os.environ.get(LIMIT_ENV, "")
+    if given.isdigit():
+        return int(given) if int(given) < _UNLIMITED else None
     root = _root()
     if root is None:
         return None

@@ -15,7 +15,8 @@ sizes). `stage_memory` adds up what a stage holding `[start, end)` keeps residen
   llama.cpp reserves room for a verify window on every lane, 17 rows each, but only fills what a
   decode asks for), and those rows again in its output buffer.
 - the process (Python, numpy, pyzmq, llama.cpp's libraries, skippy: 55 MB measured before the model
-  loads) and a headroom of 10%.
+  loads), llama.cpp's vocabulary, which every stage loads (about 168 bytes a token: 42 MiB for Gemma 3's
+  262k), and a headroom of 10%.
 
 Memory that is reserved but never written is not resident and not counted (docs/plan.md compares the
 predictions with measured RSS). `refuse_if_too_big` is a stage's check before it loads: a prediction over
@@ -41,7 +42,8 @@ __all__ = ["DEFAULT_SHAPE", "MIB", "ModelFacts", "ServingShape", "StageMemory", 
 
 MIB = 1 << 20
 PAGE = 4096
-PROCESS_BASE_BYTES = 60 * MIB  # a stage process before its model loads (55 MB VmRSS measured, docs/plan.md)
+PROCESS_BASE_BYTES = 56 * MIB  # a stage process before its model loads (55 MB VmRSS measured, docs/plan.md)
+VOCAB_BYTES_PER_TOKEN = 168  # llama.cpp's vocabulary in every stage (Gemma 3's 262k tokens: 42 MiB measured)
 HEADROOM = 0.10
 _REPACKED = {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.IQ4_NL,
              GGMLQuantizationType.MXFP4}
@@ -133,7 +135,7 @@ class StageMemory:
     weights: int
     kv: int
     compute: int
-    process: int = PROCESS_BASE_BYTES
+    process: int = PROCESS_BASE_BYTES  # Python and its libraries, and llama.cpp's vocabulary
 
     @property
     def headroom(self) -> int:
@@ -168,7 +170,8 @@ def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape | 
     if final:  # the logits rows written: one per lane per decode (speculative windows write more)
         logits = shape.lane_count * facts.n_vocab * 4
         compute = max(compute, logits + MIB) + logits  # the graph's logits, then llama.cpp's output buffer
-    return StageMemory(weights=weights, kv=kv, compute=compute)
+    return StageMemory(weights=weights, kv=kv, compute=compute,
+                       process=PROCESS_BASE_BYTES + facts.n_vocab * VOCAB_BYTES_PER_TOKEN)
 
 
 def kv_scale(cache_type_k: str, cache_type_v: str) -> float:
