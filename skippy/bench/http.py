@@ -7,15 +7,16 @@ The peer `llama-server-spec` is llama-server with its own n-gram drafting (`--sp
 
 Same GGUF, same streamed /v1/completions requests (fixed ~64-token prompt, temperature 0, fixed
 max_tokens, end-of-generation tokens banned via logit_bias as llama-cpp-python lacks ignore_eos), raw
-HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine
-noise hits them alike (`--order alternate`), or run one at a time, each alone on the machine, skippy
-first (`--order sequential`) or last (`--order reverse`). Every server gets all cores: llama-cpp-python
-with `--interrupt_requests False` (else a new request cuts the running stream short), llama-server with `--parallel N -c N*512 -t <cpus>`
-(N = 16 or the highest level, as skippy's lanes). llama-cpp-python's server extras, and matplotlib for the
-plot, are pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never
-rebuilt; llama-server is built once from the same llama.cpp sources (skippy.bench.llama_server_build).
-This module runs the benchmark; the servers are started in skippy.bench.http_servers, the requests
-and the sweep are in skippy.bench.http_load, the tables, plot and JSON in skippy.bench.http_report.
+HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine noise
+hits them alike (`--order alternate`), or run one at a time, each alone on the machine, skippy first
+(`--order sequential`) or last (`--order reverse`). Every server gets all cores: llama-cpp-python with
+`--interrupt_requests False` (else a new request cuts the running stream short), llama-server with
+`--parallel N -c N*512 -t <cpus>` (N = 16 or the highest level, as skippy's lanes). llama-cpp-python's
+server extras, and matplotlib for the plot, are pip-installed into the venv on first use; the built
+llama-cpp-python itself is reused, never rebuilt; llama-server is built once from the same llama.cpp
+sources (skippy.bench.llama_server_build). This module runs the benchmark; the servers are started in
+skippy.bench.http_servers, the requests and the sweep are in skippy.bench.http_load, the tables, plot and
+JSON in skippy.bench.http_report.
 """
 
 from __future__ import annotations
