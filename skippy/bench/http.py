@@ -139,8 +139,9 @@ def run_http_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-bench-http-") as tmp:
         try:
             print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
-            starters = [*_skippy_starters(args, Path(tmp), lanes),
-                        *(functools.partial(_start_peer, p, model, Path(tmp), lanes, threads) for p in peers)]
+            starters: list[Callable[[], Server]] = [
+                *_skippy_starters(args, Path(tmp), lanes),
+                *(functools.partial(_start_peer, p, model, Path(tmp), lanes, threads) for p in peers)]
             if args.order == "alternate":
                 servers += [start() for start in starters]
                 results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
