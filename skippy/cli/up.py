@@ -1,8 +1,10 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
-Default: the packaged Gemma 3 270M split over 2 stages at layer 9 on ipc:// endpoints inside the
-run directory, serving http://127.0.0.1:9337, with the prefix cache on (`--no-prefix-cache` turns it
-off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
+Default: the packaged Gemma 3 270M split over 2 stages on ipc:// endpoints inside the run directory,
+serving http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU set; `--hosts FILE`
+or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
+stderr), else at `--split` or the layers halved (9 of Gemma's 18); with the prefix cache on
+(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
 (<stage_id>.json beside it). `skippy up` takes every serving flag of `skippy stage` except the
 per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
