@@ -46,13 +46,14 @@ class ComputeCosts:
     def n_layer(self) -> int:
         return len(self.layer_ms)
 
-    def stage_ms(self, start: int, end: int, rows: float) -> float:
-        """One decode of `rows` rows by a stage holding layers [start, end)."""
+    def stage_ms(self, start: int, end: int, rows: float, outputs: float | None = None) -> float:
+        """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all)
+        through the head."""
         total = sum(interpolate(self.rows, self.layer_ms[i], rows) for i in range(start, end))
         if start == 0:
             total += interpolate(self.rows, self.embed_ms, rows)
         if end == self.n_layer:
-            total += interpolate(self.rows, self.head_ms, rows)
+            total += interpolate(self.rows, self.head_ms, rows if outputs is None else outputs)
         return total
 
     def scaled(self, speed: float) -> ComputeCosts:

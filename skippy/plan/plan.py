@@ -56,13 +56,14 @@ class Plan:
     too_small: tuple[Host, ...]  # hosts whose memory cannot hold the whole model
     whole_need: int  # bytes one stage holding every layer needs
     overheads: Overheads = field(default_factory=Overheads)
+    prefill_ratio: float = 0.0  # prompt tokens per generated token of the workload
 
     @property
     def single(self) -> Split | None:
         return self.splits.get(1)
 
     def at(self, split: Split, concurrency: int) -> Prediction:
-        return predict(split.stages, concurrency, self.facts.n_embd, self.overheads)
+        return predict(split.stages, concurrency, self.facts.n_embd, self.overheads, self.prefill_ratio)
 
     def verdict(self) -> str:
         c, chosen, single = self.concurrency, self.chosen, self.single
@@ -101,7 +102,8 @@ class Plan:
 
 
 def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_SHAPE, concurrency: int = 16, *,
-              stages: int | None = None, refresh: bool = False, overheads: Overheads = DEFAULT_OVERHEADS) -> Plan:
+              stages: int | None = None, refresh: bool = False, overheads: Overheads = DEFAULT_OVERHEADS,
+              prefill_ratio: float = 0.0) -> Plan:
     """The split to serve `model` on `hosts` (`stages`: exactly that many), chosen for `concurrency` streams."""
     if not hosts:
         raise ConfigError("a plan needs at least one host")
@@ -110,7 +112,9 @@ def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_
     facts = read_model_facts(model)
     if stages is not None and not 1 <= stages <= min(len(hosts), facts.n_layer):
         raise ConfigError(f"cannot plan {stages} stages over {len(hosts)} host(s) and {facts.n_layer} layers")
-    splits = best_splits(host_costs(model, hosts, refresh), facts, shape, concurrency, overheads)
+    if prefill_ratio < 0:
+        raise ConfigError(f"prompt tokens per generated token must be >= 0, got {prefill_ratio:g}")
+    splits = best_splits(host_costs(model, hosts, refresh), facts, shape, concurrency, overheads, prefill_ratio)
     whole = stage_memory(facts, 0, facts.n_layer, shape).total
     too_small = tuple(h for h in hosts if h.mem_bytes is not None and h.mem_bytes < whole)
     options = [s for k, s in splits.items() if s is not None and (stages is None or k == stages)]
@@ -120,4 +124,4 @@ def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_
         raise ConfigError(f"{model.name} does not fit {counts} of these hosts ({budgets}); the whole model needs"
                           f" {whole / MIB:.0f} MiB at {shape.lane_count} lanes x {shape.ctx_size} context")
     chosen = min(options, key=lambda s: (s.prediction.tpot_ms, len(s.stages)))
-    return Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads)
+    return Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio)

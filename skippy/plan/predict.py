@@ -5,7 +5,10 @@ driver does), each of b = ceil(c / m) decode rows. A round gives every session o
 the longer of one micro-batch's trip (every stage's compute, every forward hop: software, the sender's
 link delay, the activations over its rate; the return hop with stage 0's postprocess) and the busiest
 resource's work (m batches on the slowest stage, or on the slowest link). One stage alone is its
-compute plus the step loop's overhead. TPOT = the round, tok/s = c / round.
+compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
+prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G prefill rows to every decode
+row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
+decode rows go through the head).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
-__all__ = ["Prediction", "StageCost", "hop_ms", "predict", "transfer_ms"]
+__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "stage_compute_ms", "transfer_ms"]
 
 WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
 
@@ -38,7 +41,7 @@ class Prediction:
     tpot_ms: float
     tok_s: float
     stage_ms: tuple[float, ...]  # each stage's compute of one micro-batch
-    rows: int  # rows per micro-batch
+    rows: int  # decode rows per micro-batch
     in_flight: int  # micro-batches in flight
 
 
@@ -59,10 +62,21 @@ def round_ms(stage_ms: Sequence[float], hops: Sequence[float], transfers: Sequen
     return max(trip, in_flight * max(stage_ms), in_flight * max(transfers, default=0.0))
 
 
-def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS) -> Prediction:
-    in_flight = min(len(stages), concurrency)
-    rows = math.ceil(concurrency / in_flight)
-    ms = tuple(s.costs.stage_ms(s.start, s.end, rows) + overheads.stage_ms for s in stages)
+def micro_batches(n_stages: int, concurrency: int) -> tuple[int, int]:
+    """(micro-batches in flight, decode rows in each)."""
+    in_flight = min(n_stages, concurrency)
+    return in_flight, math.ceil(concurrency / in_flight)
+
+
+def stage_compute_ms(stage: StageCost, rows: int, prefill_ratio: float, overheads: Overheads) -> float:
+    """A stage's compute of one micro-batch: `rows` decode rows and their share of prompt rows."""
+    return stage.costs.stage_ms(stage.start, stage.end, rows * (1.0 + prefill_ratio), rows) + overheads.stage_ms
+
+
+def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS,
+            prefill_ratio: float = 0.0) -> Prediction:
+    in_flight, rows = micro_batches(len(stages), concurrency)
+    ms = tuple(stage_compute_ms(s, rows, prefill_ratio, overheads) for s in stages)
     if len(stages) == 1:
         total = ms[0] + overheads.step_ms
     else:

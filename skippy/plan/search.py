@@ -1,6 +1,7 @@
 """Choosing a split: a DP over layer boundaries and hosts, for each stage count, within every host's memory.
 
-For k stages at concurrency c the micro-batch size is fixed (b = ceil(c / min(k, c)), skippy.plan.predict),
+For k stages at concurrency c the micro-batch size is fixed (b = ceil(c / min(k, c)) decode rows and their
+share of prompt rows, skippy.plan.predict),
 so each (host, layer range) has one compute cost and one memory need. A round is the larger of the
 trip (sum of stage costs and hops) and min(k, c) x the bottleneck (the slowest stage or link), so the
 DP keeps, for every (layers placed, last host, stages used), the Pareto front of (bottleneck, trip)
@@ -12,14 +13,13 @@ split minimises the round, i.e. maximises tok/s at c (`c = 1`: single-stream lat
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 from skippy.plan.memory import ModelFacts, ServingShape, StageMemory, stage_memory
-from skippy.plan.predict import Prediction, StageCost, hop_ms, predict, transfer_ms
+from skippy.plan.predict import Prediction, StageCost, hop_ms, micro_batches, predict, stage_compute_ms, transfer_ms
 
 __all__ = ["Split", "best_splits"]
 
@@ -50,10 +50,9 @@ def _add(front: Front, entry: tuple[float, float, Path_]) -> None:
 
 
 def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape,
-              concurrency: int, overheads: Overheads) -> Path_ | None:
+              concurrency: int, overheads: Overheads, prefill_ratio: float) -> Path_ | None:
     n, count = facts.n_layer, len(hosts)
-    in_flight = min(k, concurrency)
-    rows = math.ceil(concurrency / in_flight)
+    in_flight, rows = micro_batches(k, concurrency)
     budgets = [h.mem_bytes for h, _ in hosts]
     ranges = [(a, j) for a in range(n) for j in range(a + 1, n + 1) if k == 1 or (a, j) != (0, n)]
     need = {r: stage_memory(facts, *r, shape).total for r in ranges}
@@ -62,7 +61,7 @@ def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFa
         budget = budgets[h]
         for a, j in ranges:
             if budget is None or need[a, j] <= budget:
-                cost[h, a, j] = costs.stage_ms(a, j, rows) + overheads.stage_ms
+                cost[h, a, j] = stage_compute_ms(StageCost(hosts[h][0], costs, a, j), rows, prefill_ratio, overheads)
     hop = [hop_ms(h, rows, facts.n_embd, overheads) for h, _ in hosts]
     wire = [transfer_ms(h, rows, facts.n_embd) for h, _ in hosts]
     fronts: dict[tuple[int, int, int], Front] = {}  # (layers placed, last host, stages) -> front
@@ -94,15 +93,15 @@ def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFa
 
 
 def best_splits(hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape, concurrency: int,
-                overheads: Overheads = DEFAULT_OVERHEADS) -> dict[int, Split | None]:
+                overheads: Overheads = DEFAULT_OVERHEADS, prefill_ratio: float = 0.0) -> dict[int, Split | None]:
     """For every stage count 1..len(hosts), the split with the shortest round at `concurrency` (None: none fits)."""
     found: dict[int, Split | None] = {}
     for k in range(1, min(len(hosts), facts.n_layer) + 1):
-        path = _best_for(k, hosts, facts, shape, concurrency, overheads)
+        path = _best_for(k, hosts, facts, shape, concurrency, overheads, prefill_ratio)
         if path is None:
             found[k] = None
             continue
         stages = tuple(StageCost(hosts[h][0], hosts[h][1], a, j) for h, a, j in path)
         found[k] = Split(stages, tuple(stage_memory(facts, s.start, s.end, shape) for s in stages),
-                         predict(stages, concurrency, facts.n_embd, overheads))
+                         predict(stages, concurrency, facts.n_embd, overheads, prefill_ratio))
     return found
