@@ -2,12 +2,12 @@
 write the topology.
 
     skippy plan [--model M] --stage-cpus 0,1 [--host-mem-mb 300] [--link-delay-ms 20] [--out DIR]
-    skippy plan --hosts hosts.json [--concurrency 16 | --latency] [--stages K] [--out DIR]
+    skippy plan --hosts hosts.json [--plan-concurrency 16 | --latency] [--stages K] [--out DIR]
     skippy plan --netns skippy [--stage-cpus 0,1] --out DIR      # the hosts of `scripts/netns-hosts up`
 
 Hosts come from a hosts file (skippy.plan.hosts), from `--stage-cpus` (one loopback host per CPU set),
 or from a namespace host set (its addresses, link conditions and `--mem-mb`). The split maximises
-tok/s at `--concurrency` streams (default: the lane count), or single-stream latency with `--latency`;
+tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency`;
 it fits every host's memory. With `--out DIR` the topology and stage configs go to DIR (plan.json
 beside them) and the `skippy up` command serving it is printed. `skippy up` without `--split` plans the
 same way for the hosts it is given (`add_host_arguments`, `plan_for`).
