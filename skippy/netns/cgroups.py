@@ -19,7 +19,8 @@ from pathlib import Path
 
 from skippy.netns.commands import NetnsError
 
-__all__ = ["LIMIT_ENV", "cgroup_dir", "join_prefix", "make_memory_cgroup", "own_memory_limit", "remove_memory_cgroups"]
+__all__ = ["LIMIT_ENV", "cgroup_dir", "join_prefix", "make_memory_cgroup", "memory_unavailable_reason", "own_memory_limit",
+           "remove_memory_cgroups"]
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _V2 = Path("/sys/fs/cgroup")
@@ -38,6 +39,14 @@ def _root() -> tuple[Path, int] | None:
     return None
 
 
+def memory_unavailable_reason() -> str | None:
+    """Why hosts cannot get a memory budget here (None: they can)."""
+    if _root() is None:
+        return ("no memory cgroup controller (neither /sys/fs/cgroup/memory nor memory in"
+                " /sys/fs/cgroup/cgroup.controllers)")
+    return None
+
+
 def cgroup_dir(namespace: str) -> Path | None:
     """The memory cgroup of namespace host `namespace`, if it has one."""
     root = _root()
@@ -48,8 +57,7 @@ def cgroup_dir(namespace: str) -> Path | None:
 def make_memory_cgroup(namespace: str, mem_mb: float) -> Path:
     root = _root()
     if root is None:
-        raise NetnsError("--mem-mb needs the memory cgroup controller (no /sys/fs/cgroup/memory, nor memory in"
-                         " /sys/fs/cgroup/cgroup.controllers)")
+        raise NetnsError(f"--mem-mb needs the memory cgroup controller: {memory_unavailable_reason()}")
     base, version = root
     parent = base / _PARENT
     parent.mkdir(exist_ok=True)
