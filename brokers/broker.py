@@ -155,7 +155,7 @@ class Broker:
     def status(self, nonce: int = 0) -> Status:
         """The broker as one pipeline: what adapters' /readyz and /metrics read."""
         return Status(nonce, self.pool.ready, self.pool.dead_stage(), self.queue.running, self.queue.waiting,
-                      self.total_concurrency, self.pool.ctx_size)
+                      self.total_concurrency, self.pool.ctx_size, self.pool.wire())
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
         """Wait (bounded) until `predicate()` holds; re-checked whenever pipeline state is refreshed."""
@@ -178,11 +178,12 @@ class Broker:
             self.queue.reject_waiters(AdmissionError(self.pool.unavailable_reason(), "unavailable"))
 
     def _on_silent(self, link: PipelineLink, reason: str) -> None:
-        """Stage 0 stopped answering: fail the requests it holds now (and cancel them there, in case
-        it is only slow, so their lanes come free)."""
+        """Stage 0 stopped answering or lost its connection: the requests it held are lost (cancelled there, in case
+        it is only slow, so their lanes come free); each ends with pipeline_lost, so that its client may resubmit it
+        with the tokens it has (skippy.http.resubmit)."""
         for req in list(link.inflight.values()):
             self._spawn(link.cancel(req.submit.request_id))
-            self._spawn(self._finish(req, _error(req.submit.request_id, "pipeline_failed", reason)))
+            self._spawn(self._finish(req, _error(req.submit.request_id, ErrorCode.PIPELINE_LOST, reason)))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -234,7 +235,11 @@ class Broker:
 
     async def _on_cancel(self, client: bytes, request_id: str) -> None:
         req = self.requests.get(request_id)
-        if req is None or req.client != client or req.done:
+        if req is None:  # held by a broker before this one (it died; its adapter resubmits): every stage 0 is told
+            for link in self.pool.links:
+                await link.cancel(request_id)
+            return
+        if req.client != client or req.done:
             return
         if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
             assert req.task is not None

@@ -19,6 +19,7 @@ import zmq.asyncio
 from brokers.link import OnEvents, PipelineLink
 from skippy.config import AdmissionOptions
 from skippy.log import get_logger
+from skippy.protocol import WireVerdict
 
 __all__ = ["PipelinePool"]
 
@@ -81,6 +82,10 @@ class PipelinePool:
     def ctx_size(self) -> int:
         """The smallest context of the ready pipelines (0 when none is ready)."""
         return min((link.status.ctx_size for link in self.ready_links() if link.status is not None), default=0)
+
+    def wire(self) -> WireVerdict | None:
+        """The activation wire's startup verdict of the first ready pipeline (each stage 0 certifies its own)."""
+        return next((link.status.wire for link in self.ready_links() if link.status is not None), None)
 
     def dead_stage(self) -> str | None:
         return next((link.dead_stage() for link in self.links if not link.ready()), None)

@@ -9,7 +9,8 @@ Unlike `Driver.submit`, `submit` here is a coroutine: it sends. With `events_end
 (skippy.driver.direct_events); stage 0's copy of a final event, sent to the submitter, is ignored.
 
 A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
-event (code unavailable, naming the peer) when the DEALER's connection is lost (its monitor reports a
+event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.http.resubmit) when the
+DEALER's connection is lost (its monitor reports a
 disconnect: the peer exited, e.g. a killed broker; whatever it held for us is lost with it), or when,
 with requests pending, the peer leaves a status query unanswered for `dead_after_s` (a hung peer).
 `fail_pending` does the same on demand (the adapter stopping). Each loss is one `peer_lost` line.
@@ -80,8 +81,10 @@ class PipelineClient:
         if handle is None:
             return
         logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
-        for token, logprob in zip(msg.tokens, logprobs):
-            handle.put(TokenEvent(token=token, logprob=logprob))
+        last = len(msg.tokens) - 1
+        for i, (token, logprob) in enumerate(zip(msg.tokens, logprobs)):
+            handle.put(TokenEvent(token=token, logprob=logprob, draws=msg.draws if i == last else 0,
+                                  chunks=msg.chunks if i == 0 else ()))
         if msg.finish_reason is not None:
             handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
             del self.handles[msg.request_id]
@@ -94,7 +97,7 @@ class PipelineClient:
         return len(handles)
 
     def _lost(self, why: str) -> None:
-        failed = self.fail_pending(why)
+        failed = self.fail_pending(why, ErrorCode.PIPELINE_LOST)
         if failed:
             self.lost += 1
             self.log.warning("peer_lost", error=why, failed_requests=failed)
@@ -126,12 +129,15 @@ class PipelineClient:
             raise PipelineUnavailable(f"stage 0 at {self.endpoint} did not answer within {timeout_s:g} s") from None
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
-                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
+                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0) -> RequestHandle:
+        """Send a request; `history`, `chunks`, `draws`: a resubmission's (skippy.protocol.Submit)."""
         request_id = request_id or uuid.uuid4().hex
         handle = self.handles[request_id] = RequestHandle(request_id)
         sampling_dict = (sampling or SamplingParams()).to_dict()
         await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
-                                     tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None))
+                                     tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None,
+                                     history=tuple(history), chunks=tuple(chunks), draws=draws))
         return handle
 
     async def cancel(self, request_id: str) -> None:

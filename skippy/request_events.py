@@ -26,6 +26,8 @@ class TokenEvent:
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
     stats: RequestStats | None = None  # on the final event: the request's numbers
+    draws: int = 0  # the sampler's RNG draws after this token (a resubmission restores them)
+    chunks: tuple[int, ...] = ()  # on the first token: where the prompt's prefill chunks ended
 
     @property
     def final(self) -> bool:

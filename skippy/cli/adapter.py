@@ -34,6 +34,7 @@ from skippy.http.auth import API_KEY_ENV, api_key_from
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
 from skippy.http.metrics import DirectEventsCollector
+from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S
 from skippy.http.server import HttpServer
 from skippy.log import announce_ready, configure_logging, get_logger
 from skippy.restarts import RestartsCollector
@@ -63,6 +64,17 @@ def ipc_only(text: str) -> str:
     return text
 
 
+def positive_seconds(text: str) -> float:
+    """`--openai-resume-timeout-s`: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--openai-resume-timeout-s must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def cors_origins(text: str) -> tuple[str, ...]:
     """`--cors-origins`: checked as `skippy up --openai-cors-origins` is (blank: none)."""
     if not text.strip():
@@ -83,6 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
     p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--openai-resume-timeout-s", type=positive_seconds, default=DEFAULT_RESUME_TIMEOUT_S, metavar="SECS",
+                   help="a request lost with its stage 0 or the broker is resubmitted with the tokens it has once a"
+                        " pipeline is ready; it fails after this long (default %(default)s)")
     p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
                    help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
     p.add_argument("--http-head-timeout-s", default=None, metavar="SECS",
@@ -153,7 +168,8 @@ async def serve(args: argparse.Namespace) -> int:
     template = ChatTemplate(tokenizer.model, read_model_info(path).architecture)
     broker = PipelineClient(args.broker, ctx, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
-                            CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets)
+                            CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets,
+                            resume_timeout_s=args.openai_resume_timeout_s)
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))

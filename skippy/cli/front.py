@@ -71,7 +71,8 @@ class FrontProcesses:
         ready = self.children.start_process("adapter", [
             "adapter", "--broker", self.broker, "--events-endpoint", self.events, "--model", str(cfg.model_path or "default"),
             "--model-id", openai.model_id, "--bind", self.bind, "--default-max-tokens", str(openai.default_max_tokens),
-            *self.level, *cors_flags(openai.cors_origins), *openai.http.adapter_flags(),
+            "--openai-resume-timeout-s", f"{self.options.resume_timeout_s:g}", *self.level,
+            *cors_flags(openai.cors_origins), *openai.http.adapter_flags(),
             "--metrics-targets", str(run_dir / TARGETS_FILE), "--restarts-file", str(run_dir / RESTARTS_FILE)], timeout_s)
         self.url = str(ready["url"])
         self.bind = f"{self.bind.rpartition(':')[0]}:{urlsplit(self.url).port}"  # a restart binds the same port

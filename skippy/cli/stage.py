@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         need = refuse_if_too_big(resolve_model_path(spec.model_path), spec.layer_start, spec.layer_end, shape, cfg.stage_id)
         log.info("memory_predicted", mib=round(need.total / MIB), detail=need.describe())
     runtime = StageRuntime(spec)
+    if runtime.prefix_cache_off:  # a recurrent family: its prefix cache cannot be exact, so it is not kept
+        log.warning("prefix_cache_off", reason=runtime.prefix_cache_off)
     if cfg.stage_index == 0:
         from skippy.cli.front import start_openai_front
         from skippy.driver.process import DriverProcess

@@ -46,7 +46,7 @@ from skippy.config.stage import (
     StageConfig,
 )
 from skippy.config.topology import LoadMode, StageTopology, StageTopologyEntry
-from skippy.config.wire import WireCondition
+from skippy.config.wire import WireChoice, WireCondition
 
 __all__ = [
     "AdmissionOptions",
@@ -80,6 +80,7 @@ __all__ = [
     "StageTopologyEntry",
     "TelemetryLevel",
     "VerifyWindowConfig",
+    "WireChoice",
     "WireCondition",
     "add_serving_arguments",
     "default_queue_capacity",

@@ -43,8 +43,7 @@ from skippy.config.schema import ConfigModel
 from skippy.config.serving_args import FlagReader, Owner, add_serving_arguments
 from skippy.config.stage import StageConfig
 from skippy.config.topology import StageTopology, insecure_problem, secret_key_path, with_keys_dir
-from skippy.config.wire import WireCondition
-from skippy.protocol.kinds import WireDtype
+from skippy.config.wire import WireChoice, WireCondition
 
 __all__ = [
     "AdmissionOptions",
@@ -102,6 +101,8 @@ class ServingOptions(ConfigModel):
     reply_credit_limit: int
     async_prefill_forward: bool = True
     wire: WireCondition = field(default_factory=WireCondition)
+    activation_wire: WireChoice = WireChoice.F32  # --activation-wire-dtype as asked (auto: wire starts in f32)
+    certify_wire: bool = True  # stage 0 certifies an f16/q8/auto wire at startup (--no-activation-wire-certify)
     downstream_connect_timeout_secs: float = 60.0
     telemetry_level: TelemetryLevel = TelemetryLevel.SUMMARY
     cpu_affinity: tuple[int, ...] = ()  # this stage's CPUs (--cpu-affinity or its --stage-cpus entry); () = not pinned
@@ -111,6 +112,7 @@ class ServingOptions(ConfigModel):
     metrics_bind: str = "127.0.0.1"  # --metrics-bind: the host /metrics listens on
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
+    resume_timeout_s: float = 60.0  # stage 0's driver: a paused request's deadline (skippy.driver.replay)
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
     insecure_links: bool = False  # --insecure-links: plain links beyond loopback allowed (and logged)
@@ -185,13 +187,12 @@ def _cors_origins(flags: FlagReader) -> tuple[str, ...]:
     return () if text is None else parse_cors_origins(text, "--openai-cors-origins")
 
 
-def _resolve_wire(flags: FlagReader) -> WireCondition:
+def _resolve_wire(flags: FlagReader, choice: WireChoice) -> WireCondition:
     delay_flag, mbps_flag = "--downstream-wire-delay-ms", "--downstream-wire-mbps"
     delay = flags.number(delay_flag, 0.0)
     mbps = flags.number(mbps_flag, 0.0, positive=True) if flags.given(mbps_flag) else None
-    dtype = flags.choice("--activation-wire-dtype", WireDtype, WireDtype.F32)
     try:
-        return WireCondition(delay_ms=delay, mbps=mbps, activation_dtype=dtype)
+        return WireCondition(delay_ms=delay, mbps=mbps, activation_dtype=choice.initial)
     except FieldError as error:
         raise error.as_flag(delay_flag if error.field == "delay_ms" else mbps_flag) from None
 
@@ -218,7 +219,9 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         max_inflight=max_inflight,
         reply_credit_limit=flags.integer("--reply-credit-limit", max_inflight - 1, minimum=0),
         async_prefill_forward=flags.switch("--async-prefill-forward") or not sync_forward,
-        wire=_resolve_wire(flags),
+        wire=_resolve_wire(flags, wire_choice := flags.choice("--activation-wire-dtype", WireChoice, WireChoice.F32)),
+        activation_wire=wire_choice,
+        certify_wire=not flags.switch("--no-activation-wire-certify"),
         downstream_connect_timeout_secs=flags.number("--downstream-connect-timeout-secs", 60.0),
         telemetry_level=flags.choice("--telemetry-level", TelemetryLevel, TelemetryLevel.SUMMARY),
         cpu_affinity=cpu_affinity,
@@ -228,6 +231,7 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         metrics_bind=flags.endpoint("--metrics-bind", normalize_host) or "127.0.0.1",
         prefill=resolve_prefill(flags),
         speculative=resolve_speculative(flags),
+        resume_timeout_s=flags.number("--openai-resume-timeout-s", 60.0, positive=True),
         openai=_resolve_openai(flags, config, source),
         native_mtp_enabled=config.native_mtp_enabled,
         insecure_links=flags.switch("--insecure-links"),

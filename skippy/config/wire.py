@@ -6,22 +6,39 @@ at ``mbps`` megabits per second (1 Mbps = 125 kB/s).  Both delays are capped
 at one hour.  Jitter and stalls from newer reference versions are not modelled
 (real delay, jitter and rate limits between network namespaces: `skippy.netns`).
 ``activation_dtype`` is how batches' activations are packed on this link
-(``--activation-wire-dtype``: f32, f16 or q8; see `skippy.protocol.activations`).
+(``--activation-wire-dtype``: f32, f16 or q8; see `skippy.protocol.activations`). The flag may also say
+``auto`` (`WireChoice`): the links start in f32 and stage 0 picks the smallest format that passes its
+startup certification (skippy.driver.wire_certify).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
 from skippy.config.schema import ConfigModel, check
 from skippy.protocol.kinds import WireDtype
 
-__all__ = ["MAX_WIRE_DELAY_MS", "MAX_WIRE_DELAY_S", "WireCondition"]
+__all__ = ["MAX_WIRE_DELAY_MS", "MAX_WIRE_DELAY_S", "WireChoice", "WireCondition"]
 
 MAX_WIRE_DELAY_S = 3600.0
 MAX_WIRE_DELAY_MS = MAX_WIRE_DELAY_S * 1000.0
 _BYTES_PER_SECOND_PER_MBPS = 125_000.0
+
+
+class WireChoice(enum.StrEnum):
+    """What ``--activation-wire-dtype`` asks for: one format, or ``auto`` (the smallest that certifies)."""
+
+    F32 = "f32"
+    F16 = "f16"
+    Q8 = "q8"
+    AUTO = "auto"
+
+    @property
+    def initial(self) -> WireDtype:
+        """The format the links start with: the asked one; f32 under auto (until stage 0 certifies)."""
+        return WireDtype.F32 if self is WireChoice.AUTO else WireDtype(self.value)
 
 
 @dataclass(frozen=True)

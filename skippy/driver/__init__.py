@@ -7,7 +7,8 @@
 - `batches`: the `BatchLauncher` (stage 0's layers, then the wire; the micro-batches in flight);
   `postprocess`: predictions -> committed tokens, events, finishes.
 - `inbound`: what comes back on stage 0's PULL, answered through `DriverCallbacks`; `liveness`:
-  heartbeats; `calibrate`: the verify window's cost calibration; `prefix_index`: the prefix cache index.
+  heartbeats; `calibrate`: the verify window's cost calibration; `wire_certify`: the activation wire
+  format certified at startup against f32; `prefix_index`: the prefix cache index.
 - `direct_events`: token events pushed straight to the adapter (bounded per endpoint); `telemetry`: stage 0's
   observer.
 - `speculative/`: proposers, window policies and the per-session engine.

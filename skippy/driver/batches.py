@@ -90,6 +90,25 @@ class BatchLauncher:
         self.recorder: OpRecorder | None = None
         self.log = get_logger()
         self._ids = itertools.count(1)
+        self.epoch = 0  # bumped by `forget`: a launch that straddles it is stale
+        self.forgotten: set[int] = set()  # batches dropped by `forget` since `forget(reset=True)`
+
+    def forget(self, *, reset: bool = False) -> None:
+        """Drop every batch in flight (a later stage died, or came back): what comes back for them, and any
+        launch still computing or waiting for a credit, is stale. `reset`: start a new record of them."""
+        if reset:
+            self.forgotten = set()
+        self.epoch += 1
+        self.forgotten.update(self.inflight)
+        self.inflight.clear()
+
+    def _stale(self, batch_id: int, epoch: int) -> bool:
+        """True (and `batch_id` forgotten) when `forget` ran since the launch began at `epoch`."""
+        if epoch == self.epoch:
+            return False
+        self.forgotten.add(batch_id)
+        self.log.info("stale_launch", batch_id=batch_id)
+        return True
 
     async def launch(self, plan: list[PlannedWindow], ops: Sequence[CacheOps] = (), *,
                      waiter: asyncio.Future[Predictions] | None = None) -> Predictions | None:
@@ -98,11 +117,13 @@ class BatchLauncher:
         none of whose windows is left to send (all missed a restore); otherwise they arrive later on
         stage 0's PULL. Raises what the runtime raises (the caller fails the plan's requests). A
         `waiter` gets the batch's predictions instead of the driver (`round_trip`)."""
-        batch_id = next(self._ids)
+        batch_id, epoch = next(self._ids), self.epoch
         for pw in plan:
             pw.seq.in_flight += 1
             if pw.is_prefill:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
+                if not pw.seq.resumed_at:  # the prompt's chunks, for a replay to repeat
+                    pw.seq.chunk_ends[:] = [*(e for e in pw.seq.chunk_ends if e <= pw.pos_start), pw.seq.prefilled]
         cache = list(ops) or [CacheOps()] * len(plan)
         windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens, *c)
                    for pw, c in zip(plan, cache)]
@@ -110,15 +131,20 @@ class BatchLauncher:
             self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft, pw.head,
                                   (c.restore, c.record, c.evict)) for w, pw, c in zip(windows, plan, cache)])
         computed = await self.worker.compute(windows, None, [VerifySpec(pw.draft, pw.head) for pw in plan])
+        if self._stale(batch_id, epoch):  # its sessions paused meanwhile: nothing of it may reach a stage
+            return None
         wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head, *c)
                      for w, pw, c in zip(windows, plan, cache) if w.session_id not in computed.missed)
         if self.downstream is None or not wire:
             self._register(batch_id, InFlight(plan, computed.compute_ms, waiter=waiter))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())
             return Predictions(batch_id, computed.predictions, (timing,), computed.missed)
-        sent, wait_ms = await self.downstream.forward(
-            batch_id, wire, computed.hidden, (), self.stage_id, computed.started_at, computed.compute_ms,
-            missed=computed.missed)
+        sent, wait_ms = await self.downstream.forward_while(
+            lambda: epoch == self.epoch, batch_id, wire, computed.hidden, self.stage_id, computed.started_at,
+            computed.compute_ms, missed=computed.missed)
+        if sent is None:  # forgotten while it waited for a credit: not sent
+            self._stale(batch_id, epoch)
+            return None
         # in flight from here: the batch holds a credit (predictions cannot arrive before this returns)
         self._register(batch_id, InFlight(plan, computed.compute_ms, wait_ms, sent, waiter))
         return None

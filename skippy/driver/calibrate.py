@@ -33,6 +33,12 @@ CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions co
 Release = Callable[[tuple[int, ...]], Awaitable[None]]  # forget these sessions on every stage
 
 
+def calibration_sequence(prefill: PrefillChunkOptions) -> Sequence:
+    """The reserved session's sequence, for windows that `BatchLauncher.round_trip` sends (never scheduled)."""
+    return Sequence("calibration", CALIBRATION_SESSION, np.zeros(0, np.int32), SamplingParams(), 1, frozenset(),
+                    ChunkPlanner(prefill), RequestHandle("calibration"))
+
+
 async def calibrate_speculation(speculation: Speculation, launcher: BatchLauncher, options: ServingOptions,
                                 n_vocab: int, release: Release) -> None:
     """Give the cost-model verify window its decode cost table and the pipeline's hops."""
@@ -48,8 +54,7 @@ async def calibrate_speculation(speculation: Speculation, launcher: BatchLaunche
 async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
                          max_rows: int, repeats: int = 3, timeout_s: float = 60.0) -> list[float]:
     """[0.0, C(1), .., C(max_rows)]: ms the stages spend computing one decode of that many rows."""
-    seq = Sequence("calibration", CALIBRATION_SESSION, np.zeros(0, np.int32), SamplingParams(), 1, frozenset(),
-                   ChunkPlanner(prefill), RequestHandle("calibration"))
+    seq = calibration_sequence(prefill)
     measured: list[float] = []
     try:
         for _ in range(repeats):  # the sweep order calibrate_cost uses, measured ahead (the pipeline is async)

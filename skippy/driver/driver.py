@@ -6,8 +6,9 @@ One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `B
 downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which calls back the driver
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
 `submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
-`cancel(request_id)`. A finished request's session is released on every stage. A silent stage fails
-the requests in flight with an error naming it, and new requests are refused until it is back. At most
+`cancel(request_id)`. A finished request's session is released on every stage. When a later stage dies
+the requests in flight pause and replay once it is back (`Replays`, skippy.driver.replay); new requests
+wait at stage 0 meanwhile (nobody is admitted), within the same deadline. At most
 `max_waiting` requests wait for a lane (default: `default_max_waiting`, the admission queue's capacity, at
 least lane_count so that one broker's requests always fit); past it `submit` raises `QueueFull`
 (ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total` and logged once per
@@ -34,10 +35,12 @@ from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.prefix_index import PrefixIndex
+from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
-from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.telemetry import DriverTelemetry
+from skippy.driver.wire_certify import calibration_prompt, certify_wire, set_chain_wire, verdict_fields
 from skippy.faults import fault_point
 from skippy.log import get_logger
 from skippy.protocol import (
@@ -51,6 +54,7 @@ from skippy.protocol import (
     ReleaseSessions,
     StageIdentity,
     Status,
+    WireVerdict,
     decode,
 )
 from skippy.protocol.stats import RequestStats
@@ -99,6 +103,7 @@ class Driver:
         self.liveness = Liveness(())
         self.speculation = speculation
         self.failed: str | None = None  # set when this process failed: no new requests
+        self.wire_verdict: WireVerdict | None = None  # the activation wire's startup certification (start)
         self._ids = itertools.count(1)
         self._wakeup = asyncio.Event()
         self.inbound: PullQueue | None = None
@@ -109,6 +114,8 @@ class Driver:
                                          link_guard=lambda: guard_of(self.ctx))
         self.max_waiting = max_waiting or default_max_waiting(options, runtime.spec.lane_count)
         self.waiting_full = Overflows("waiting_full", self.log, self.telemetry.waiting_refused.inc)
+        self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.finish, self._enqueue,
+                               options.resume_timeout_s)
 
     @property
     def stats(self) -> DriverStats:
@@ -135,11 +142,14 @@ class Driver:
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
         self.supervisor.spawn("receive loop", self.inbound_handler.run(self.inbound, early))
+        self.wire_verdict = await certify_wire(self.launcher, self.options, calibration_prompt(
+            self.runtime.model, self.runtime.spec.ctx_size), self.release_now)
         if self.speculation is not None and self.speculation.calibrate:
             await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
         self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
-        self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations)
+        self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations,
+                      wire=verdict_fields(self.wire_verdict))
 
     async def release_now(self, session_ids: tuple[int, ...]) -> None:
         """Forget sessions on every stage now (the calibration session)."""
@@ -168,17 +178,20 @@ class Driver:
 
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
-               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+               stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
+               resumed: Resumed | None = None) -> RequestHandle:
+        """A new request; `resumed`: what a resubmitted one already generated (skippy.protocol.Submit.history):
+        it is prefilled again as a replay is and continues from the next token."""
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
-        if self.liveness.dead is not None:
-            raise PipelineUnavailable(f"pipeline unavailable: stage {self.liveness.dead} is down")
         tokens = np.asarray(prompt, np.int32)
         unfit = prompt_length_error(len(tokens), self.runtime.spec.ctx_size)
         if unfit is not None:
             raise RuntimeUsageError(unfit.message)
         if max_tokens < 1:
             raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        if resumed is not None and len(resumed.history) >= max_tokens:
+            raise RuntimeUsageError(f"history: {len(resumed.history)} tokens, but max_tokens is {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
         if self.table.get(request_id) is not None:
             raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
@@ -188,8 +201,12 @@ class Driver:
                             f" (at most {self.max_waiting})")
         self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
         handle = RequestHandle(request_id)
-        self.table.add(Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens,
-                                stop_tokens, ChunkPlanner(self.prefill), handle))
+        seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
+                       ChunkPlanner(self.prefill), handle)
+        if resumed is not None:
+            resumed.apply(seq)
+            self.replays.resubmitted(seq)
+        self.table.add(seq)
         self._wakeup.set()
         return handle
 
@@ -197,7 +214,7 @@ class Driver:
         """Stage 0's answer to a StatusQuery: whether it serves (else the stage that is down), its load."""
         dead = self.liveness.dead or (self.identity.stage_id if self.failed else None)
         return Status(nonce, dead is None, dead, len(self.table.running), len(self.table.waiting),
-                      self.runtime.spec.lane_count, self.runtime.spec.ctx_size)
+                      self.runtime.spec.lane_count, self.runtime.spec.ctx_size, self.wire_verdict)
 
     def cancel(self, request_id: str) -> None:
         seq = self.table.get(request_id)
@@ -213,7 +230,8 @@ class Driver:
         while True:
             self._wakeup.clear()
             await self._flush_releases()
-            for seq in self.table.admit(self.runtime.spec.lane_count):
+            # while a later stage is down nobody is admitted (a configuration would be lost with it)
+            for seq in self.table.admit(self.runtime.spec.lane_count if self.liveness.dead is None else 0):
                 self.prefix.admit(seq)
                 await self._configure(seq)
             room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
@@ -255,11 +273,16 @@ class Driver:
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:
             self.speculation.start(seq.session_id, seq.prompt.tolist())
+        history = tuple(seq.generated)  # a resubmitted request's (empty for a new one)
         if self.runtime.is_final:
-            await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling)
+            await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling, history, seq.draws)
         else:
             assert self.downstream is not None
-            self.downstream.enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict()))
+            self._enqueue(ConfigureSession(seq.session_id, seq.sampling.to_dict(), history, seq.draws))
+
+    def _enqueue(self, msg: ConfigureSession) -> None:
+        assert self.downstream is not None
+        self.downstream.enqueue(msg)
 
     async def _flush_releases(self) -> None:
         ids = self.table.take_releases()
@@ -322,7 +345,10 @@ class Driver:
     # -- Inbound's callbacks (skippy.driver.inbound.DriverCallbacks) ---------------------------
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
         entry = self.launcher.complete(batch_id) if batch_id is not None else None
-        named = [s for s in self.table.live() if s.session_id in session_ids]
+        if entry is None and batch_id in self.launcher.forgotten:
+            self.log.warning("stale_batch_error", batch_id=batch_id, error=error)  # forgotten when a stage died
+            return
+        named = [s for s in self.table.live() if s.session_id in session_ids and s.paused is None]
         self._fail([*(pw.seq for pw in entry.plan), *named] if entry else named, error)
 
     def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
@@ -336,6 +362,16 @@ class Driver:
 
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         self.prefix.set_downstream(cache)
+
+    def pause_live(self, stage_id: str, error: str) -> None:
+        self.replays.pause(stage_id, error)
+        self._wakeup.set()
+
+    def chain_back(self) -> None:
+        if self.downstream is not None and self.wire_verdict is not None and self.wire_verdict.certified:
+            set_chain_wire(self.downstream, self.wire_verdict.used, self.log)  # a restarted stage starts afresh
+        self.replays.resume()
+        self._wakeup.set()
 
     async def forget_prefixes(self) -> None:
         self.prefix.clear()

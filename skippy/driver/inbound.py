@@ -1,14 +1,15 @@
 """What comes back to stage 0 on its PULL: predictions, heartbeats, stage errors, credits, wire changes.
 
 Predictions go to the driver's post-processing. A stage's ErrorReport fails the requests it names
-(or its batch's); `stage_stopped`, or heartbeats that stop (`Liveness`), mark the stage dead: every
-live request fails with an error naming it and new requests are refused until it is back. A
+(or its batch's); `stage_stopped`, or heartbeats that stop (`Liveness`), mark the stage dead: the
+requests in flight pause (skippy.driver.replay) and new ones wait at stage 0 until it is back. A
 heartbeat from another process of a stage (its `incarnation`) means it restarted: the same, at once.
 When the dead stage heartbeats again stage 0 greets it anew (credits reset, prefix caches emptied,
 Hello to stage 1, which greets its own downstream before answering, so every stage below drops the
-sessions it held) and serving resumes only when the Ready comes back; its Ready carries the downstream
-prefix cache bounds. A greeting refused (a restarted stage with another model or layer range) is
-logged (`stage_refused`), the stage stays down, and it is greeted again at most every
+sessions it held) and serving resumes (the paused requests replay) only when the Ready comes back; its Ready carries the
+downstream prefix cache bounds. A greeting refused (a restarted stage with another model or layer range)
+is logged (`stage_refused`), fails the paused requests with that reason, the stage stays down, and it is
+greeted again at most every
 `REFUSED_RETRY_S`; a greeting not answered within `GREETING_TIMEOUT_S` is sent again.
 
 `Inbound` holds no driver: it answers to `DriverCallbacks`, the few operations it needs of stage 0's
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from skippy.driver.liveness import Heard, Liveness
+from skippy.driver.replay import Replays
 from skippy.protocol import (
     CacheCaps,
     ErrorCode,
@@ -70,8 +72,15 @@ class DriverCallbacks(Protocol):
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
         """A stage reported `error` for a batch and sessions: fail their requests."""
 
-    def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
-        """Fail every live request (a stage is down)."""
+    def pause_live(self, stage_id: str, error: str) -> None:
+        """A later stage is dead: the requests in flight pause (skippy.driver.replay)."""
+
+    def chain_back(self) -> None:
+        """The dead stage answered its greeting: the paused requests replay."""
+
+    @property
+    def replays(self) -> Replays:
+        """Paused requests: their deadline, and their failure when the stage is refused."""
 
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         """The chain below answered a greeting; `cache`: its prefix cache bounds."""
@@ -121,6 +130,7 @@ class Inbound:
             if self.greeting is not None:
                 self.greeting = None
                 log.info("stage_back", stage=d.liveness.revived())
+                d.chain_back()
         elif not await handle_link_control(msg, d.downstream, log):
             log.warning("unexpected_message", kind=type(msg).__name__)
 
@@ -130,6 +140,7 @@ class Inbound:
         if msg.code is ErrorCode.HANDSHAKE and self.greeting is not None:
             self.log.error("stage_refused", stage=self.greeting.stage_id, error=error, retry_in_s=REFUSED_RETRY_S)
             self.greeting, self.retry_at = None, time.monotonic() + REFUSED_RETRY_S
+            self.driver.replays.fail_paused(f"stage {msg.stage_id} came back but was refused: {msg.message}")
             return
         if msg.code is ErrorCode.STAGE_STOPPED:
             self.mark_dead(msg.stage_id, error)
@@ -139,7 +150,7 @@ class Inbound:
     def mark_dead(self, stage_id: str, error: str) -> None:
         if self.driver.liveness.mark_dead(stage_id):
             self.log.error("stage_dead", dead_stage=stage_id, error=error)
-        self.driver.fail_live(error, ErrorCode.PIPELINE_FAILED)
+        self.driver.pause_live(stage_id, error)
 
     async def revive(self, stage_id: str) -> None:
         """Greet the chain again (unless a greeting is pending or was just refused); the stage is back
@@ -158,7 +169,8 @@ class Inbound:
     async def monitor(self) -> None:
         while True:
             liveness = self.driver.liveness
-            await asyncio.sleep(liveness.dead_after_s / 6)
+            await asyncio.sleep(min(liveness.dead_after_s / 6, 0.5))  # also the paused requests' deadline tick
+            self.driver.replays.expire()
             stage = liveness.silent()
             if stage is not None:
                 self.mark_dead(stage, f"stage {stage} stopped responding (no heartbeat for {liveness.dead_after_s:g} s)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
@@ -55,6 +55,7 @@ def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | 
 def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcome]:
     """Outcomes for every window of a batch whose predictions (or end of pipeline) came back."""
     tokens = {r.session_id: r.tokens for r in msg.results}
+    draws = {r.session_id: r.draws for r in msg.results}
     missed = set(msg.missed)
     logprobs = {r.session_id: r.logprobs for r in msg.results}
     # the slowest stage's compute per row bounds how large the next prefill chunk may grow
@@ -67,8 +68,8 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
         seq.add_timings(msg.timings)
         if pw.is_prefill:
             seq.planner.observe(observation)
-        if seq.state is SeqState.FINISHED or (pw.is_prefill and pw.attempt != seq.attempt):
-            continue  # a chained window back after its request ended, or a prefill abandoned after a chain miss
+        if seq.state is SeqState.FINISHED or pw.attempt != seq.attempt or seq.paused:
+            continue  # back after its request ended, or a window abandoned (a chain miss, a replay)
         if seq.cancelled:
             outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
         elif seq.session_id in missed:
@@ -76,8 +77,23 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
         elif pw.epoch != seq.epoch:  # chained behind a window that broke the chain: discard
             outcomes.append(Outcome(seq, stale_rows=len(pw.tokens)))
         elif pw.outputs:
-            outcomes.append(_commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size))
+            outcome = _commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size)
+            if outcome.committed:
+                seq.draws = draws.get(seq.session_id, seq.draws)  # the sampler state these tokens leave
+                _resumable(outcome)
+            outcomes.append(outcome)
     return outcomes
+
+
+def _resumable(outcome: Outcome) -> None:
+    """Stamp the events with what a resubmission needs: the draws after the window on its last event, the
+    prompt's chunk ends on the request's first token."""
+    seq, events = outcome.seq, outcome.events
+    if not events:
+        return
+    events[-1] = replace(events[-1], draws=seq.draws)
+    if len(seq.generated) == len(outcome.committed):  # the request's first tokens
+        events[0] = replace(events[0], chunks=tuple(seq.chunk_ends))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

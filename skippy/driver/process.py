@@ -20,6 +20,7 @@ from skippy.driver.direct_events import EventSinks
 from skippy.driver.driver import Driver
 from skippy.driver.requests import RequestEndpoint
 from skippy.driver.speculative.setup import build_speculation
+from skippy.driver.wire_certify import verdict_fields
 from skippy.log import announce_ready, get_logger
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.stage.links import ignore_signals, stop_on_signals
@@ -69,7 +70,8 @@ class DriverProcess:
             announce_ready(self.log, layer_start=cfg.layer_start, layer_end=cfg.layer_end,
                           endpoint=self.driver.inbound.endpoint, request_endpoint=router.endpoint,
                           n_embd=self.runtime.n_embd, final=self.runtime.is_final, eval_callback=self.runtime.eval_callback,
-                          max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict())
+                          max_iterations_in_flight=self.driver.max_iterations, prefill=self.driver.prefill.to_dict(),
+                          wire=verdict_fields(self.driver.wire_verdict))
             self.supervisor.spawn("request endpoint", self.requests.serve(router))
             if self.driver.options.openai is not None and self.start_front is not None:
                 started, url = await asyncio.to_thread(self.start_front, self.driver.options)

@@ -33,7 +33,7 @@ class PlannedWindow:
 
     @property
     def is_prefill(self) -> bool:
-        return self.pos_start < len(self.seq.prompt)
+        return self.pos_start < len(self.seq.fill)
 
 
 def decode_rows_per_iteration(n_running: int, iterations_in_flight: int) -> int:
@@ -63,7 +63,7 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     for seq in running:
         if budget == 0 or len(plan) >= max_decode_rows or only_pipelined_prefill:
             break
-        if seq.cancelled or seq.prefilling or not seq.generated:
+        if seq.cancelled or seq.paused or seq.prefilling or not seq.generated:
             continue
         if seq.in_flight:
             chained = chainer(seq, budget) if chainer is not None else None
@@ -75,7 +75,7 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
         tokens = np.array([seq.generated[-1], *draft], np.int32)
         next_guess = seq.chain[0] if draft and seq.chain else None
         plan.append(PlannedWindow(seq, seq.length, tokens, tuple(range(len(tokens))), draft, None, seq.epoch,
-                                  next_guess))
+                                  next_guess, seq.attempt))
         budget -= len(tokens)
     # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token. A chunk
     # needs nothing back from the one before it, so chunks of one prompt follow each other down the
@@ -83,12 +83,15 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     for seq in running:
         if budget == 0:
             break
-        if seq.cancelled or not seq.prefilling or (only_pipelined_prefill and not seq.in_flight):
+        if seq.cancelled or seq.paused or not seq.prefilling or (only_pipelined_prefill and not seq.in_flight):
             continue
-        # a chunk ends where the prompt is recorded in the prefix cache (entries are recorded at a window's end)
-        n = min(seq.planner.size(), seq.prefix.chunk_end(seq.prefilled, len(seq.prompt)) - seq.prefilled, budget)
+        # a chunk ends where the prompt is recorded in the prefix cache (entries are recorded at a window's end);
+        # a replay's (prompt + committed tokens) last chunk samples nothing: the last committed token comes next
+        size = seq.replay_chunk(seq.planner.size()) if seq.resumed_at else seq.planner.size()
+        n = min(size, seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
         end = seq.prefilled + n
-        outputs = (n - 1,) if end == len(seq.prompt) else ()
-        plan.append(PlannedWindow(seq, seq.prefilled, seq.prompt[seq.prefilled : end], outputs, attempt=seq.attempt))
+        outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
+        plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, epoch=seq.epoch,
+                                  attempt=seq.attempt))
         budget -= n
     return plan

@@ -58,6 +58,15 @@ class PrefixState:
                            chain_misses=self.chain_misses, evictions=evictions, entries=entries, bytes=nbytes)
 
 
+@dataclass(frozen=True)
+class Paused:
+    """Why and since when (perf_counter) a session waits for the chain to come back."""
+
+    stage_id: str
+    since: float
+    reason: str = ""  # what stage 0 was told or saw (stage_stopped, silence, a restart)
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request: its session on every stage, progress, and timings."""
@@ -85,16 +94,44 @@ class Sequence:
     chain_k: int = 0  # drafts per chained window
     epoch: int = 0  # bumped when a window breaks the chain: older chained windows are stale
     prefix: PrefixState = field(default_factory=PrefixState)  # prefix cache: restored, recorded, outcome
-    attempt: int = 0  # bumped when a prefill restarts at 0 (a chain miss): older windows are ignored
+    attempt: int = 0  # bumped when a prefill restarts at 0 (a chain miss, a replay): older windows are ignored
+    # a replay (a later stage died): the prompt and all committed tokens but the last are prefilled again
+    fill: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # what is prefilled: the prompt, or more
+    resumed_at: int = 0  # committed tokens when `fill` was built (0: the last chunk samples the first token)
+    draws: int = 0  # the final stage's RNG draws for this session, as of the last committed window
+    paused: Paused | None = None  # set while the chain is down: nothing of this session runs
+    replays: int = 0
+    chunk_ends: list[int] = field(default_factory=list)  # where this attempt's prompt chunks ended (a replay repeats them)
+
+    def __post_init__(self) -> None:
+        self.fill = self.prompt
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
+        return self.prefilled < len(self.fill)
 
     @property
     def length(self) -> int:
         """Positions this session occupies in KV once its last step is done."""
-        return self.prefilled + max(0, len(self.generated) - 1)
+        return self.prefilled + max(0, len(self.generated) - 1 - (len(self.fill) - len(self.prompt)))
+
+    def replay(self) -> int:
+        """Prefill again from position 0 (every stage lost this session): the prompt and all committed
+        tokens but the last, which drives the next decode row. Returns the committed tokens replayed."""
+        self.attempt += 1
+        self.in_flight, self.prefilled, self.paused = 0, 0, None
+        self.epoch, self.chain = self.epoch + 1, []
+        self.resumed_at = len(self.generated)
+        replayed = max(0, self.resumed_at - 1)
+        self.fill = np.concatenate([self.prompt, np.asarray(self.generated[:replayed], np.int32)])
+        self.replays += 1
+        return replayed
+
+    def replay_chunk(self, size: int) -> int:
+        """A replay's next chunk: the prompt's in the chunks it first ran in, then one committed token per window,
+        as they were decoded (llama.cpp is not batch-invariant: other chunks would give other bits of KV)."""
+        end = next((e for e in self.chunk_ends if e > self.prefilled), None)
+        return (end - self.prefilled) if end is not None and end <= len(self.prompt) else min(size, 1)
 
     def add_timings(self, timings: tuple[StageTiming, ...]) -> None:
         for t in timings:
@@ -169,3 +206,19 @@ class SequenceTable:
         """Sessions finished since the last call: they must be released on every stage."""
         ids, self._releases = tuple(self._releases), []
         return ids
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resubmitted request already generated: its committed tokens, its prompt's chunk ends, the RNG draws."""
+
+    history: tuple[int, ...]
+    chunks: tuple[int, ...] = ()
+    draws: int = 0
+
+    def apply(self, seq: Sequence) -> None:
+        """Make `seq` a replay of its prompt and `history` (prefilled again, then decoding the next token)."""
+        seq.generated[:] = self.history
+        seq.chunk_ends[:] = [e for e in self.chunks if 0 < e <= len(seq.prompt)]
+        seq.draws = self.draws
+        seq.replay()

@@ -1,7 +1,8 @@
 """The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /tokenize and /detokenize.
 
-The generation routes are skippy.http.generation; the live pipeline page /dashboard is
-skippy.http.dashboard. `router` is the one route table of the adapter (what `skippy adapter` serves):
+The generation routes are skippy.http.generation, the OpenAI Responses API skippy.http.responses_api and
+the Anthropic Messages API skippy.http.anthropic_api (both translated onto the chat route); the live
+pipeline page /dashboard is skippy.http.dashboard. `router` is the one route table of the adapter (what `skippy adapter` serves):
 every route, the dashboard's included, is counted, answers CORS preflights and carries CORS headers
 for the allowed origins (skippy.http.cors), and with an API key wants it as a Bearer token, all but
 /health and /readyz (skippy.http.auth; the dashboard's routes also take its `?key=` and cookie).
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from skippy.client import PipelineClient
+from skippy.http.anthropic_api import MessagesApi, anthropic_envelope
 from skippy.http.auth import ApiKey
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
@@ -22,6 +24,8 @@ from skippy.http.dashboard import Dashboard
 from skippy.http.errors import HttpError
 from skippy.http.generation import Generation
 from skippy.http.metrics import Metrics
+from skippy.http.responses_api import ResponsesApi
+from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
 from skippy.http.server import Request, Response, Router, StreamResponse, json_response
 from skippy.http.tokenize import detokenize, tokenize
 from skippy.log import get_logger
@@ -33,8 +37,10 @@ from skippy.runtime.tokenizer import Tokenizer
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
-                 metrics_targets: Path | None = None) -> None:
-        """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one)."""
+                 metrics_targets: Path | None = None, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
+        """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
+        `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to be resubmitted
+        (skippy.http.resubmit)."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template
@@ -46,9 +52,12 @@ class OpenAIAdapter:
         self.metrics = Metrics()
         self.log = get_logger()
         self._status: tuple[float, Status] | None = None
-        self.generate = Generation(broker, tokenizer, template, model_id, default_max_tokens, self.metrics,
+        self.resubmitter = Resubmitter(broker, resume_timeout_s, self.metrics.resubmitted.inc)
+        self.generate = Generation(self.resubmitter, tokenizer, template, model_id, default_max_tokens, self.metrics,
                                    self.status)
         self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)
+        self.responses_api = ResponsesApi(self.generate)
+        self.messages_api = MessagesApi(self.generate)
 
     def router(self) -> Router:
         router = Router()
@@ -60,8 +69,15 @@ class OpenAIAdapter:
             ("POST", "/tokenize", self.tokenize), ("POST", "/detokenize", self.detokenize)]
         pages = {path for _, path, _ in self.dashboard.routes()}  # a browser opens them: ?key= or the cookie too
         routes += self.dashboard.routes()
+        # -- the agent APIs (issue 24 B): OpenAI Responses and Anthropic Messages, translated onto the chat route
+        routes += self.responses_api.routes()
+        anthropic = {path for _, path, _ in self.messages_api.routes()}  # errors (the 401 too) in Anthropic's envelope
+        routes += self.messages_api.routes()
+        # -- end of the agent APIs
         for method, path, handler in routes:
             guarded = self.auth.wrap(path, handler, browser=path in pages)
+            if path in anthropic:
+                guarded = anthropic_envelope(guarded)
             router.add(method, path, self.cors.wrap(self._counted(path, guarded)))
         for path in {path for _, path, _ in routes}:
             router.add("OPTIONS", path, self.cors.preflight([m for m, p, _ in routes if p == path]))

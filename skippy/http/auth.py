@@ -1,7 +1,8 @@
 """The HTTP API key: Bearer auth on the adapter's routes, a 401 in the OpenAI error envelope otherwise.
 
 With a key (`$SKIPPY_OPENAI_API_KEY`, `--openai-api-key-file PATH`, or `--openai-api-key KEY`, which
-leaves it on a command line; skippy.config.api_key) every route wants `Authorization: Bearer KEY`,
+leaves it on a command line; skippy.config.api_key) every route wants `Authorization: Bearer KEY` (or
+`x-api-key: KEY`, as Anthropic's clients send it),
 except `/health` and `/readyz` (liveness and readiness probes, which say nothing but up or down and
 the queue lengths) and CORS preflights (browsers send them without credentials). Every route of the
 adapter goes through `wrap`, the dashboard's too (OpenAIAdapter.router is the one route table).
@@ -65,10 +66,11 @@ class ApiKey:
     def check(self, request: Request) -> None:
         """Raise the 401 unless the request carries the key as a Bearer token."""
         assert self._key is not None
-        token = bearer_token(request.headers.get("authorization", ""))
+        token = bearer_token(request.headers.get("authorization", "")) or request.headers.get("x-api-key") or None
         if token is None:
             raise _unauthorized("You didn't provide an API key. You need to provide your API key in an "
-                                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+                                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)"
+                                " or as x-api-key (Anthropic's header).")
         if not bearer_matches(token, self._key):
             raise _unauthorized("Incorrect API key provided.")
 

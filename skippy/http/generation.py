@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippy.client import PipelineClient
 from skippy.config import prompt_length_error
 from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
 from skippy.http.metrics import Metrics
 from skippy.http.openai_request import GenerationRequest, parse_generation
 from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
+from skippy.http.resubmit import Resubmitter
 from skippy.http.routing import Request, Response, StreamResponse, json_response
 from skippy.http.sse import SSE_DONE, sse_event
 from skippy.http.stops import StopMatcher
@@ -61,6 +61,16 @@ class Piece:
     finish_reason: str | None = None
     stats: RequestStats | None = None  # on the last piece: the request's numbers from stage 0
     calls: list[CallDelta] = field(default_factory=list)  # tool-call deltas (chat with tools)
+    stop_sequence: str | None = None  # the stop string that ended the generation (finish_reason "stop")
+
+
+@dataclass
+class Run:
+    """A submitted generation whose first token has arrived: its id, prompt length and pieces to come."""
+
+    rid: str
+    n_prompt: int
+    pieces: AsyncIterator[Piece]
 
 
 async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> AsyncIterator[Piece]:
@@ -76,7 +86,7 @@ async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> As
 
 @dataclass
 class Generation:
-    broker: PipelineClient
+    broker: Resubmitter  # the broker's PipelineClient, resubmitting what a dead stage 0 or broker lost
     tokenizer: Tokenizer
     template: ChatTemplate
     model_id: str
@@ -85,7 +95,8 @@ class Generation:
     status: Callable[[], Awaitable[Status]]
     log: Any = field(default_factory=get_logger)
 
-    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The prompt's token ids: the chat template applied (chat), or the prompt's text or ids."""
         if req.kind == "chat":
             return self.tokenizer.encode(self.template.apply(req.messages), add_special=True, parse_special=True)
         if req.prompt_ids is not None:
@@ -105,18 +116,33 @@ class Generation:
 
     async def __call__(self, request: Request, kind: str) -> Response | StreamResponse:
         req = parse_generation(request.json(), kind, self.model_id)
+        run = await self.start(req, request.request_id, "messages" if kind == "chat" else "prompt")
+        shape = ResponseShape(kind, self.model_id, run.rid)
+        if req.stream:
+            return StreamResponse(self._stream(shape, run.pieces, req, run.n_prompt))
+        return await self._complete(shape, run.pieces, run.n_prompt)
+
+    async def start(self, req: GenerationRequest, request_id: str, prompt_param: str, api: str | None = None) -> Run:
+        """Submit `req` and wait for its first token: what every generation route (chat, completions, and the
+        Responses and Anthropic translations) runs. An error before the first token is an HttpError (a prompt
+        that does not fit names `prompt_param`); `api` labels the route in logs and metrics (default: the kind)."""
         self._check(req)
-        ids = self._prompt_ids(req)
+        ids = self.prompt_ids(req)
         try:
-            ctx = (await self.status()).ctx_size
+            status: Status | None = await self.status()
         except PipelineUnavailable as exc:
-            raise HttpError(503, str(exc), type="service_unavailable", code="unavailable") from None
-        if ctx <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
-            raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
+            status, why = None, str(exc)
+        if status is None or status.ctx_size <= 0:  # the broker reports ctx_size 0 while no pipeline is ready
+            why = "no pipeline is ready" if status is not None else why
+            status = await self.broker.wait_ready()  # a restart in progress: wait for it, within the resume deadline
+            if status is None:
+                raise HttpError(503, f"{why} (none became ready within {self.broker.resume_timeout_s:g} s)",
+                                type="service_unavailable", code="unavailable")
+        ctx = status.ctx_size
         unfit = prompt_length_error(len(ids), ctx)
         if unfit is not None:
-            raise HttpError(400, unfit.message, param="messages" if kind == "chat" else "prompt", code=unfit.code)
-        max_tokens = min(req.max_tokens or self.default_max_tokens, ctx - len(ids))
+            raise HttpError(400, unfit.message, param=prompt_param, code=unfit.code)
+        max_tokens = min(req.max_tokens or self.default_max_tokens, ctx - len(ids))  # clamped to what fits
         stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
         rid = uuid.uuid4().hex
         started = time.perf_counter()
@@ -130,17 +156,15 @@ class Generation:
         if first.finish_reason == "error":
             self.metrics.count_error(first.code or "pipeline_failed")
             raise event_error(first)
+        kind = api or req.kind
         self.metrics.generation_started(rid, started, len(ids), kind)
-        shape = ResponseShape(kind, self.model_id, rid)
         pieces = self._pieces(rid, first, events, req)
         if req.tools is not None:
             pieces = read_calls(pieces, ToolCallReader(req.tools.forced))
-        self.log.info("generation_started", request_id=request.request_id, generation_id=rid, kind=kind,
+        self.log.info("generation_started", request_id=request_id, generation_id=rid, kind=kind,
                       prompt_tokens=len(ids), max_tokens=max_tokens, stream=req.stream,
                       grammar=req.sampling.grammar is not None)
-        if req.stream:
-            return StreamResponse(self._stream(shape, pieces, req, len(ids)))
-        return await self._complete(shape, pieces, len(ids))
+        return Run(rid, len(ids), pieces)
 
     async def _pieces(self, rid: str, first: TokenEvent, events: AsyncIterator[TokenEvent],
                       req: GenerationRequest) -> AsyncIterator[Piece]:
@@ -162,7 +186,7 @@ class Generation:
                 entries = [logprob_entry(event.logprob, self.tokenizer.piece)] if event.logprob else []
                 text = stops.push(decoder.push(event.token))
                 if stops.stopped:
-                    yield Piece(text, entries, 1, "stop")
+                    yield Piece(text, entries, 1, "stop", stop_sequence=stops.matched)
                     return
                 yield Piece(text, entries)
                 event = await events.__anext__()

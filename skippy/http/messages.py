@@ -22,21 +22,26 @@ KEYS = {"system": {"content", "name"}, "developer": {"content", "name"}, "user":
         "assistant": {"content", "name", "tool_calls", "refusal"}, "tool": {"content", "tool_call_id"}}
 
 
-def _text(content: Any, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid(param, f"expected a string or a list of text parts, got {type(content).__name__}")
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "file", "input_image", "input_file", "image", "document"})
+
+
+def text_parts(value: Any, param: str, kinds: tuple[str, ...]) -> str:
+    """A string, or a list of text parts of `kinds` (`{"type": KIND, "text": ...}`; a `refusal` part's text is
+    its `refusal`) joined; image, audio and file parts are a 400 saying why, anything else a 400 too.
+    Also used by the Responses and Anthropic translations, with their part kinds."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(param, f"expected a string or a list of {kinds[0]} parts, got {type(value).__name__}")
     texts = []
-    for j, part in enumerate(content):
+    for j, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("image_url", "input_audio", "file"):
+        if kind in MEDIA_PARTS:
             raise invalid(f"{param}[{j}]", f"{kind} parts need a multimodal projector; this server takes text only")
-        if kind not in ("text", "refusal") or not isinstance(part.get(kind), str):
-            raise invalid(f"{param}[{j}]", "expected a text part {\"type\": \"text\", \"text\": ...}")
-        texts.append(part[kind])
+        text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(text, str):
+            raise invalid(f"{param}[{j}]", f'expected a text part {{"type": "{kinds[0]}", "text": ...}}')
+        texts.append(text)
     return "".join(texts)
 
 
@@ -68,7 +73,8 @@ def _message(message: Any, i: int) -> ChatMessage:
     unknown = sorted(k for k in set(message) - KEYS[role] - {"role"} if message[k] is not None)
     if unknown:
         raise invalid(f"{param}.{unknown[0]}", f"not supported on a {role} message")
-    content = _text(message.get("content"), f"{param}.content")
+    raw = message.get("content")
+    content = "" if raw is None else text_parts(raw, f"{param}.content", ("text", "refusal"))
     if role == "assistant" and message.get("tool_calls"):
         content = "\n".join(p for p in (content, _calls(message["tool_calls"], f"{param}.tool_calls")) if p)
     if role == "tool":

@@ -59,12 +59,18 @@ class Metrics:
         self.speculative = {name: Counter(f"skippy_speculative_{name}", f"speculative {name}, summed over requests",
                                           registry=registry) for name in ("requests", *SPECULATIVE_COUNTS)}
         self.pipeline = {name: Gauge(f"skippy_{name}", f"the broker's {name}", registry=registry) for name in PIPELINE_GAUGES}
+        self.wire = Gauge("skippy_activation_wire", "1 for the activation wire format stage 0 certified at startup"
+                          " (asked: f32 | f16 | q8 | auto; used; certified)", ["asked", "used", "certified"], registry=registry)
+        self.wire_agreement = Gauge("skippy_activation_wire_agreement", "argmax agreement with f32 of each format stage 0"
+                                    " tried at startup", ["dtype"], registry=registry)
         self.prefix_cache = PrefixCacheMetrics(registry)
         self.refused = Counter("skippy_http_connections_refused", "connections answered 503 and closed unread, by reason",
                                ["reason"], registry=registry)
         self.slow_clients = Counter("skippy_http_slow_clients_closed", "connections closed at a deadline: the request"
                                     " head or body not whole in time, or idle between requests", ["reason"],
                                     registry=registry)
+        self.resubmitted = Counter("skippy_http_resubmitted", "generations resubmitted with their tokens after their"
+                                   " stage 0 or the broker died (skippy.http.resubmit)", registry=registry)
         self.open_connections = Gauge("skippy_http_connections_open", "HTTP connections being served", registry=registry)
         for reason in REFUSALS:
             self.refused.labels(reason)
@@ -111,6 +117,13 @@ class Metrics:
                   else (0.0, 0, 0, 0))
         for name, value in zip(PIPELINE_GAUGES, values):
             self.pipeline[name].set(value)
+        self.wire.clear()
+        self.wire_agreement.clear()
+        if status is not None and status.wire is not None:
+            verdict = status.wire
+            self.wire.labels(verdict.asked, str(verdict.used), str(verdict.certified).lower()).set(1)
+            for dtype, agreement in verdict.tried:
+                self.wire_agreement.labels(str(dtype)).set(agreement)
 
     # -- one generation ---------------------------------------------------------------------------
     def generation_started(self, rid: str, started: float, prompt_tokens: int, kind: str) -> None:

@@ -10,16 +10,18 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that was hit (Anthropic reports it)
 
     def push(self, delta: str) -> str:
         if self.stopped:
             return ""
         text = self._held + delta
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        hits = sorted((i, n, s) for n, s in enumerate(self.stops) if (i := text.find(s)) >= 0)
         if hits:
             self.stopped = True
             self._held = ""
-            return text[: min(hits)]
+            self.matched = hits[0][2]
+            return text[: hits[0][0]]
         keep = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]

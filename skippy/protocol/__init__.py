@@ -59,6 +59,7 @@ from skippy.protocol.messages import (
     TokenLogprob,
     Window,
     WireDtype,
+    WireVerdict,
 )
 
 __all__ = [
@@ -66,5 +67,5 @@ __all__ = [
     "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "KeptPrefix", "Message",
     "MessageKind", "Predictions", "PrefixRef", "ProtocolError",
     "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
-    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "decode", "encode",
+    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
 ]

@@ -40,6 +40,9 @@ class ErrorCode(enum.StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     PIPELINE_FAILED = "pipeline_failed"
     SLOW_CLIENT = "slow_client"  # the client did not read its events: they overflowed a bounded queue toward it
+    # the process holding the request died (stage 0, the broker): the tokens its client has are all there were,
+    # and it may resubmit them (Submit.history) once the pipeline is back (skippy.http.resubmit does)
+    PIPELINE_LOST = "pipeline_lost"
 
 
 # The one ErrorCode -> HTTP status mapping (the adapter answers with it, the broker counts its 429s by it);
@@ -47,6 +50,7 @@ class ErrorCode(enum.StrEnum):
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.QUEUE_FULL: 429, ErrorCode.ADMISSION_TIMEOUT: 429, ErrorCode.UNAVAILABLE: 503,
     ErrorCode.BAD_REQUEST: 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400, ErrorCode.PIPELINE_FAILED: 502,
+    ErrorCode.PIPELINE_LOST: 502,
 }
 
 

@@ -25,7 +25,13 @@ from skippy.protocol.stats import RequestStats
 #    a peer that ignored a restore would compute on an empty KV, so older peers are refused
 # 4: Predictions.credit (an older stage 0 would never get that credit back)
 # 5: TokenEvents.stats typed (RequestStats), TokenEvents.sent_direct
-PROTOCOL_VERSION: Final = 5  # also the Literal of _Message.v
+# 6: SessionPrediction.draws, ConfigureSession.history/draws (a session replayed after a later stage died: its
+#    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
+#    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
+# 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resubmitted with
+#    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them);
+#    Status.wire, SetWire.whole_chain (the activation wire format certified at startup)
+PROTOCOL_VERSION: Final = 7  # also the Literal of _Message.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
@@ -80,7 +86,7 @@ class PrefixRef(msgspec.Struct, frozen=True):
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
     """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
 
-    v: Literal[5] = PROTOCOL_VERSION
+    v: Literal[7] = PROTOCOL_VERSION
 
 
 class Hello(_Message, tag=MessageKind.HELLO.value, frozen=True):
@@ -163,9 +169,13 @@ class Batch(_Message, tag=MessageKind.BATCH.value, frozen=True, eq=False):
 
 
 class ConfigureSession(_Message, tag=MessageKind.CONFIGURE.value, frozen=True):
-    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``."""
+    """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``. A session
+    replayed after a later stage died carries its sampler's state: ``history`` (the tokens committed so far,
+    accepted into the chain: penalties, grammar) and ``draws`` (the RNG draws its dist sampler had made)."""
     session_id: U63
     sampling: dict[str, Any]
+    history: Tokens = ()
+    draws: U63 = 0
 
 
 class KeptPrefix(msgspec.Struct, frozen=True):
@@ -199,10 +209,12 @@ Logprobs: TypeAlias = Annotated[tuple[TokenLogprob, ...], Meta(max_length=MAX_RO
 
 
 class SessionPrediction(msgspec.Struct, frozen=True):
-    """One token per requested output position of a session's window, in order (+ logprobs if asked)."""
+    """One token per requested output position of a session's window, in order (+ logprobs if asked);
+    ``draws``: the RNG draws the session's sampler has made in all (a replay restores them)."""
     session_id: U63
     tokens: Tokens
     logprobs: Logprobs = ()
+    draws: U63 = 0
 
 
 class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):
@@ -234,10 +246,13 @@ class Heartbeat(_Message, tag=MessageKind.HEARTBEAT.value, frozen=True):
 
 class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     """Change the wire condition of a running stage's downstream link (scripts/wire-delay);
-    ``activation_dtype`` None keeps the link's activation encoding."""
+    ``activation_dtype`` None keeps the link's activation encoding. ``whole_chain``: set only
+    ``activation_dtype``, on this stage's link and, forwarded, on every link below it (the delay
+    fields are ignored): stage 0's startup certification (skippy.driver.wire_certify)."""
     delay_ms: Finite
     mbps: Finite | None = None
     activation_dtype: WireDtype | None = None
+    whole_chain: bool = False
 
 
 class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
@@ -246,6 +261,11 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
     TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
+
+    A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
+    has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
+    prompt's prefill chunks ended (TokenEvents.chunks), and ``draws``, the sampler's RNG draws after them;
+    stage 0 prefills them again as a replay does and continues from the next token.
     """
     request_id: str
     prompt: Tokens
@@ -253,6 +273,9 @@ class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
     max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     stop_tokens: Tokens = ()
     events_to: str | None = None
+    history: Tokens = ()
+    chunks: Tokens = ()
+    draws: U63 = 0
 
 
 class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
@@ -266,7 +289,9 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
     last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
     of the final event of a request whose events went straight to its client (``Submit.events_to``):
-    how many tokens went that way.
+    how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
+    message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
+    them: Submit.chunks).
     """
     request_id: str
     tokens: Tokens
@@ -276,6 +301,8 @@ class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
     logprobs: Logprobs = ()
     stats: RequestStats | None = None
     sent_direct: U63 | None = None
+    draws: U63 = 0
+    chunks: Tokens = ()
 
 
 class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):
@@ -283,8 +310,19 @@ class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):
     nonce: U63
 
 
+class WireVerdict(msgspec.Struct, frozen=True):
+    """Stage 0's startup certification of the activation wire format (skippy.driver.wire_certify):
+    the format asked (f32 | f16 | q8 | auto), the one the links use, and per format tried its
+    final-stage argmax agreement with f32 over ``positions`` decisive calibration positions."""
+    asked: str
+    used: WireDtype
+    tried: tuple[tuple[WireDtype, float], ...] = ()
+    positions: U63 = 0
+    certified: bool = True  # False: served without certification (--no-activation-wire-certify, or one stage)
+
+
 class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
-    """Stage 0 -> client: pipeline readiness and load."""
+    """Stage 0 -> client: pipeline readiness and load; ``wire``: the activation wire's verdict."""
     nonce: U63
     ready: bool
     dead_stage: str | None
@@ -292,6 +330,7 @@ class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
     waiting: U63
     lane_count: U63
     ctx_size: U63
+    wire: WireVerdict | None = None
 
 
 Message: TypeAlias = (

@@ -165,24 +165,25 @@ def check_grammar(vocab: ctypes.c_void_p, grammar: str) -> None:
 
 
 def sample_with_grammar(chain: ctypes.c_void_p, grammar: GrammarSampler, logits: np.ndarray,
-                        greedy_first: bool) -> int:
+                        greedy_first: bool) -> tuple[int, int]:
     """The next token under `grammar`: the chain's unconstrained pick if the grammar allows it, else a pick
-    from the grammar-masked candidates (the same distribution for a plain draw). Accepts nothing."""
+    from the grammar-masked candidates (the same distribution for a plain draw), and how many times the
+    chain was applied (each apply draws once from a seeded chain's RNG). Accepts nothing."""
     if greedy_first:  # the chain would pick the first maximal logit: the best allowed of the top few is it
         token = int(np.argmax(logits))
         if grammar.allows(token):
-            return token
+            return token, 0
         top = np.argpartition(-logits, GREEDY_SCAN)[:GREEDY_SCAN] if len(logits) > GREEDY_SCAN else np.arange(len(logits))
         top = np.sort(top)  # ties in id order, as argmax breaks them
         for token in top[np.argsort(-logits[top], kind="stable")].tolist():
             if grammar.allows(token):
-                return int(token)
+                return int(token), 0
     else:
         free = Candidates(logits)
         free.apply(chain)
         token = free.selected()
         if grammar.allows(token):
-            return token
+            return token, 1
     masked = Candidates(logits)
     grammar.mask(masked)
     allowed = np.isfinite(masked.data["logit"])
@@ -193,4 +194,4 @@ def sample_with_grammar(chain: ctypes.c_void_p, grammar: GrammarSampler, logits:
     token = masked.selected()
     if not math.isfinite(float(logits_after_mask[token])):  # a draw of exactly 0.0 can land on a banned entry
         token = int(np.argmax(logits_after_mask))
-    return token
+    return token, 1 if greedy_first else 2

@@ -55,6 +55,7 @@ class ContextParams:
     flash_attn_type: str = "auto"
     offload_kqv: bool | None = None  # kv_offload: KV cache on the GPU with offloaded layers
     op_offload: bool | None = None  # offload host tensor ops to the GPU
+    n_rs_seq: int = 0  # recurrent-state snapshots per sequence: a rewind of up to this many positions
 
 
 _FLASH_ATTN = {
@@ -95,6 +96,7 @@ class LlamaContext:
             cp.offload_kqv = params.offload_kqv
         if params.op_offload is not None:
             cp.op_offload = params.op_offload
+        cp.n_rs_seq = params.n_rs_seq
         if eval_callback is not None:
             cp.cb_eval = eval_callback
             cp.cb_eval_user_data = eval_user_data

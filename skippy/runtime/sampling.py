@@ -9,12 +9,18 @@ A GBNF `grammar` (structured output, tool calls) constrains every sampled token;
 advanced outside the chain (skippy.runtime.grammar) and only with the tokens this chain returns, which
 the final stage returns as committed. Under a grammar a -inf logit bias becomes a very large finite
 penalty, so that the grammar can always be satisfied.
+A chain counts the draws of its seeded RNG (`draws`): llama.cpp's dist sampler (this build's
+llama-sampling.cpp, `llama_sampler_dist_apply`) draws exactly once per apply, whatever the candidates
+left, one candidate included (checked by tests/runtime/test_sampler_restore.py). `restore` rebuilds a
+chain's state on another process: the committed tokens accepted (penalties' history, the grammar), and
+the RNG advanced by applying the dist sampler alone `draws` times to a dummy two-candidate array.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp as L
@@ -132,6 +138,8 @@ class SamplerChain:
         self.params = params
         self.n_vocab = n_vocab
         self.grammar: GrammarSampler | None = None
+        self.dist: ctypes.c_void_p | None = None  # the chain's seeded draw (owned by the chain)
+        self.draws = 0  # RNG draws made so far
         if params.grammar is not None:
             if vocab is None:
                 raise RuntimeUsageError("a grammar needs the model's vocabulary")
@@ -163,7 +171,8 @@ class SamplerChain:
         if params.min_p > 0.0:
             self._add(L.llama_sampler_init_min_p(params.min_p, 1))
         self._add(L.llama_sampler_init_temp(params.temperature))
-        self._add(L.llama_sampler_init_dist(params.seed))
+        self.dist = L.llama_sampler_init_dist(params.seed)
+        self._add(self.dist)
 
     def _add(self, sampler: ctypes.c_void_p) -> None:
         L.llama_sampler_chain_add(self.ptr, sampler)
@@ -172,13 +181,36 @@ class SamplerChain:
         """Sample from the logits of batch row `batch_index` and record the token in the chain's history
         (and advance the grammar by it)."""
         if self.grammar is None:
+            self.draws += self.dist is not None  # one chain apply
             return int(L.llama_sampler_sample(self.ptr, ctx, batch_index))
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, batch_index), shape=(self.n_vocab,))
         greedy_first = self.params.greedy and not self.params.changes_logits
-        token = sample_with_grammar(self.ptr, self.grammar, logits, greedy_first)
+        token, applies = sample_with_grammar(self.ptr, self.grammar, logits, greedy_first)
+        self.draws += applies if self.dist is not None else 0
         self.grammar.accept(token)
         L.llama_sampler_accept(self.ptr, token)
         return token
+
+    def restore(self, history: Sequence[int], draws: int) -> None:
+        """Bring a fresh chain to the state of one that sampled `history` with `draws` RNG draws: every token
+        accepted (into the grammar too), the seeded RNG advanced `draws` times."""
+        for token in history:
+            if not 0 <= token < self.n_vocab:
+                raise RuntimeUsageError(f"history token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+            if self.grammar is not None:
+                if not self.grammar.allows(token):
+                    raise RuntimeUsageError(f"history token {token} does not follow the session's grammar")
+                self.grammar.accept(token)
+            L.llama_sampler_accept(self.ptr, token)
+        if draws and self.dist is None:
+            raise RuntimeUsageError(f"{draws} RNG draws to restore, but the session's sampler draws none (greedy)")
+        dummy = (L.llama_token_data * 2)()
+        for _ in range(draws):
+            dummy[0] = L.llama_token_data(id=0, logit=0.0, p=0.0)
+            dummy[1] = L.llama_token_data(id=1, logit=0.0, p=0.0)
+            array = L.llama_token_data_array(data=dummy, size=2, selected=-1, sorted=False)
+            L.llama_sampler_apply(self.dist, ctypes.byref(array))
+        self.draws = draws
 
     def close(self) -> None:
         if self.grammar is not None:

@@ -3,10 +3,14 @@
 A slice holds the owned `blk.N.*` tensors renumbered from 0, every non-block tensor (llama.cpp
 requires the embedding and output tensors to exist), and all metadata with `block_count` set and
 per-layer metadata cut to the range. Layer-index-keyed behaviour is pinned to the original layer
-numbers: for Gemma 3 the sliding-window pattern is written as a per-layer array computed from the
-original indices, otherwise a slice starting at layer 9 silently treats the wrong layers as global.
+numbers: for the sliding-window families (Gemma 3, Cohere 2) the pattern is written as a per-layer
+array computed from the original indices, otherwise a slice starting at layer 9 silently treats the
+wrong layers as global; per-layer arrays (LFM2's head_count_kv, which marks its recurrent layers) are
+cut likewise. A later slice drops the family's token-embedding scales (Granite's embedding_scale:
+llama.cpp would scale the incoming hidden state too). What each family needs: skippy.runtime.families.
 
-A non-final slice gets one extra *stop block* (a copy of its last block). llama.cpp drops the rows
+A non-final slice gets one extra *stop block* (a copy of its last block, or of a layer of the kind its family
+needs in every slice: skippy.runtime.layer_kinds). llama.cpp drops the rows
 not flagged as outputs inside the last block of a graph; with the stop block appended, the real last
 block computes every row, the runtime reads its `l_out` and stops the graph there, so the stop block
 and the vocabulary projection never run and no `n_rows x n_vocab` logits buffer is needed.
@@ -21,15 +25,15 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from skippy.runtime.errors import ModelError
+from skippy.runtime.families import FAMILIES, split_point_problem, supported_architectures, unsupported_message
 from skippy.runtime.gguf_file import ARRAY, BOOL, STRING, UINT32, GGUFFile, TensorInfo, pack_entry, write_gguf
+from skippy.runtime.layer_kinds import missing_kind, required_layers, stop_block, swa_pattern
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3")
-# Gemma 3 default period when the file has `sliding_window` but no explicit pattern (llama.cpp's default).
-GEMMA3_SWA_PERIOD = 6
+SUPPORTED_ARCHITECTURES = supported_architectures()
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 Progress = Callable[[int, int], None]
@@ -43,6 +47,8 @@ class ModelInfo:
     architecture: str
     n_layer: int
     n_embd: int
+    required_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # kind -> layers: a slice needs
+    # one of each kind (skippy.runtime.layer_kinds)
 
 
 def read_model_info(path: Path) -> ModelInfo:
@@ -52,14 +58,13 @@ def read_model_info(path: Path) -> ModelInfo:
         if not isinstance(arch, str):
             raise ModelError(f"{path}: GGUF has no general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelError(
-                f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
+            raise ModelError(f"{path}: {unsupported_message(arch)}")
         n_layer = gguf.get(f"{arch}.block_count")
         n_embd = gguf.get(f"{arch}.embedding_length")
         if not isinstance(n_layer, int) or not isinstance(n_embd, int):
             raise ModelError(f"{path}: missing {arch}.block_count or {arch}.embedding_length")
-        return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_embd=n_embd)
+        return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_embd=n_embd,
+                         required_layers=required_layers(gguf, arch, n_layer))
     finally:
         gguf.close()
 
@@ -70,6 +75,15 @@ def check_range(info: ModelInfo, layer_start: int, layer_end: int) -> None:
             f"layer range [{layer_start}, {layer_end}) is outside {info.path.name}, "
             f"which has {info.n_layer} layers (valid: 0 <= layer_start < layer_end <= {info.n_layer})"
         )
+    problem = split_point_problem(info.architecture, layer_start)
+    lacking = missing_kind(info.required_layers, layer_start, layer_end) if layer_end == info.n_layer else ""
+    if not problem and lacking:
+        layers = info.required_layers[lacking]
+        problem = (f"a final {info.architecture} stage needs a {lacking} layer ({', '.join(map(str, layers))}), "
+                   f"layers [{layer_start}, {layer_end}) have none: start the final stage at layer {layers[-1]} "
+                   f"or earlier (llama.cpp cannot run a slice without one)")
+    if problem:
+        raise ModelError(f"{info.path.name}: {problem}")
 
 
 def file_digest(path: Path) -> str:
@@ -104,23 +118,14 @@ def slice_path(digest: str, layer_start: int, layer_end: int, final: bool) -> Pa
     return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}.gguf"
 
 
-def _swa_pattern(gguf: GGUFFile, arch: str, n_layer: int) -> list[bool] | None:
-    """Per-layer `is_swa` of the full model, as llama.cpp derives it (None when it has no SWA)."""
-    if arch != "gemma3" or not gguf.get(f"{arch}.attention.sliding_window"):
-        return None
-    pattern = gguf.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        return [bool(x) for x in pattern[:n_layer]]
-    period = int(pattern) if isinstance(pattern, int) else GEMMA3_SWA_PERIOD
-    return [period == 0 or il % period < period - 1 for il in range(n_layer)]
-
-
 def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: list[bytes]) -> list[bytes]:
     """Metadata entries of the slice: copied raw, except block_count, per-layer arrays and the SWA pattern."""
     arch = info.architecture
-    swa = _swa_pattern(gguf, arch, info.n_layer)
+    swa = swa_pattern(gguf, arch, info.n_layer)
     slice_swa = None if swa is None else [swa[il] for il in layers]
     skip = {f"{arch}.block_count", f"{arch}.attention.sliding_window_pattern"}
+    if layers[0] > 0:  # token-embedding scales: a later stage's input is a hidden state, not tokens
+        skip |= {f"{arch}.{key}" for key in FAMILIES[arch].token_input_keys}
     if slice_swa is not None and not any(slice_swa):
         # Only global layers here: llama.cpp rejects an SWA model without SWA layers, so drop the window.
         skip.add(f"{arch}.attention.sliding_window")
@@ -157,7 +162,8 @@ def write_slice(
     info = read_model_info(source)
     check_range(info, layer_start, layer_end)
     digest = digest or file_digest(source)
-    layers = list(range(layer_start, layer_end)) + ([] if final else [layer_end - 1])
+    stop = [] if final else [stop_block(info.required_layers, layer_start, layer_end)]
+    layers = list(range(layer_start, layer_end)) + stop
     gguf = GGUFFile(source)
     by_block: dict[int, list[tuple[str, TensorInfo]]] = {}
     plan = []  # (new name, info, bytes): non-block tensors first, then owned blocks renumbered

@@ -80,6 +80,7 @@ class Artifact:
     load_path: Path
     digest: str
     n_layer: int  # layers of the full model
+    architecture: str
 
 
 def check_source(path: Path, spec: RuntimeSpec, digest: str | None = None) -> None:
@@ -103,17 +104,17 @@ def _artifact_slice(path: Path, layer_start: int, layer_end: int) -> Artifact:
         raise ModelError(f"{path}: slice holds layers [{have[0]}, {have[1]}), config asks for [{layer_start}, {layer_end})")
     n_layer = meta["skippy.slice.source_n_layer"]
     assert isinstance(n_layer, int), n_layer
-    return Artifact(path, str(meta["skippy.slice.source_digest"]), n_layer)
+    return Artifact(path, str(meta["skippy.slice.source_digest"]), n_layer, read_model_info(path).architecture)
 
 
 def _runtime_slice(path: Path, layer_start: int, layer_end: int, progress: Progress | None) -> Artifact:
     info = read_model_info(path)
     check_range(info, layer_start, layer_end)
     if (layer_start, layer_end) == (0, info.n_layer):
-        return Artifact(path, file_digest(path), info.n_layer)  # the whole model: load it as is
+        return Artifact(path, file_digest(path), info.n_layer, info.architecture)  # the whole model: load it as is
     final = layer_end == info.n_layer
     sliced = ensure_slice(path, layer_start, layer_end, final=final, progress=progress)
-    return Artifact(sliced, file_digest(path), info.n_layer)
+    return Artifact(sliced, file_digest(path), info.n_layer, info.architecture)
 
 
 def resolve_artifact(spec: RuntimeSpec, progress: Progress | None = None) -> Artifact:

@@ -8,17 +8,23 @@ only for the rows that ask for them and samples with a per-session sampler chain
 one llama.cpp sequence ("lane"); one decode call may carry windows from many sessions. Positions
 are authoritative: a session whose KV runs past a window's `pos_start` is trimmed first. With
 `prefix_entries` the stage keeps a prefix cache (`prefix_cache`): windows may restore, record and
-evict its entries. After loading, the slice file's pages leave the process (skippy.runtime.resident):
-what stays resident is what the stage reads. Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
+evict its entries. A recurrent family (skippy.runtime.families: LFM2) keeps no prefix cache
+(`prefix_cache_off` says why), rewinds only inside a session's last window (llama.cpp's n_rs_seq
+snapshots), and its non-final stage decodes mixed-length windows one by one. After loading, the slice
+file's pages leave the process (skippy.runtime.resident): what stays resident is what the stage reads.
+Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from skippy.protocol import TokenLogprob
 from skippy.runtime.capture import eval_capture
 from skippy.runtime.errors import RuntimeUsageError
+from skippy.runtime.families import FAMILIES
 from skippy.runtime.llama_api import (
     BatchBuffers,
     ContextParams,
@@ -44,12 +50,17 @@ class StageRuntime:
         self.layer_start, self.layer_end = spec.layer_start, spec.layer_end
         self.is_first = spec.layer_start == 0
         self.is_final = spec.layer_end == artifact.n_layer
+        self.family = FAMILIES[artifact.architecture]
+        # recurrent layers: no prefix cache (`prefix_cache_off` says why), rewinds inside the last window only
+        self.prefix_cache_off = self.family.refusal() if spec.prefix_entries else ""
+        prefix_entries = 0 if self.prefix_cache_off else spec.prefix_entries
+        self._last_window: dict[int, tuple[int, int]] = {}  # recurrent: session -> its last window's [start, end)
         self.model = LlamaModel(artifact.load_path, load=spec.load)
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         lanes_kv = spec.ctx_size * spec.lane_count
-        n_ctx = lanes_kv * 2 if spec.prefix_entries else lanes_kv  # cache entries get as many cells as the lanes
-        n_seq_max = spec.lane_count + spec.prefix_entries
+        n_ctx = lanes_kv * 2 if prefix_entries else lanes_kv  # cache entries get as many cells as the lanes
+        n_seq_max = spec.lane_count + prefix_entries
         n_batch = spec.n_batch or min(2048, lanes_kv)
         # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
         # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
@@ -69,6 +80,7 @@ class StageRuntime:
             flash_attn_type=spec.flash_attn_type,
             offload_kqv=spec.kv_offload,
             op_offload=spec.op_offload,
+            n_rs_seq=MAX_DRAFT_TOKENS if self.family.recurrent else 0,
         )
         # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
@@ -81,10 +93,10 @@ class StageRuntime:
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
         self._samplers: dict[int, SamplerChain] = {}
         self.prefix: PrefixCache | None = None
-        if spec.prefix_entries:
+        if prefix_entries:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
             cells = min(lanes_kv, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else lanes_kv
-            self.prefix = PrefixCache(self.ctx, self._lanes, spec.lane_count, spec.prefix_entries, cells, cell_bytes)
+            self.prefix = PrefixCache(self.ctx, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes)
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -106,9 +118,17 @@ class StageRuntime:
             lane = self._lanes[session_id] = self._free_lanes.pop()
         return lane
 
-    def configure_session(self, session_id: int, params: SamplingParams) -> None:
-        """Set the sampler for a session (final stage); replaces any earlier one."""
+    def configure_session(self, session_id: int, params: SamplingParams, history: Sequence[int] = (),
+                          draws: int = 0) -> None:
+        """Set the sampler for a session (final stage); replaces any earlier one. A replayed session's
+        `history` (committed tokens) and `draws` (RNG draws made) restore its state (`SamplerChain.restore`)."""
         chain = SamplerChain(params, self.n_vocab, self.model.vocab)
+        if history or draws:
+            try:
+                chain.restore(history, draws)
+            except RuntimeUsageError:
+                chain.close()
+                raise
         old = self._samplers.pop(session_id, None)
         if old is not None:
             old.close()
@@ -118,11 +138,25 @@ class StageRuntime:
         """Drop the session's KV at positions >= pos."""
         lane = self._lanes.get(session_id)
         if lane is not None and self.ctx.seq_pos_max(lane) >= pos:
+            if self.family.recurrent and pos > 0:
+                self._check_rewind(session_id, pos)
             self.ctx.seq_rm(lane, pos)
+
+    def _check_rewind(self, session_id: int, pos: int) -> None:
+        """A recurrent state rewinds only to a position inside the session's last window (llama.cpp keeps
+        its per-token snapshots for that window alone): anything else would continue from a wrong state."""
+        start, end = self._last_window.get(session_id, (0, 0))
+        if not start < pos <= end or end - pos > MAX_DRAFT_TOKENS:
+            raise RuntimeUsageError(
+                f"session {session_id}: {self.family.architecture} keeps recurrent state, which rewinds only to a "
+                f"position inside the session's last window [{start}, {end}) (at most {MAX_DRAFT_TOKENS} back), "
+                f"not to {pos}; start the session again from position 0"
+            )
 
     def release_session(self, session_id: int) -> None:
         """Forget a session: its KV, its sampler, and its lane (which becomes reusable)."""
         lane = self._lanes.pop(session_id, None)
+        self._last_window.pop(session_id, None)
         if lane is not None:
             self.ctx.seq_rm(lane, 0)
             self._free_lanes.append(lane)
@@ -187,6 +221,8 @@ class StageRuntime:
         return with_missed(result, windows, missed) if missed else result
 
     def _decode(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> DecodeResult:
+        if self.family.recurrent and not self.is_final and len(windows) > 1 and any(w.n_tokens > 1 for w in windows):
+            return self._decode_one_by_one(windows, hidden)
         n_rows = self._check_windows(windows, hidden)
         buf = self._buffers
         lanes = np.empty(n_rows, np.int32)
@@ -202,6 +238,8 @@ class StageRuntime:
             if self.is_first:
                 assert w.tokens is not None  # checked by _check_windows
                 buf.token[row:end] = w.tokens
+            if self.family.recurrent:
+                self._last_window[w.session_id] = (w.pos_start, w.pos_start + w.n_tokens)
             rows = [row + o for o in w.outputs] if self.is_final else []
             buf.logits[rows] = 1
             output_rows.append(rows)
@@ -221,6 +259,19 @@ class StageRuntime:
             raise RuntimeError(f"captured {captured} floats of layer output, expected {n_rows * self.n_embd}")
         return DecodeResult(hidden=hidden_out, output_rows=output_rows)
 
+    def _decode_one_by_one(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> DecodeResult:
+        """A recurrent family's non-final stage: llama.cpp regroups the rows of a batch whose windows differ
+        in length into equal-length ubatches, out of row order, and the layer output is read in ubatch
+        order; one window per decode keeps the rows in order."""
+        self._check_windows(windows, hidden)
+        parts, row = [], 0
+        for w in windows:
+            part = self._decode([w], None if hidden is None else hidden[row:row + w.n_tokens])
+            assert part.hidden is not None
+            parts.append(part.hidden)
+            row += w.n_tokens
+        return DecodeResult(hidden=np.concatenate(parts), output_rows=[[] for _ in windows])
+
     def logits(self, batch_row: int) -> np.ndarray:
         """A copy of the logits of an output row of the last decode (final stage)."""
         return self.ctx.logits_row(batch_row, self.n_vocab).copy()
@@ -233,6 +284,11 @@ class StageRuntime:
         if chain.params.plain_greedy:  # never under a grammar or penalties: their state advances with every sample
             return biased_argmax(self.ctx.logits_row(batch_row, self.n_vocab), chain.params.logit_bias)
         return chain.sample(self.ctx.ptr, batch_row)
+
+    def draws(self, session_id: int) -> int:
+        """RNG draws the session's sampler has made (0: none, or greedy)."""
+        chain = self._samplers.get(session_id)
+        return 0 if chain is None else chain.draws
 
     def logprobs(self, session_id: int, batch_row: int, token: int) -> TokenLogprob | None:
         """log p(token) from the row's raw logits (log-softmax) and the top-n, if the session asked."""

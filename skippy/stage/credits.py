@@ -51,6 +51,11 @@ class ReplyCredits:
             self.stats.granted += 1
         self._freed.set()
 
+    def give_back(self) -> None:
+        """Return a credit taken for a message that was then not sent."""
+        self.stats.outstanding = max(0, self.stats.outstanding - 1)
+        self._freed.set()
+
     def reset(self) -> None:
         """Forget outstanding credits (the downstream restarted or was re-greeted)."""
         self.stats.outstanding = 0

@@ -95,9 +95,26 @@ class DownstreamLink:
         """Send a computed batch on (waiting for a credit first); returns (send future, credit wait ms).
         `missed`: sessions whose windows were dropped on the way (Batch.missed)."""
         wait_ms = await self.credits.acquire()
+        return self.enqueue(self._batch(batch_id, windows, hidden, timings, stage_id, recv_at, compute_ms, wait_ms,
+                                        missed)), wait_ms
+
+    async def forward_while(self, still: Callable[[], bool], batch_id: int, windows: tuple[Window, ...],
+                            hidden: np.ndarray | None, stage_id: str, recv_at: float, compute_ms: float, *,
+                            missed: tuple[int, ...] = ()) -> tuple[asyncio.Future[float] | None, float]:
+        """`forward` stage 0's batch unless `still()` is false once a credit is free (its sessions paused while it
+        waited): then the credit goes back and nothing is sent (None)."""
+        wait_ms = await self.credits.acquire()
+        if not still():
+            self.credits.give_back()
+            return None, wait_ms
+        return self.enqueue(self._batch(batch_id, windows, hidden, (), stage_id, recv_at, compute_ms, wait_ms,
+                                        missed)), wait_ms
+
+    def _batch(self, batch_id: int, windows: tuple[Window, ...], hidden: np.ndarray | None,
+               timings: tuple[StageTiming, ...], stage_id: str, recv_at: float, compute_ms: float, wait_ms: float,
+               missed: tuple[int, ...]) -> Batch:
         timing = StageTiming(stage_id, recv_at, compute_ms, wait_ms, time.time())
-        batch = Batch(batch_id, windows, hidden, (*timings, timing), self.wire.activation_dtype, missed)
-        return self.enqueue(batch), wait_ms
+        return Batch(batch_id, windows, hidden, (*timings, timing), self.wire.activation_dtype, missed)
 
     async def _pump(self) -> None:
         while True:
@@ -160,7 +177,16 @@ async def handle_link_control(msg: Message, link: DownstreamLink | None, log: An
 
 
 def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
-    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied."""
+    """Change a running link's wire condition (scripts/wire-delay); bad values are logged, not applied.
+    A `whole_chain` SetWire sets only the activation dtype and goes on down the chain, ahead of any batch
+    this stage forwards after it (the final stage, with no link, is its end)."""
+    if msg.whole_chain:
+        if link is not None and msg.activation_dtype is not None:
+            link.wire = dataclasses.replace(link.wire, activation_dtype=msg.activation_dtype)
+            link.enqueue(msg)
+            log.info("wire_changed", downstream=link.endpoint, activation_dtype=str(msg.activation_dtype),
+                     whole_chain=True)
+        return
     if link is None:
         log.warning("wire_ignored", error="this stage has no downstream link")
         return

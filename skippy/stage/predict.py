@@ -57,5 +57,5 @@ def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeR
                 break  # first mismatch (or the bonus token after a full accept): the window ends here
         last_row = w.outputs[len(tokens) - 1] if w.outputs else len(tokens) - 1
         frontier[w.session_id] = (w.pos_start + last_row + 1, tokens[-1])
-        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs)))
+        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs), runtime.draws(w.session_id)))
     return tuple(predictions)

@@ -230,7 +230,7 @@ class StageServer:
                 if isinstance(msg, ConfigureSession):
                     if self.runtime.is_final:
                         params = SamplingParams.from_dict(msg.sampling)
-                        await self.worker.call(self.runtime.configure_session, msg.session_id, params)
+                        await self.worker.call(self.runtime.configure_session, msg.session_id, params, msg.history, msg.draws)
                 elif isinstance(msg, ReleaseSessions):
                     await self.worker.call(self.worker.release, msg.session_ids, msg.keep, msg.evict)
                     self.telemetry.released(msg.session_ids)

@@ -102,6 +102,15 @@ def _api_requests(samples: Iterable[Sample]) -> float:
                and not s.labels.get("route", "").startswith("/dashboard"))
 
 
+def _wire(samples: Sequence[Sample]) -> dict[str, Any] | None:
+    """The activation wire's startup verdict, as the adapter exports it (None: not known)."""
+    info = next((s.labels for s in samples if s.name == "skippy_activation_wire" and s.value), None)
+    if info is None:
+        return None
+    agreement = {s.labels["dtype"]: s.value for s in samples if s.name == "skippy_activation_wire_agreement"}
+    return {**info, "agreement": agreement}
+
+
 def summarise(processes: Sequence[tuple[str, str, list[Sample] | None]]) -> dict[str, Any]:
     """The dashboard's numbers from every process's samples: (process, URL, samples or None when down)."""
     samples = [s for _name, _url, got in processes for s in (got or [])]
@@ -114,4 +123,5 @@ def summarise(processes: Sequence[tuple[str, str, list[Sample] | None]]) -> dict
         "driver": _fields(samples, DRIVER) if _has(samples, "skippy_driver_sessions_running") else None,
         "stages": _stages(samples),
         "telemetry": _fields(samples, TELEMETRY),
+        "wire": _wire(samples),
     }

@@ -26,10 +26,10 @@ def _fresh_slice_cache(skippy_cache_dir: Path) -> Path:
     return skippy_cache_dir
 
 
-def _start(directory: Path, model: Path) -> PipelineProcs:
+def _start(directory: Path, model: Path, *flags: str) -> PipelineProcs:
     topology, configs = write_local_topology(directory, model, 6, [3], lane_count=2, ctx_size=512,
                                              extra={"n_threads": 1})
-    stages = StageProcesses(topology, configs, directory / "run", flags=WIRE_FLAGS, include_stage0=True)
+    stages = StageProcesses(topology, configs, directory / "run", flags=(*WIRE_FLAGS, *flags), include_stage0=True)
     return PipelineProcs(topology, stages.start())
 
 
@@ -45,11 +45,12 @@ def shared_pipeline(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture
 def make_pipeline(tmp_path_factory: pytest.TempPathFactory,
-                  tiny_model: Callable[..., Path]) -> Iterator[Callable[[], PipelineProcs]]:
+                  tiny_model: Callable[..., Path]) -> Iterator[Callable[..., PipelineProcs]]:
+    """`make(*flags)`: a fresh pipeline, its stages started with `flags` too."""
     started: list[PipelineProcs] = []
 
-    def make() -> PipelineProcs:
-        started.append(_start(tmp_path_factory.mktemp("pipe"), tiny_model("llama")))
+    def make(*flags: str) -> PipelineProcs:
+        started.append(_start(tmp_path_factory.mktemp("pipe"), tiny_model("llama"), *flags))
         return started[-1]
 
     yield make

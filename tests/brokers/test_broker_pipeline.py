@@ -111,8 +111,10 @@ def test_cancel_queued_and_running_requests(shared_pipeline: PipelineProcs) -> N
 
 
 def test_killed_stage_fails_requests_and_turns_the_broker_unavailable(
-        make_pipeline: Callable[[], PipelineProcs]) -> None:
-    pipe = make_pipeline()
+        make_pipeline: Callable[..., PipelineProcs]) -> None:
+    """A later stage that never comes back: the requests in flight pause, then fail at the resume deadline
+    naming it, and the broker turns unavailable."""
+    pipe = make_pipeline("--openai-resume-timeout-s", "2")
 
     async def body() -> None:
         async with running_broker([pipe.request_endpoint]) as (broker, client):

@@ -3,7 +3,8 @@
 Its peer here is a stand-in broker: a ROUTER that takes every message and answers none, in a process
 of its own (killed with SIGKILL: the DEALER's monitor reports the disconnect) or in the test (alive
 but silent: the status watch gives up after `dead_after_s`). Either way every pending handle gets a
-final error event with code unavailable naming the peer, and the client serves again once a peer is back.
+final error event with code pipeline_lost naming the peer (its client may resubmit it), and the client serves
+again once a peer is back.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sock.bind(sys.argv[1])
 print("bound", flush=True)
 while True:
     sock.recv_multipart()
+    print("got", flush=True)
 """
 
 
@@ -53,7 +55,9 @@ def test_pending_requests_fail_when_the_broker_process_dies(tmp_path: Path) -> N
         client = PipelineClient(endpoint, dead_after_s=600.0)  # only the disconnect can fail them here
         try:
             handles = [await client.submit([1, 2, 3], max_tokens=4) for _ in range(3)]
-            await asyncio.sleep(0)
+            assert proc.stdout is not None
+            for _ in handles:  # connected: the router has them (a kill before the connection would show no disconnect)
+                assert await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) == "got\n"
             proc.kill()
             proc.wait(WAIT_S)
             finals = [await _final(h) for h in handles]
@@ -69,7 +73,7 @@ def test_pending_requests_fail_when_the_broker_process_dies(tmp_path: Path) -> N
         proc.wait(WAIT_S)
     assert pending == 0
     for final in finals:
-        assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.UNAVAILABLE
+        assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.PIPELINE_LOST
         assert final.error is not None and endpoint in final.error and "lost the connection" in final.error
 
 
@@ -108,6 +112,6 @@ def test_pending_requests_fail_when_the_broker_stops_answering_and_serve_again(t
     finally:
         router.close()
         ctx.term()
-    assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.UNAVAILABLE
+    assert final.finish_reason == FinishReason.ERROR and final.code == ErrorCode.PIPELINE_LOST
     assert final.error is not None and "did not answer a status query within 0.3 s" in final.error
     assert status.ready

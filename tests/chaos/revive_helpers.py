@@ -43,6 +43,14 @@ async def failed_naming(watched: list[Watched], stage_id: str) -> list[TokenEven
     return finals
 
 
+async def completed(watched: list[Watched], timeout_s: float = BACK_WITHIN_S) -> list[TokenEvent]:
+    """Every watched request completes by length (paused by a dead stage, then replayed) within a bounded wait."""
+    finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), timeout_s)
+    for final in finals:
+        assert final.finish_reason == "length", final
+    return finals
+
+
 async def restart_stage(pipe: Pipeline, index: int) -> None:
     """Start stage `index` of `pipe` again (its config and topology), waiting for its ready line."""
     await asyncio.to_thread(pipe.stages.start_stage, index)

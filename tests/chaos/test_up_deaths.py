@@ -1,6 +1,11 @@
 """Whatever dies under `skippy up` (the broker, the adapter, stage 0), no stream ends without a finish
 reason or an error event, the dead process is restarted, and a new request is served on the same URL.
 
+Nothing is lost when stage 0 or the broker dies: the adapter resubmits each stream's request with the
+tokens it has sent (skippy.http.resubmit) once the pipeline is back, and every stream completes with the
+text of an undisturbed run of the same greedy request, each token once. A dead adapter takes its HTTP
+connections with it (they drop; the clients reconnect).
+
 Streams are raw HTTP reading SSE; each is filed by its last event: a chunk with a finish reason, an
 `{"error": ...}` event, or neither (a bare end: the failure these tests exist to catch). Stages run
 with a wire delay so the streams are still generating when the kill comes.
@@ -23,6 +28,7 @@ from up_helpers import SkippyServer, wait_readyz
 
 STREAMS = 3
 WITHIN_S = 90.0  # bounded waits (not timing claims)
+MAX_TOKENS = 200
 
 
 @dataclass
@@ -37,15 +43,19 @@ class StreamResult:
         return next((c["finish_reason"] for e in self.events for c in e.get("choices", []) if c.get("finish_reason")), None)
 
     @property
+    def text(self) -> str:
+        return "".join(c.get("delta", {}).get("content") or "" for e in self.events for c in e.get("choices", []))
+
+    @property
     def error(self) -> dict[str, Any] | None:
         return next((e["error"] for e in self.events if "error" in e), None)
 
 
-def _stream(server: SkippyServer, result: StreamResult, max_tokens: int = 400) -> None:
+def _stream(server: SkippyServer, result: StreamResult, max_tokens: int = MAX_TOKENS) -> None:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=WITHIN_S)
     try:
         conn.request("POST", "/v1/chat/completions", headers={"content-type": "application/json"}, body=json.dumps(
-            {"model": server.model_id, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+            {"model": server.model_id, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
              "messages": [{"role": "user", "content": "tell me a story"}]}))
         resp = conn.getresponse()
         assert resp.status == 200, resp.read()
@@ -118,11 +128,16 @@ def served(server: SkippyServer) -> None:
     assert result.done and result.finish_reason == "length" and result.error is None, result
 
 
-def assert_every_stream_errored(results: list[StreamResult], naming: str) -> None:
+def resubmitted(server: SkippyServer) -> int:
+    return (server.run_dir / "adapter.log").read_text().count('"request_resubmitted"')
+
+
+def assert_nothing_lost(results: list[StreamResult], undisturbed: str, server: SkippyServer, before: int) -> None:
+    """Every stream completed with the undisturbed text; each was resubmitted (`before`: resubmissions until then)."""
     for result in results:
-        assert result.done and not result.broken, result  # an error event then [DONE], never a bare end
-        assert result.finish_reason is None and result.error is not None, result
-        assert naming in result.error["message"], result.error
+        assert result.done and not result.broken and result.error is None, result
+        assert result.finish_reason == "length" and result.text == undisturbed, result
+    assert resubmitted(server) - before >= len(results), server.log_tail()
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +146,20 @@ def up(start_up: Callable[..., Any], tiny_llama: Path) -> Iterator[SkippyServer]
         yield server
 
 
-def test_broker_killed_mid_stream(up: SkippyServer) -> None:
+@pytest.fixture(scope="module")
+def undisturbed(up: SkippyServer) -> str:
+    """The text of the streams' greedy request when nothing dies."""
+    result = StreamResult()
+    _stream(up, result)
+    assert result.done and result.finish_reason == "length", result
+    return result.text
+
+
+def test_broker_killed_mid_stream(up: SkippyServer, undisturbed: str) -> None:
     broker = pid_of(up, f"skippy.cli.main broker --bind ipc://{up.run_dir}/broker.sock")
-    streams = open_streams(up)
+    streams, before = open_streams(up), resubmitted(up)
     kill(broker)
-    assert_every_stream_errored(streams.join(), "lost the connection to ipc://")
+    assert_nothing_lost(streams.join(), undisturbed, up, before)
     wait_stderr(up, "broker restarted (restart 1")
     assert pid_of(up, f"skippy.cli.main broker --bind ipc://{up.run_dir}/broker.sock") != broker
     served(up)
@@ -152,13 +176,28 @@ def test_adapter_killed_comes_back_on_the_same_port(up: SkippyServer) -> None:
     assert up.proc.poll() is None
 
 
-def test_stage0_killed_mid_stream(up: SkippyServer) -> None:
+def test_stage0_killed_mid_stream(up: SkippyServer, undisturbed: str) -> None:
     wait_readyz(up, WITHIN_S)
     stage0 = up.stage_pids("stage0")
     assert len(stage0) == 1
-    streams = open_streams(up)
+    streams, before = open_streams(up), resubmitted(up)
     kill(stage0[0])
-    assert_every_stream_errored(streams.join(), "stage 0")
+    assert_nothing_lost(streams.join(), undisturbed, up, before)
     wait_stderr(up, "stage0 restarted (restart 1")
     served(up)
     assert up.stage_pids("stage0") not in ([], stage0)
+
+
+def test_a_request_sent_while_stage0_restarts_waits_and_completes(up: SkippyServer, undisturbed: str) -> None:
+    """Sent right after stage 0 is killed (no pipeline is ready), a request is not refused with 503: the adapter
+    waits for the restart (within --openai-resume-timeout-s) and it completes with the undisturbed text."""
+    wait_readyz(up, WITHIN_S)
+    stage0, before = up.stage_pids("stage0"), resubmitted(up)
+    kill(stage0[0])
+    result = StreamResult()
+    _stream(up, result)
+    assert result.done and not result.broken and result.error is None, result
+    assert result.finish_reason == "length" and result.text == undisturbed, result
+    assert up.stage_pids("stage0") not in ([], stage0)
+    # it found no pipeline ready and waited, or was sent before the broker knew and was resubmitted
+    assert '"pipeline_waited"' in (up.run_dir / "adapter.log").read_text() or resubmitted(up) > before

@@ -85,6 +85,23 @@ def test_check_config_names_the_file_and_field(tmp_path: Path) -> None:
     assert out.returncode == 2 and str(bad) in out.stderr and "lane_cuont" in out.stderr
 
 
+def test_check_config_refuses_a_split_the_family_forbids(tmp_path: Path) -> None:
+    """SmolLM3 skips RoPE on every 4th layer by the slice's own layer index: a stage may start only at a
+    multiple of 4, and check-config says so before any stage starts."""
+    config = json.loads((REPO / "configs/gemma3-2stage/stage1.json").read_text())
+    config.update(model_path=str(tiny_model_path("smollm3", tmp_path / "models")), layer_start=2, layer_end=6)
+    path = tmp_path / "stage1.json"
+    path.write_text(json.dumps(config))
+    out = skippy("check-config", "--config", str(path), env_dir=tmp_path)
+    assert out.returncode == 2
+    assert "smollm3 may not be split at layer 2" in out.stderr and "multiple of 4" in out.stderr
+    config.update(layer_start=4)
+    path.write_text(json.dumps(config))
+    out = skippy("check-config", "--config", str(path), env_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["family_rules"] == "ok (smollm3, layers [4, 6) of 6)"
+
+
 @pytest.mark.parametrize("n_stages", [1, 2, 3])
 def test_example_configs_resolve(n_stages: int, tmp_path: Path) -> None:
     folder = REPO / f"configs/gemma3-{n_stages}stage"

@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
+from skippy.driver.sequence import Resumed
 from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents, decode
 from skippy.request_events import RequestHandle, TokenEvent
 from skippy.runtime.sampling import SamplingParams
@@ -40,7 +41,7 @@ class ScriptedStage0:
         self.submitted = asyncio.Queue[str]()
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None) -> RequestHandle:
+               request_id: str | None, resumed: Resumed | None = None) -> RequestHandle:
         assert request_id is not None
         handle = self.handles[request_id] = RequestHandle(request_id)
         self.submitted.put_nowait(request_id)

@@ -36,8 +36,21 @@ class FakeDriver:
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
         self.calls.append(("fail_batch", batch_id, session_ids, error))
 
-    def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
-        self.calls.append(("fail_live", error, code))
+    def pause_live(self, stage_id: str, error: str) -> None:
+        self.calls.append(("pause_live", stage_id, error))
+
+    def chain_back(self) -> None:
+        self.calls.append(("chain_back",))
+
+    @property
+    def replays(self) -> Any:
+        return self  # fail_paused / expire, recorded here too
+
+    def fail_paused(self, error: str) -> None:
+        self.calls.append(("fail_paused", error))
+
+    def expire(self) -> None:
+        self.calls.append(("expire",))
 
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         self.calls.append(("downstream_ready", cache))
@@ -59,7 +72,7 @@ def test_inbound_reports_to_its_callbacks() -> None:
 
     asyncio.run(body())
     assert driver.calls == [("predictions", 3), ("fail_batch", 3, (5,), "stage stage1: boom"), ("downstream_ready", None),
-                            ("fail_live", "stage stage1: stopped", ErrorCode.PIPELINE_FAILED)]
+                            ("pause_live", "stage1", "stage stage1: stopped")]
     assert driver.liveness.dead == "stage1"
 
 

@@ -299,3 +299,29 @@ def test_sequence_progress_properties() -> None:
     assert s.length == 10  # the first token is not yet in KV
     s.generated = [5, 6, 7]
     assert s.length == 12
+
+
+@pytest.mark.parametrize("generated", [(), (7, 8, 9)], ids=["paused-while-prefilling", "paused-while-decoding"])
+def test_a_replayed_session_commits_its_next_token(generated: tuple[int, ...]) -> None:
+    """After a replay (a later stage died) the window that samples the session's next token is of the session's
+    current epoch, so its prediction is committed: a session paused while it still prefilled (nothing generated)
+    gets its first token, one paused while decoding its next (a regression: the prefill's last chunk once
+    carried epoch 0, was discarded as stale, and the request hung)."""
+    from skippy.driver.batches import InFlight
+    from skippy.driver.postprocess import postprocess
+    from skippy.protocol import Predictions, SessionPrediction
+
+    s = seq(1, 10, chunk=64, prefilled=6 if not generated else 10, generated=generated)
+    s.chunk_ends[:] = [10]
+    s.replay()
+    while True:
+        plan = plan_iteration([s], NO_LIMIT, 4)
+        assert len(plan) == 1
+        s.in_flight += 1
+        s.prefilled = max(s.prefilled, plan[0].pos_start + len(plan[0].tokens))
+        outcomes = postprocess(InFlight(plan, 0.0), Predictions(1, (SessionPrediction(1, (42,)),)), 512)
+        if not plan[0].is_prefill or plan[0].outputs:
+            break
+        assert outcomes == []
+    assert len(s.generated) == len(generated) + 1 and s.generated[-1] == 42
+    assert [e.token for o in outcomes for e in o.events] == [42]

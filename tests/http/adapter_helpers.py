@@ -2,7 +2,11 @@
 
 `FakeBroker` answers Status (ready, ctx 256) and every Submit with a few tokens and `length` (keeping the
 last request's sampling), so each request exercises the adapter's parsing, tokenizing, detokenizing and
-response paths without a pipeline. `adapter_server(model, api_key=..., limits=...)` yields the
+response paths without a pipeline; with `fail_after = N` it fails each request after N tokens instead
+(`pipeline_failed`, as when a stage dies mid-stream); with `lose_after = N` it loses the first submission after N
+tokens (`pipeline_lost`, as when stage 0 or the broker dies) and keeps each resubmission's `history`; with
+`not_ready = N` its next N Status answers say no pipeline is ready (`not_ready_after_loss`: from the loss on).
+`adapter_server(model, api_key=..., limits=...)` yields the
 HttpServer (port 0) and the fake broker.
 """
 
@@ -29,18 +33,39 @@ class FakeBroker:
         self.submitted = 0
         self.cancelled = 0
         self.sampling: Any = None  # the last submitted request's
+        self.fail_after: int | None = None
+        self.max_tokens: int | None = None  # the last submitted request's
+        self.lose_after: int | None = None
+        self.histories: list[tuple[int, ...]] = []  # each submission's history (a resubmission's tokens)
+        self.not_ready = 0
+        self.not_ready_after_loss = 0  # `not_ready` from the loss on
 
     async def status(self, timeout_s: float = 5.0) -> Status:
+        if self.not_ready > 0:
+            self.not_ready -= 1
+            return Status(0, False, "stage0", 0, 0, 0, 0)
         return Status(0, True, None, 0, 0, 2, 256)
 
     async def submit(self, prompt: Sequence[int], sampling: Any = None, max_tokens: int = 16,
-                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None) -> RequestHandle:
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
+                     history: Sequence[int] = (), **resubmission: Any) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.histories.append(tuple(history))
         handle = RequestHandle(request_id or "fake")
-        for token in TOKENS[:max_tokens]:
+        if self.lose_after is not None:
+            lose, self.lose_after, self.not_ready = self.lose_after, None, self.not_ready_after_loss
+            for token in TOKENS[:lose]:
+                handle.put(TokenEvent(token=token))
+            handle.put(TokenEvent(finish_reason="error", error="stage 0 at ipc://x lost its connection", code="pipeline_lost"))
+            return handle
+        for token in TOKENS[len(history):max_tokens if self.fail_after is None else self.fail_after]:
             handle.put(TokenEvent(token=token))
-        handle.put(TokenEvent(finish_reason="length"))
+        if self.fail_after is not None:
+            handle.put(TokenEvent(finish_reason="error", error="stage 1 at ipc://x lost", code="pipeline_failed"))
+        else:
+            handle.put(TokenEvent(finish_reason="length"))
         return handle
 
     async def cancel(self, request_id: str) -> None:
@@ -48,14 +73,14 @@ class FakeBroker:
 
 
 @asynccontextmanager
-async def adapter_server(model: Path, *, api_key: str | None = None,
-                         limits: HttpLimits | None = None) -> AsyncIterator[tuple[HttpServer, FakeBroker]]:
+async def adapter_server(model: Path, *, api_key: str | None = None, limits: HttpLimits | None = None,
+                         resume_timeout_s: float = 60.0) -> AsyncIterator[tuple[HttpServer, FakeBroker]]:
     """The adapter's route table (`OpenAIAdapter.router`, what `skippy adapter` serves) with production's
     limits unless `limits`, its metrics observing the server's connections."""
     tokenizer = Tokenizer(model)
     broker = FakeBroker()
     adapter = OpenAIAdapter(broker, tokenizer, ChatTemplate(tokenizer.model, read_model_info(model).architecture),  # type: ignore[arg-type]
-                            "tiny", 8, api_key=api_key)
+                            "tiny", 8, api_key=api_key, resume_timeout_s=resume_timeout_s)
     server = HttpServer(adapter.router(), limits=limits, observer=adapter.metrics)
     await server.start()
     try:

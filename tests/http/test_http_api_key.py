@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from adapter_helpers import adapter_server
-from http_helpers import assert_error, request, roundtrip
+from http_helpers import Reply, assert_error, request, roundtrip
 
 from skippy.http.auth import API_KEY_ENV, api_key_from
 
@@ -39,6 +39,9 @@ async def test_routes_want_the_key_but_health_and_readyz(tiny_model: Callable[..
         assert ok.status == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
         assert (await roundtrip(server, request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"}))).status == 200
         assert broker.submitted == 1
+        for path, body in (("/v1/messages", MESSAGES), ("/v1/chat/completions", CHAT)):  # Anthropic's header, any route
+            assert (await roundtrip(server, request("POST", path, body, {"x-api-key": KEY}))).status == 200
+        assert broker.submitted == 3
 
 
 async def test_without_a_key_the_api_is_open(tiny_model: Callable[..., Path]) -> None:
@@ -58,8 +61,22 @@ def test_key_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 OPEN = {"/health", "/readyz"}
+MESSAGES = json.dumps({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
 BODIES = {"/v1/chat/completions": CHAT, "/v1/completions": json.dumps({"model": "tiny", "prompt": "hi"}).encode(),
-          "/tokenize": b'{"prompt": "hi"}', "/detokenize": b'{"tokens": [72]}'}
+          "/tokenize": b'{"prompt": "hi"}', "/detokenize": b'{"tokens": [72]}',
+          "/v1/responses": json.dumps({"model": "tiny", "input": "hi"}).encode(), "/v1/messages": MESSAGES,
+          "/v1/messages/count_tokens": MESSAGES}
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}  # errors in Anthropic's envelope
+
+
+def assert_unauthorized(reply: Reply, path: str) -> None:
+    """A 401 in the route's envelope: OpenAI's (`invalid_api_key`), or Anthropic's on the Messages routes."""
+    if path not in ANTHROPIC:
+        assert_error(reply, 401, "invalid_api_key")
+        return
+    assert reply.status == 401 and reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    assert reply.json() == {"type": "error", "error": {"type": "authentication_error", "message": error["message"]}}
 
 
 async def test_every_route_of_the_adapter_wants_the_key(tiny_model: Callable[..., Path]) -> None:
@@ -68,16 +85,19 @@ async def test_every_route_of_the_adapter_wants_the_key(tiny_model: Callable[...
     dashboard cookie, so a route added later cannot slip out from behind the key."""
     async with adapter_server(tiny_model("llama"), api_key=KEY) as (server, broker):
         routes = server.router.routes()
-        assert {("GET", "/dashboard"), ("GET", "/dashboard/data"), ("GET", "/metrics")} <= set(routes)
+        assert {("GET", "/dashboard"), ("GET", "/dashboard/data"), ("GET", "/metrics"), ("POST", "/v1/responses"),
+                ("POST", "/v1/responses/input_tokens"), ("POST", "/v1/messages"),
+                ("POST", "/v1/messages/count_tokens")} <= set(routes)
         guarded = [(m, p) for m, p in routes if m != "OPTIONS" and p not in OPEN]
-        assert len(guarded) >= 10, routes
+        assert len(guarded) >= 14, routes
         for method, path in guarded:
             body = BODIES.get(path, b"")
             for headers, query in (({}, ""), ({"Authorization": f"Bearer {KEY}-wrong"}, ""), ({}, f"?key={KEY}-wrong"),
                                    ({"Cookie": "skippy_dashboard=0123abcd"}, ""), ({"Authorization": f"Bearer {KEY[:-1]}"}, "")):
-                reply = await roundtrip(server, request(method, path + query, body, headers))
-                assert_error(reply, 401, "invalid_api_key")
-                assert "set-cookie" not in reply.headers, (method, path)
+                for wrong in ({}, {"x-api-key": f"{KEY}-wrong"}):
+                    reply = await roundtrip(server, request(method, path + query, body, {**headers, **wrong}))
+                    assert_unauthorized(reply, path)
+                    assert "set-cookie" not in reply.headers, (method, path)
         for method, path in routes:
             if path in OPEN and method == "GET":
                 assert (await roundtrip(server, request(method, path))).status == 200

@@ -27,7 +27,9 @@ DEADLINE_S = 30.0
 
 
 def test_killed_stage_fails_stream_readyz_and_up(start_up: Callable[..., Any], tiny_llama: Path) -> None:
-    with start_up("up-kill", tiny_llama, "--ctx-size", "2048", "--max-stage-restarts", "0") as server:
+    # stage1 never comes back: the stream pauses, then fails at the resume deadline naming it
+    with start_up("up-kill", tiny_llama, "--ctx-size", "2048", "--max-stage-restarts", "0",
+                  "--openai-resume-timeout-s", "3") as server:
         client = server.client(timeout=DEADLINE_S)
         (stage1,) = server.stage_pids("stage1")
         stream = client.chat.completions.create(model=server.model_id, max_tokens=LONG, stream=True,
@@ -47,7 +49,7 @@ def test_killed_stage_fails_stream_readyz_and_up(start_up: Callable[..., Any], t
                     assert chunk.choices and chunk.choices[0].finish_reason != "length", "stream finished normally"
                     text.append(chunk.choices[0].delta.content or "")
             assert not isinstance(info.value, openai.APITimeoutError), "no error within the client timeout"
-            assert "stage1" in info.value.message
+            assert "stage stage1 died and did not come back within 3 s (" in info.value.message, info.value.message
             assert len(text) < LONG
 
             # 2. /readyz turns 503 and names the dead stage (bounded poll: the broker notices on its status poll)
@@ -58,7 +60,7 @@ def test_killed_stage_fails_stream_readyz_and_up(start_up: Callable[..., Any], t
             assert resp.json()["status"] == "not ready"
             assert "stage1" in resp.json()["reason"]
 
-            # 3. new requests are refused with 503
+            # 3. new requests are refused with 503 (the broker routes nothing to a pipeline that is not ready)
             for create in (lambda: client.chat.completions.create(model=server.model_id, max_tokens=4,
                                                                   messages=[{"role": "user", "content": "hi"}]),
                            lambda: client.completions.create(model=server.model_id, prompt="hi", max_tokens=4)):

@@ -1,6 +1,8 @@
 """Telemetry end to end over `skippy up`: spans from every process of one request reach a real OTLP gRPC
 collector started here; every process serves its own /metrics, listed in the run directory; the
-telemetry level reaches every child; a stalled collector costs requests nothing and drops are counted."""
+telemetry level reaches every child; a stalled collector costs requests nothing and drops are counted.
+The traced pipeline asks for `--activation-wire-dtype auto`: stage 0's startup verdict (q8 certified on
+the tiny llama) reaches the adapter through the broker's Status, its /metrics and the dashboard."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def traced(start_up: Callable[..., Any], tiny_llama: Path, receiver: OtlpReceiver) -> Iterator[SkippyServer]:
-    with start_up("up-telemetry", tiny_llama, "--metrics-otlp-grpc", receiver.url, "--telemetry-level", "debug") as s:
+    with start_up("up-telemetry", tiny_llama, "--metrics-otlp-grpc", receiver.url, "--telemetry-level", "debug",
+                  "--activation-wire-dtype", "auto") as s:
         yield s
 
 
@@ -113,6 +116,8 @@ def test_every_process_serves_its_metrics_and_runs_at_the_given_level(traced: Sk
     assert value(broker, "skippy_broker_requests_total", outcome="length") >= 1
     assert value(adapter, "skippy_time_per_output_token_seconds_count") >= 1
     assert value(adapter, "skippy_http_requests_total", route="/v1/completions", status="200") >= 1
+    assert value(adapter, "skippy_activation_wire", asked="auto", used="q8", certified="true") == 1
+    assert value(adapter, "skippy_activation_wire_agreement", dtype="q8") >= 0.9
 
 
 def test_dashboard_is_served_with_the_whole_pipeline(traced: SkippyServer) -> None:
@@ -126,6 +131,7 @@ def test_dashboard_is_served_with_the_whole_pipeline(traced: SkippyServer) -> No
     assert {p["process"] for p in data["processes"] if p["up"]} == PROCESSES
     assert set(data["stages"]) == {"stage0", "stage1"} and all(s["scraped"] for s in data["stages"].values())
     assert data["adapter"]["completion_tokens"] >= 4 and data["driver"]["decode_tokens"] >= 4
+    assert data["wire"]["used"] == "q8" and data["wire"]["asked"] == "auto" and data["wire"]["agreement"]["q8"] >= 0.9
 
 
 def test_a_stalled_collector_costs_nothing_and_drops_are_counted(start_up: Callable[..., Any], tiny_llama: Path) -> None:

@@ -72,13 +72,15 @@ def test_link_send_failure_at_a_middle_stage_names_that_stage(
     pipe = make_pipeline(tiny_model("llama"), [2, 4], env={"SKIPPY_FAULT": "link.batch"})
 
     async def body() -> tuple[str | None, str | None]:
-        async with running_driver(pipe) as driver:
+        # the stage is not restarted here: its request pauses, then fails at the resume deadline with the cause
+        async with running_driver(pipe, "--openai-resume-timeout-s", "2") as driver:
             _, final = await asyncio.wait_for(driver.submit(random_prompt(12, 6, 400), max_tokens=8).collect(),
                                               EXIT_WITHIN_S)
             return final.finish_reason, final.error
 
     reason, error = run(body())
     assert reason == "error"
-    assert error is not None and error.startswith("stage stage1: stage stage1 sending Batch to "), error
+    assert error is not None and error.startswith("stage stage1 died and did not come back within 2 s"
+                                                  " (stage stage1: stage stage1 sending Batch to "), error
     assert _exit_code(pipe, "stage1") == 1
     assert "link.batch" in _failed_line(pipe, "stage1")["cause"]

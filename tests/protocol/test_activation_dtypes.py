@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from skippy.config import ConfigError, WireCondition, parse_serving_args
+from skippy.config import ConfigError, WireChoice, WireCondition, parse_serving_args
 from skippy.config.serving_args import Owner, flag_owner
+from skippy.driver.wire_certify import MARGIN_EPS, agreement
 from skippy.launcher import write_local_topology
 from skippy.protocol import Batch, ProtocolError, SetWire, Window, WireDtype, decode, encode
 from skippy.protocol.activations import row_bytes
@@ -159,6 +160,28 @@ def test_activation_wire_dtype_flag(tmp_path: Path) -> None:
     base = ["--config", str(configs[0])]
     assert parse_serving_args(base).wire.activation_dtype is WireDtype.F32
     assert parse_serving_args([*base, "--activation-wire-dtype", "q8"]).wire.activation_dtype is WireDtype.Q8
-    with pytest.raises(ConfigError, match="--activation-wire-dtype must be one of f32 | f16 | q8, got 'bf16'"):
+    with pytest.raises(ConfigError, match=r"--activation-wire-dtype must be one of f32 \| f16 \| q8 \| auto, got 'bf16'"):
         parse_serving_args([*base, "--activation-wire-dtype", "bf16"])
     assert flag_owner("--activation-wire-dtype") is Owner.EVERY_STAGE  # skippy up hands it to every stage
+    auto = parse_serving_args([*base, "--activation-wire-dtype", "auto"])
+    assert auto.activation_wire is WireChoice.AUTO and auto.wire.activation_dtype is WireDtype.F32 and auto.certify_wire
+    assert not parse_serving_args([*base, "--activation-wire-dtype", "q8", "--no-activation-wire-certify"]).certify_wire
+
+
+def test_a_whole_chain_set_wire_switches_only_the_dtype_and_goes_on_down() -> None:
+    msg = SetWire(0.0, None, WireDtype.Q8, whole_chain=True)
+    assert decode(encode(msg)) == msg
+    sent: list[Any] = []
+    link = SimpleNamespace(endpoint="tcp://x:1", wire=WireCondition(delay_ms=20.0, mbps=5.0), enqueue=sent.append)
+    log = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None)
+    apply_wire(link, msg, log)  # type: ignore[arg-type]  # only .wire, .endpoint and .enqueue are used
+    assert link.wire == WireCondition(delay_ms=20.0, mbps=5.0, activation_dtype=WireDtype.Q8)  # the delay is kept
+    assert sent == [msg]  # forwarded to the next stage, ahead of what this stage forwards after it
+    apply_wire(None, msg, log)  # the final stage: the end of the chain, nothing to warn about
+
+
+def test_agreement_counts_only_positions_where_f32_is_decisive() -> None:
+    reference = [(5, 3.0), (6, 0.1), (7, 2.0), (8, 0.6)]
+    assert agreement(reference, [(5, 2.0), (9, 0.0), (7, 1.0), (8, 0.1)]) == (1.0, 3)  # the near-tie flip is not counted
+    assert agreement(reference, [(5, 2.0), (6, 0.0), (1, 1.0), (8, 0.1)]) == (2 / 3, 3)
+    assert agreement([(1, MARGIN_EPS)], [(2, 1.0)]) == (1.0, 0)  # no decisive position: nothing to disagree with

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from skippy.runtime.chain import LocalChain
+from skippy.runtime.chain import LocalChain, layer_ranges
+from skippy.runtime.errors import ModelError
+from skippy.runtime.slices import check_range, read_model_info
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.windows import SessionWindow
 
@@ -21,6 +25,32 @@ def tiny_spec(path: object, **overrides: object) -> RuntimeSpec:
     values: dict[str, object] = {"layer_start": 0, "layer_end": 0, "ctx_size": TINY_CTX, "n_outputs_max": TINY_OUTPUTS}
     values.update(overrides)
     return RuntimeSpec(model_path=path, **values)  # type: ignore[arg-type]
+
+
+def split_refusal(path: object, split_points: Sequence[int]) -> str:
+    """Why the family's rules refuse this split of the model ('' when they allow it)."""
+    info = read_model_info(path)  # type: ignore[arg-type]
+    for start, end in layer_ranges(info.n_layer, list(split_points)):
+        try:
+            check_range(info, start, end)
+        except ModelError as exc:
+            return str(exc)
+    return ""
+
+
+def refused_as_the_rules_say(open_chain: Callable[..., LocalChain], path: Path, split_points: Sequence[int]) -> bool:
+    """True when the family's rules refuse the split, after checking the chain's load refuses it so."""
+    refusal = split_refusal(path, split_points)
+    if refusal:
+        with pytest.raises(ModelError) as refused:
+            open_chain(tiny_spec(path), split_points)
+        assert str(refused.value) == refusal
+    return bool(refusal)
+
+
+def allowed_split(path: Path, *candidates: Sequence[int]) -> list[int]:
+    """The first of the candidate splits the family's rules allow."""
+    return list(next(c for c in candidates if not split_refusal(path, c)))
 
 
 def prompt_tokens(n: int, seed: int, n_vocab: int = 400) -> list[int]:

@@ -11,9 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_helpers import batched_greedy, decode_logits, prompt_tokens, tiny_spec, top2_margin, window
+from runtime_helpers import (
+    allowed_split,
+    batched_greedy,
+    decode_logits,
+    prompt_tokens,
+    refused_as_the_rules_say,
+    tiny_spec,
+    top2_margin,
+    window,
+)
 
 from skippy.runtime.chain import LocalChain
+from skippy.testing.tiny_families import FAMILY_SPECS
 from skippy.testing.tiny_models import FAMILIES
 
 # Different lengths (one past the tiny gemma3's 32-token window); some ask for every position's logits.
@@ -21,14 +31,18 @@ PROMPTS = [prompt_tokens(n, seed=10 + n) for n in (7, 19, 40, 3)]
 OUTPUTS = ["all", "all", "last", "all"]
 STEPS = 16
 CLEAR = 0.5
+FAMILIES_WITH_EXPERTS = {f for f in FAMILIES if FAMILY_SPECS[f].n_expert}
+FAMILIES_WITH_RECURRENCE = {f for f in FAMILIES if FAMILY_SPECS[f].attention_period}
 
 
-@pytest.mark.parametrize("split_points", [[3], [1, 5], [2, 4]], ids=lambda s: "split" + "-".join(map(str, s)))
+@pytest.mark.parametrize("split_points", [[3], [1, 5], [2, 4], [4]], ids=lambda s: "split" + "-".join(map(str, s)))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_four_sessions_batched_split_equals_unsplit(
     family: str, split_points: list[int], tiny_model: Callable[..., Path],
     unsplit_chain: Callable[[str], LocalChain], open_chain: Callable[..., LocalChain],
 ) -> None:
+    if refused_as_the_rules_say(open_chain, tiny_model(family), split_points):
+        return
     chain = open_chain(tiny_spec(tiny_model(family)), split_points)
     assert chain.final.spec.lane_count == 4
     ref_tokens, ref_logits = batched_greedy(unsplit_chain(family), PROMPTS, OUTPUTS, STEPS)
@@ -41,13 +55,14 @@ def test_four_sessions_batched_split_equals_unsplit(
     assert all(s.active_sessions == [] for s in chain.stages)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# Not the MoE family: a router's pick flips with the batch, and a flipped expert moves even clear margins.
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in FAMILIES_WITH_EXPERTS])
 def test_batched_equals_alone_where_the_margin_is_clear(
     family: str, tiny_model: Callable[..., Path],
     unsplit_chain: Callable[[str], LocalChain], open_chain: Callable[..., LocalChain],
 ) -> None:
     """Split chain, 4 sessions batched vs the unsplit model decoding each session alone (same tokens fed)."""
-    chain = open_chain(tiny_spec(tiny_model(family)), [2, 4])
+    chain = open_chain(tiny_spec(tiny_model(family)), allowed_split(tiny_model(family), [2, 4], [4]))
     tokens, logits = batched_greedy(chain, PROMPTS, ["last"] * 4, STEPS)
     full = unsplit_chain(family)
     checked = 0
@@ -95,10 +110,15 @@ def test_multi_token_windows_split_equals_unsplit(
         return out
 
     expected = run(unsplit_chain(family))
-    got = run(open_chain(tiny_spec(tiny_model(family)), [1, 3]))
+    got = run(open_chain(tiny_spec(tiny_model(family)), allowed_split(tiny_model(family), [1, 3], [4])))
     for step, (e_batch, g_batch) in enumerate(zip(expected, got)):
         for e, g in zip(e_batch, g_batch):
             assert e.shape == g.shape
+            if family in FAMILIES_WITH_RECURRENCE and len(batches[step]) > 1:
+                # windows of different lengths run one by one on a hybrid's non-final stage (its ubatches
+                # would regroup the rows): the same computation, other ubatches (llama.cpp's batch variance)
+                assert np.abs(e - g).max() < 1e-3 and np.array_equal(e.argmax(1), g.argmax(1)), step
+                continue
             assert np.array_equal(e, g), f"batch {step}: max |diff| {np.abs(e - g).max()}"
     assert expected[1][0].shape[0] == 5 and expected[2][1].shape[0] == 3
 

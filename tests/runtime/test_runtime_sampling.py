@@ -15,12 +15,15 @@ from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.testing.tiny_models import FAMILIES
 
+# The sampler chain does not depend on the family: these cover tied and separate heads, biases and q/k norms.
+SAMPLER_FAMILIES = FAMILIES[:4]
+
 PROMPT = prompt_tokens(16, seed=40)
 REPETITIVE = [300, 301, 302, 303] * 8
 N = 32
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLER_FAMILIES)
 def test_same_seed_same_tokens_different_seed_different_tokens(
     family: str, unsplit_chain: Callable[[str], LocalChain]
 ) -> None:
@@ -77,7 +80,7 @@ def test_positive_logit_bias_forces_a_token(unsplit_chain: Callable[[str], Local
     assert list(chain.generate(PROMPT, 8, hot)) == [forced] * 8
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLER_FAMILIES)
 def test_minus_inf_bias_bans_the_greedy_token(family: str, unsplit_chain: Callable[[str], LocalChain]) -> None:
     chain = unsplit_chain(family)
     logits = decode_logits(chain, [window(0, 0, PROMPT, "last")])[0][0]
@@ -90,7 +93,7 @@ def test_minus_inf_bias_bans_the_greedy_token(family: str, unsplit_chain: Callab
     assert best not in banned  # banned for the whole continuation, not just the first step
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLER_FAMILIES)
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(repeat_penalty=1.5), SamplingParams(presence_penalty=1.0), SamplingParams(frequency_penalty=1.0)],
@@ -108,7 +111,7 @@ def test_penalties_change_the_greedy_continuation(
     assert greedy[k] in REPETITIVE + greedy[:k]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLER_FAMILIES)
 def test_a_large_presence_penalty_never_repeats(family: str, unsplit_chain: Callable[[str], LocalChain]) -> None:
     chain = unsplit_chain(family)
     greedy = list(chain.generate(REPETITIVE, N))
@@ -117,7 +120,7 @@ def test_a_large_presence_penalty_never_repeats(family: str, unsplit_chain: Call
     assert len(set(penalised)) == N
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SAMPLER_FAMILIES)
 def test_top_p_zero_keeps_the_most_likely_token_at_any_temperature(
     family: str, unsplit_chain: Callable[[str], LocalChain]
 ) -> None:

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_helpers import decode_logits, prompt_tokens, tiny_spec, window
+from runtime_helpers import decode_logits, prompt_tokens, split_refusal, tiny_spec, window
 
 import skippy.runtime.slices as slices
 from skippy.runtime.chain import LocalChain
+from skippy.runtime.errors import ModelError
+from skippy.runtime.families import FAMILIES as FAMILIES_BY_ARCH
 from skippy.runtime.gguf_file import GGUFFile
-from skippy.runtime.slices import ensure_slice, file_digest, slice_cache_dir, write_slice
+from skippy.runtime.layer_kinds import missing_kind, stop_block
+from skippy.runtime.slices import ensure_slice, file_digest, read_model_info, slice_cache_dir, write_slice
 from skippy.runtime.stage_runtime import StageRuntime
+from skippy.testing.tiny_families import FAMILY_SPECS
 from skippy.testing.tiny_models import FAMILIES
 
 PATTERN = "gemma3.attention.sliding_window_pattern"
@@ -99,10 +103,17 @@ def blocks(gguf: GGUFFile) -> dict[int, dict[str, object]]:
 def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bool,
                                     tiny_model: Callable[..., Path], tmp_path: Path) -> None:
     path = tiny_model(family)
+    info = read_model_info(path)
+    refusal = split_refusal(path, [start] if start else [])
+    if refusal or (final and missing_kind(info.required_layers, start, end)):  # the family's rules refuse it
+        with pytest.raises(ModelError, match=f"{family} "):
+            write_slice(path, tmp_path / "s.gguf", start, end, final=final)
+        return
     dest = write_slice(path, tmp_path / "s.gguf", start, end, final=final)
     src, sl = GGUFFile(path), GGUFFile(dest)
     try:
-        owned = list(range(start, end)) + ([] if final else [end - 1])  # + the stop block
+        # + the stop block: a copy of the last layer, or of the kind of layer the slice lacks
+        owned = list(range(start, end)) + ([] if final else [stop_block(info.required_layers, start, end)])
         assert sl.get("skippy.slice.layer_start") == start
         assert sl.get("skippy.slice.layer_end") == end
         assert sl.get("skippy.slice.stop_block") is (not final)
@@ -110,9 +121,15 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
         assert sl.get("skippy.slice.source_n_layer") == 6
         assert sl.get(f"{family}.block_count") == len(owned)
         assert sl.get("general.architecture") == family
+        pattern = f"{family}.attention.sliding_window_pattern"
+        per_layer = {f"{family}.attention.head_count_kv"} if FAMILY_SPECS[family].attention_period else set()
+        dropped = {f"{family}.{key}" for key in FAMILIES_BY_ARCH[family].token_input_keys} if start else set()
+        assert not dropped & set(sl.kv)  # token-embedding scales stay with stage 0
         for key in src.kv:  # everything else is copied unchanged
-            if key not in (f"{family}.block_count", PATTERN, f"{family}.attention.sliding_window"):
+            if key not in {f"{family}.block_count", pattern, f"{family}.attention.sliding_window", *per_layer, *dropped}:
                 assert sl.raw_entry(key) == src.raw_entry(key), key
+        for key in per_layer:  # cut to the slice's layers, by their original indices
+            assert sl.get(key) == [src.get(key)[il] for il in owned]  # type: ignore[index]
 
         src_blocks, sl_blocks = blocks(src), blocks(sl)
         assert sorted(sl_blocks) == list(range(len(owned)))
@@ -124,15 +141,15 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
         sl_rest = {t.name: bytes(sl.tensor_bytes(t)) for t in sl.tensors if not t.name.startswith("blk.")}
         assert sl_rest == src_rest  # embeddings, output norm (and head) kept
 
-        if family != "gemma3":
-            assert sl.get(PATTERN) is None
+        if not FAMILY_SPECS[family].sliding_window:
+            assert sl.get(pattern) is None
             return
-        swa = [il % 3 < 2 for il in owned]  # tiny gemma3: period 3, layers 2 and 5 global
+        swa = [il % 3 < 2 for il in owned]  # tiny gemma3 and cohere2: period 3, layers 2 and 5 global
         if any(swa):
-            assert sl.get(PATTERN) == swa  # pinned to the ORIGINAL layer indices, stop block included
-            assert sl.get("gemma3.attention.sliding_window") == 32
+            assert sl.get(pattern) == swa  # pinned to the ORIGINAL layer indices, stop block included
+            assert sl.get(f"{family}.attention.sliding_window") == 32
         else:  # only global layers: llama.cpp rejects SWA without SWA layers, so the window is dropped
-            assert sl.get(PATTERN) is None and sl.get("gemma3.attention.sliding_window") is None
+            assert sl.get(pattern) is None and sl.get(f"{family}.attention.sliding_window") is None
     finally:
         src.close()
         sl.close()

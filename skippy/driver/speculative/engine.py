@@ -137,7 +137,7 @@ class Speculation:
         k = max(0, min(seq.chain_k, rows_left - 1, len(seq.chain) - 1))
         head, draft, rest = seq.chain[0], tuple(seq.chain[1 : 1 + k]), seq.chain[1 + k :]
         window = PlannedWindow(seq, seq.chain_pos, np.array([head, *draft], np.int32), tuple(range(1 + k)), draft,
-                               head, seq.epoch, rest[0] if rest else None)
+                               head, seq.epoch, rest[0] if rest else None, seq.attempt)
         seq.chain, seq.chain_pos = rest, seq.chain_pos + 1 + k
         return window
 

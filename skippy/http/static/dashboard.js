@@ -102,6 +102,14 @@ function renderProcesses(data) {
     `<tr><td>${p.process}</td><td>${p.url}</td><td class="${p.up ? "" : "down"}">${p.up ? "up" : "not answering"}</td></tr>`).join("");
 }
 
+function renderWire(wire) {
+  // the format stage 0 certified at startup: the one used, what was asked, each tried format's argmax agreement
+  if (!wire) return;
+  $("wire").textContent = wire.used;
+  const tried = Object.entries(wire.agreement).map(([dtype, a]) => `${dtype} ${fmt(a, 2)}`).join(" · ");
+  $("wire-detail").textContent = `asked ${wire.asked}${wire.certified === "true" ? "" : " (uncertified)"}${tried ? ` · ${tried}` : ""}`;
+}
+
 function render(data) {
   const dt = previous ? data.time - previous.time : 0;
   const a = data.adapter, pa = previous && previous.adapter;
@@ -121,6 +129,7 @@ function render(data) {
   $("requests-total").textContent = String(a.requests);
   $("completion-tokens").textContent = String(a.completion_tokens);
   $("dropped").textContent = String(data.telemetry.dropped);
+  renderWire(data.wire);
   push(history.toks, toks);
   push(history.inFlight, d ? d.in_flight : 0);
   push(history.queue, queue);

@@ -1,0 +1,165 @@
+"""Resubmission: a request whose stage 0 or broker died goes on from the tokens its client already has.
+
+Stage 0 holds a request's KV and the broker holds its place; when either process dies the request ends with
+`pipeline_lost` (the broker saw its stage 0 go, or this adapter's PipelineClient lost the broker). Nothing
+the client was sent is lost: the adapter knows the prompt and every token it streamed, so `Resubmitter`
+waits (polling the broker's status) until a pipeline is ready again and submits the request anew with
+them (skippy.protocol.Submit.history, with the prompt's chunk ends and the sampler's draws, so stage 0
+rebuilds the KV and the sampler state exactly); its events continue the same stream, each token once, and
+the client's stream only pauses (the lost submission is cancelled first, in case a stage 0 that outlived
+its broker still runs it). A request that cannot be resubmitted within `resume_timeout_s` of its
+loss ends with one pipeline_failed error naming what died. Each resubmission is counted (`on_resubmit`)
+and logged (`request_resubmitted`, with the tokens it carried and the pause).
+
+A new request that finds no pipeline ready waits the same way (`wait_ready`, bounded by the same deadline)
+before it is refused with 503, so requests sent during a restart are served once it is over.
+
+The handle it returns is the one the generation routes iterate (skippy.http.generation); `cancel` takes
+the request id they know and cancels whichever submission is current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from skippy.log import get_logger
+from skippy.protocol import ErrorCode, FinishReason, Status
+from skippy.request_events import PipelineUnavailable, TokenEvent
+from skippy.runtime.sampling import SamplingParams
+
+DEFAULT_RESUME_TIMEOUT_S = 60.0
+READY_POLL_S = 0.2  # while a lost request waits for a pipeline, the broker's status is asked this often
+
+
+class EventSource(Protocol):
+    def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
+
+
+class Submitter(Protocol):
+    """What the adapter talks to: skippy.client.PipelineClient (the broker)."""
+
+    async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
+                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0) -> EventSource: ...
+
+    async def cancel(self, request_id: str) -> None: ...
+
+    async def status(self, timeout_s: float = 5.0) -> Status: ...
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams | None
+    max_tokens: int
+    stop_tokens: frozenset[int]
+    request_id: str
+    current: str  # the id of the submission now in flight
+    history: list[int] = field(default_factory=list)  # tokens the client was sent
+    chunks: tuple[int, ...] = ()
+    draws: int = 0
+    attempts: int = 0
+    cancelled: bool = False
+
+
+class Resubmitter:
+    def __init__(self, client: Submitter, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+                 on_resubmit: Callable[[], None] | None = None, log: Any = None) -> None:
+        self.client = client
+        self.resume_timeout_s = resume_timeout_s
+        self.on_resubmit = on_resubmit
+        self.log = log or get_logger()
+        self.active: dict[str, _Request] = {}
+
+    async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
+                     stop_tokens: frozenset[int] = frozenset(), request_id: str = "") -> AsyncIterator[TokenEvent]:
+        req = _Request(list(prompt), sampling, max_tokens, stop_tokens, request_id, request_id)
+        handle = await self.client.submit(req.prompt, sampling, max_tokens, stop_tokens, request_id=request_id)
+        self.active[request_id] = req
+        return self._events(req, handle)
+
+    async def cancel(self, request_id: str) -> None:
+        req = self.active.get(request_id)
+        if req is not None:
+            req.cancelled = True
+        await self.client.cancel(req.current if req is not None else request_id)
+
+    async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                final = None
+                async for event in handle:
+                    if event.final:
+                        final = event
+                        break
+                    if event.token is not None:
+                        req.history.append(event.token)
+                    req.chunks = event.chunks or req.chunks
+                    req.draws = event.draws or req.draws
+                    yield event
+                assert final is not None
+                if final.code != ErrorCode.PIPELINE_LOST or req.cancelled:
+                    yield final
+                    return
+                resumed = await self._resubmit(req, final)
+                if isinstance(resumed, TokenEvent):
+                    yield resumed
+                    return
+                handle = resumed
+        finally:
+            self.active.pop(req.request_id, None)
+
+    async def _resubmit(self, req: _Request, lost: TokenEvent) -> EventSource | TokenEvent:
+        """Wait for a ready pipeline and submit `req` again with what its client has; the final error when it
+        cannot be within the deadline (or it was cancelled meanwhile)."""
+        since = time.monotonic()
+        deadline = since + self.resume_timeout_s
+        self.log.warning("request_lost", request_id=req.request_id, generated_tokens=len(req.history), error=lost.error)
+        lost_submission = req.current
+        while time.monotonic() < deadline and not req.cancelled:
+            if await self._ready(deadline) is not None:
+                # a stage 0 that outlived the broker still runs the lost submission: it is cancelled there
+                await self.client.cancel(lost_submission)
+                req.attempts += 1
+                req.current = f"{req.request_id}-r{req.attempts}"
+                handle = await self.client.submit(req.prompt, req.sampling, req.max_tokens, req.stop_tokens,
+                                                  request_id=req.current, history=req.history, chunks=req.chunks,
+                                                  draws=req.draws)
+                if self.on_resubmit is not None:
+                    self.on_resubmit()
+                self.log.info("request_resubmitted", request_id=req.request_id, submission=req.current,
+                              history_tokens=len(req.history), paused_ms=round((time.monotonic() - since) * 1e3, 3),
+                              cause=lost.error)
+                return handle
+        if req.cancelled:
+            return TokenEvent(finish_reason=FinishReason.CANCELLED)
+        error = f"{lost.error}; no pipeline took it back within {self.resume_timeout_s:g} s"
+        return TokenEvent(finish_reason=FinishReason.ERROR, error=error, code=ErrorCode.PIPELINE_FAILED)
+
+    async def wait_ready(self) -> Status | None:
+        """A new request that finds no pipeline ready (a process of it is restarting) waits for one rather than
+        being refused: the broker's ready Status, or None when none is ready within `resume_timeout_s`."""
+        since = time.monotonic()
+        deadline = since + self.resume_timeout_s
+        while time.monotonic() < deadline:
+            status = await self._ready(deadline)
+            if status is not None:
+                self.log.info("pipeline_waited", waited_ms=round((time.monotonic() - since) * 1e3, 3))
+                return status
+        self.log.warning("pipeline_not_ready", waited_s=self.resume_timeout_s)
+        return None
+
+    async def _ready(self, deadline: float) -> Status | None:
+        """Bounded poll: the broker's Status once it answers that a pipeline is ready (else None, after a pause)."""
+        try:
+            status = await self.client.status(timeout_s=max(0.1, min(2.0, deadline - time.monotonic())))
+            if status.ready and status.ctx_size > 0:
+                return status
+        except PipelineUnavailable:
+            pass
+        await asyncio.sleep(READY_POLL_S)  # the poll's period (the broker or stage 0 is restarting)
+        return None

@@ -1,0 +1,77 @@
+"""Two replicas behind one broker: a request whose replica's stage 0 dies moves to the other, with its tokens.
+
+Two real pipelines (stage 0 a process too) behind one broker; the adapter's resubmission
+(skippy.http.resubmit.Resubmitter) over a PipelineClient to the broker, as the adapter runs it. Stage 0 of the
+replica holding a stream is SIGKILLed mid-stream and not restarted: the broker ends its requests with
+pipeline_lost, the resubmission goes to the replica still ready, and every stream completes with the tokens of
+an undisturbed run of the same greedy requests, each token once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from broker_helpers import WAIT_S, PipelineProcs, run, running_broker
+
+from skippy.client import PipelineClient
+from skippy.http.resubmit import Resubmitter
+from skippy.request_events import TokenEvent
+
+MAX_TOKENS = 120
+PROMPTS = [[5, 6, 7, 8 + i] for i in range(2)]
+
+
+async def _collect(events: AsyncIterator[TokenEvent], started: asyncio.Event) -> tuple[list[int], TokenEvent]:
+    tokens: list[int] = []
+    async for event in events:
+        if event.final:
+            return tokens, event
+        assert event.token is not None
+        tokens.append(event.token)
+        if len(tokens) == 5:
+            started.set()
+    raise AssertionError("no final event")
+
+
+async def _generate(resubmitter: Resubmitter, prefix: str,
+                    on_started: Callable[[], None] | None = None) -> list[tuple[list[int], TokenEvent]]:
+    started = [asyncio.Event() for _ in PROMPTS]
+    runs = [asyncio.create_task(_collect(await resubmitter.submit(p, None, MAX_TOKENS, frozenset(), f"{prefix}{i}"), s))
+            for i, (p, s) in enumerate(zip(PROMPTS, started))]
+    await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), WAIT_S)
+    if on_started is not None:
+        on_started()
+    return await asyncio.wait_for(asyncio.gather(*runs), WAIT_S)
+
+
+def test_a_request_whose_replica_died_moves_to_the_other(make_pipeline: Callable[..., PipelineProcs]) -> None:
+    replicas = [make_pipeline(), make_pipeline()]
+
+    async def body() -> None:
+        async with running_broker([r.request_endpoint for r in replicas]) as (broker, _):
+            client = PipelineClient(broker.endpoint)
+            resubmitter = Resubmitter(client, resume_timeout_s=WAIT_S)
+            killed: list[str] = []
+
+            def kill_a_holder() -> None:  # stage 0 of the replica holding the first stream
+                link = broker.requests["moved0"].link
+                assert link is not None
+                (victim,) = [r for r in replicas if r.request_endpoint == link.endpoint]
+                victim.stages.kill("stage0")
+                killed.append(link.endpoint)
+
+            try:
+                undisturbed = await _generate(resubmitter, "calm")
+                moved = await _generate(resubmitter, "moved", kill_a_holder)
+            finally:
+                client.close()
+            for (want, calm_final), (got, final) in zip(undisturbed, moved):
+                assert calm_final.finish_reason == final.finish_reason == "length", final
+                assert got == want  # the undisturbed tokens, each once
+            assert len(killed) == 1
+            survivor = next(r.request_endpoint for r in replicas if r.request_endpoint not in killed)
+            assert {req.link.endpoint for req in broker.requests.values() if req.link is not None} <= {survivor}
+            assert broker.outcomes["pipeline_lost"] >= 1
+
+    run(body())

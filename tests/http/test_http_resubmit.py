@@ -1,0 +1,53 @@
+"""The adapter's resubmission (skippy.http.resubmit) on the real adapter over a fake broker (adapter_helpers):
+a generation lost after its first tokens (`pipeline_lost`: its stage 0 or the broker died) is resubmitted with
+the tokens already streamed and the client gets every token once, in one stream and one usage count, through
+the official SDK; a request that finds no pipeline ready waits for one instead of a 503; a request lost for good
+(no pipeline ready within the deadline) fails with one error naming the loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import openai
+import pytest
+from adapter_helpers import TOKENS, adapter_server
+
+pytestmark = pytest.mark.anyio
+ASK = [{"role": "user", "content": "hi"}]
+
+
+async def test_a_lost_generation_is_resubmitted_with_its_tokens(tiny_model: Callable[..., Path]) -> None:
+    async with adapter_server(tiny_model("llama")) as (server, broker):
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0) as oai:
+            whole = await oai.chat.completions.create(model="tiny", messages=ASK, max_tokens=3)  # undisturbed
+            broker.lose_after = 2
+            chunks = [c async for c in await oai.chat.completions.create(
+                model="tiny", messages=ASK, max_tokens=3, stream=True, stream_options={"include_usage": True})]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # each token once, in order
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == len(TOKENS)
+    assert broker.histories[-2:] == [(), TOKENS[:2]]  # the lost submission, then its resubmission with 2 tokens
+
+
+async def test_a_request_waits_for_a_pipeline_instead_of_a_503(tiny_model: Callable[..., Path]) -> None:
+    async with adapter_server(tiny_model("llama")) as (server, broker):
+        broker.not_ready = 3
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0) as oai:
+            reply = await oai.chat.completions.create(model="tiny", messages=ASK, max_tokens=3)
+    assert reply.choices[0].finish_reason == "length" and broker.not_ready == 0 and broker.submitted == 1
+
+
+async def test_a_generation_lost_for_good_fails_once_naming_it(tiny_model: Callable[..., Path]) -> None:
+    async with adapter_server(tiny_model("llama"), resume_timeout_s=0.5) as (server, broker):
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0) as oai:
+            broker.lose_after, broker.not_ready_after_loss = 1, 1000
+            stream = await oai.chat.completions.create(model="tiny", messages=ASK, max_tokens=3, stream=True)
+            with pytest.raises(openai.APIError) as failed:
+                async for _ in stream:
+                    pass
+    assert failed.value.code == "pipeline_failed"
+    assert "stage 0 at ipc://x lost its connection; no pipeline took it back within 0.5 s" in failed.value.message
+    assert broker.submitted == 1
