@@ -86,6 +86,12 @@ def write_local_topology(
     return topology, configs
 
 
+def default_kv_cache(lane_count: int) -> dict[str, object]:
+    """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
+    logits), as many KV cells as the lanes (max_bytes 0), the reference's other defaults."""
+    return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
+
+
 def read_events(log_path: Path) -> list[dict[str, object]]:
     """The JSON lines of a log file (other lines skipped)."""
     events = []

@@ -13,7 +13,10 @@ The kinds (`skippy bench KIND --help` for the flags):
   overhead, one token's timeline (timeline.py), the bare llama.cpp + ZeroMQ floor (floor.py), 8 and
   16 streams, wire delay, long-prompt TTFT; `--pin` (pipeline_pin.py): stages sharing cores vs pinned.
 - `http` (http.py, http_load.py, http_servers.py, http_report.py, llama_server_build.py): `skippy up`
-  against llama-cpp-python's server and llama.cpp's `llama-server` over HTTP.
+  against llama-cpp-python's server and llama.cpp's `llama-server` over HTTP; `--order` alternates the
+  servers level by level or runs them one after the other.
+- `plan` (plan.py): skippy split by the planner over pinned CPU sets against llama-server on one of them,
+  the planner's prediction next to each measurement.
 - `soak` (soak.py): the driver's memory over many requests, which must stay flat.
 - `speculative` (speculative.py, speculative_load.py, speculative_report.py): plain vs speculative decoding.
 - `prefix-cache` (prefix_cache.py, prefix_cache_report.py): the prefix cache on vs off.
@@ -31,9 +34,9 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `bench` verb and its kinds to the `skippy` command's subparsers."""
-    from skippy.bench import codec, http, pipeline, prefix_cache, runtime, soak, speculative, telemetry
+    from skippy.bench import codec, http, pipeline, plan, prefix_cache, runtime, soak, speculative, telemetry
 
     p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for module in (runtime, pipeline, http, soak, speculative, prefix_cache, telemetry, codec):
+    for module in (runtime, pipeline, http, plan, soak, speculative, prefix_cache, telemetry, codec):
         module.add_to(kinds)

@@ -7,20 +7,23 @@ The peer `llama-server-spec` is llama-server with its own n-gram drafting (`--sp
 
 Same GGUF, same streamed /v1/completions requests (fixed ~64-token prompt, temperature 0, fixed
 max_tokens, end-of-generation tokens banned via logit_bias as llama-cpp-python lacks ignore_eos), raw
-HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine
-noise hits them alike. Every server gets all cores: llama-cpp-python with `--interrupt_requests False`
-(else a new request cuts the running stream short), llama-server with `--parallel N -c N*512 -t <cpus>`
-(N = 16 or the highest level, as skippy's lanes). llama-cpp-python's server extras, and matplotlib for the
-plot, are pip-installed into the venv on first use; the built llama-cpp-python itself is reused, never
-rebuilt; llama-server is built once from the same llama.cpp sources (skippy.bench.llama_server_build).
-This module runs the benchmark; the servers are started in skippy.bench.http_servers, the requests
-and the sweep are in skippy.bench.http_load, the tables, plot and JSON in skippy.bench.http_report.
+HTTP on asyncio streams; the servers alternate level by level of the concurrency sweep so machine noise
+hits them alike (`--order alternate`), or run one at a time, each alone on the machine, skippy first
+(`--order sequential`) or last (`--order reverse`). Every server gets all cores: llama-cpp-python with
+`--interrupt_requests False` (else a new request cuts the running stream short), llama-server with
+`--parallel N -c N*512 -t <cpus>` (N = 16 or the highest level, as skippy's lanes). llama-cpp-python's
+server extras, and matplotlib for the plot, are pip-installed into the venv on first use; the built
+llama-cpp-python itself is reused, never rebuilt; llama-server is built once from the same llama.cpp
+sources (skippy.bench.llama_server_build). This module runs the benchmark; the servers are started in
+skippy.bench.http_servers, the requests and the sweep are in skippy.bench.http_load, the tables, plot and
+JSON in skippy.bench.http_report.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shlex
@@ -28,10 +31,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from skippy.bench.http_load import PROMPT, Server, sweep
+from skippy.bench.http_load import ORDERS, PROMPT, Server, sweep, sweep_in_turn
 from skippy.bench.http_report import pairs, table, write_report
 from skippy.bench.http_servers import (
     llama_server_args,
@@ -95,17 +99,17 @@ def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> 
     return start_llama_cpp_python(model, tmp / "llama-cpp-python.log", threads)
 
 
-def _start_skippies(args: argparse.Namespace, tmp: Path, lanes: int) -> list[Server]:
+def _skippy_starters(args: argparse.Namespace, tmp: Path, lanes: int) -> list[Callable[[], Server]]:
     """skippy up plain, and (unless --no-speculative) skippy up with SPECULATIVE_PLAN."""
     flags = shlex.split(args.skippy_flags)
-    servers = [start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, flags)]
+    starters = [lambda: start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, flags)]
     if args.speculative:
         plan = tmp / "speculative-plan.json"
         plan.write_text(json.dumps(SPECULATIVE_PLAN))
         spec_flags = ["--openai-speculative-config", str(plan), "--openai-adaptive-speculative-window"]
-        servers.append(start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes, [*flags, *spec_flags],
-                                    name="skippy-spec"))
-    return servers
+        starters.append(lambda: start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes,
+                                             [*flags, *spec_flags], name="skippy-spec"))
+    return starters
 
 
 def _peer_facts(peers: list[str], lanes: int, threads: int) -> str:
@@ -135,9 +139,15 @@ def run_http_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-bench-http-") as tmp:
         try:
             print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
-            servers += _start_skippies(args, Path(tmp), lanes)
-            servers += [_start_peer(p, model, Path(tmp), lanes, threads) for p in peers]
-            results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
+            starters: list[Callable[[], Server]] = [
+                *_skippy_starters(args, Path(tmp), lanes),
+                *(functools.partial(_start_peer, p, model, Path(tmp), lanes, threads) for p in peers)]
+            if args.order == "alternate":
+                servers += [start() for start in starters]
+                results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, args.unique_prompts, args.rounds))
+            else:  # one server at a time, alone on the machine
+                ordered = starters if args.order == "sequential" else starters[::-1]
+                results = sweep_in_turn(ordered, stop, levels, args.max_tokens, banned, args.unique_prompts, args.rounds)
         finally:
             codes = {s.name: stop(s) for s in servers}
             print(f"bench: stopped {codes}", file=sys.stderr)
@@ -148,7 +158,8 @@ def run_http_bench(args: argparse.Namespace) -> int:
               f" {_peer_facts(peers, lanes, threads)}\n"
               f"prompt {prompt_tokens} tokens{' (numbered: no prefix cache)' if args.unique_prompts else ''},"
               f" max_tokens {args.max_tokens}, temperature 0, EOG ids {banned} banned by logit_bias;"
-              f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown\n"
+              f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown;"
+              f" order {args.order}\n"
               f"machine shared with other work: 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     text = "\n\n".join([header, *(f"{o} vs {p}:\n{table(results, p, o)}" for o, p in pairs(results))])
     print(text)
@@ -156,7 +167,7 @@ def run_http_bench(args: argparse.Namespace) -> int:
     write_report(Path(args.out_dir), results, {
         "command": " ".join(["scripts/bench-http", *sys.argv[3:]]), "model": model.name,
         "prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "banned_ids": banned,
-        "unique_prompts": args.unique_prompts, "rounds": args.rounds, "cpus": threads, "peers": peers,
+        "unique_prompts": args.unique_prompts, "rounds": args.rounds, "order": args.order, "cpus": threads, "peers": peers,
         "speculative_plan": SPECULATIVE_PLAN if args.speculative else None}, text, args.max_tokens)
     return 0
 
@@ -168,6 +179,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
     p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")
+    p.add_argument("--order", choices=ORDERS, default="alternate",
+                   help="alternate: every server up, level by level in turn; sequential: one server at a time (skippy"
+                        " first), each alone on the machine; reverse: the same, peers first")
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"servers to compare against, some of {','.join(PEERS)} (default {','.join(DEFAULT_PEERS)})")
     p.add_argument("--no-speculative", dest="speculative", action="store_false",

@@ -1,7 +1,8 @@
 """`skippy bench http`, the measurement: streamed /v1/completions requests over raw HTTP on asyncio
 streams, each content chunk timed as it arrives; a level of the concurrency sweep is N requests with
 C in flight, summarised as percentiles (ms) and aggregate tok/s; the sweep alternates the servers
-level by level so machine noise hits both alike.  Starting the servers: skippy.bench.http;
+level by level so machine noise hits both alike, or (`sweep_in_turn`) runs one server at a time, each alone
+on the machine, in either order.  Starting the servers: skippy.bench.http;
 the table, plot and JSON: skippy.bench.http_report.
 """
 
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROMPT", "Results", "Sample", "Server", "bodies", "run_level", "stream_once", "sweep"]
+__all__ = ["ORDERS", "PROMPT", "Results", "Sample", "Server", "bodies", "run_level", "stream_once", "sweep",
+           "sweep_in_turn"]
 
 PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lantern, "
           "a thermos of tea and a worn notebook. From the gallery he watched the fishing boats return, "
@@ -117,6 +119,9 @@ def bodies(model: str | None, max_tokens: int, banned: list[int], unique: bool) 
     return body
 
 
+ORDERS = ("alternate", "sequential", "reverse")
+
+
 async def sweep(servers: list[Server], levels: list[int], max_tokens: int, banned: list[int], unique: bool,
                 rounds: int = 1) -> Results:
     """A warm-up per server, then every level on each server in turn, `rounds` times over (progress on
@@ -136,4 +141,18 @@ async def sweep(servers: list[Server], levels: list[int], max_tokens: int, banne
         for name, levels_run in runs.items():
             ordered = sorted(levels_run, key=lambda level: level["tok_s"])
             results[name].append({**ordered[(len(ordered) - 1) // 2], "tok_s_rounds": [lv["tok_s"] for lv in levels_run]})
+    return results
+
+
+def sweep_in_turn(starters: list[Callable[[], Server]], stop: Callable[[Server], object], levels: list[int],
+                  max_tokens: int, banned: list[int], unique: bool, rounds: int = 1) -> Results:
+    """One server at a time: start it, warm it up, run every level (`rounds` times), stop it; then the next.
+    Nothing else of the benchmark runs meanwhile (`bench http --order sequential|reverse`)."""
+    results: Results = {}
+    for start in starters:
+        server = start()
+        try:
+            results.update(asyncio.run(sweep([server], levels, max_tokens, banned, unique, rounds)))
+        finally:
+            stop(server)
     return results

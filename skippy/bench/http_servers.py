@@ -37,12 +37,14 @@ def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
         lines.put(line)
 
 
-def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Sequence[str] = (), name: str = "skippy") -> Server:
+def start_skippy(model: str, split: str | None, run_dir: Path, lanes: int, flags: Sequence[str] = (),
+                 name: str = "skippy") -> Server:
+    """`skippy up` at `split` (None: its own choice, planned when `flags` name hosts, e.g. --stage-cpus)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, "--split", split,
+    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, *(["--split", split] if split else []),
            "--lane-count", str(lanes), "--openai-generation-concurrency", str(lanes), "--bind", "127.0.0.1:0",
            "--run-dir", str(run_dir), *flags]
-    with open(run_dir.parent / "skippy-up.stderr", "wb") as log:
+    with open(run_dir.parent / f"{name}-up.stderr", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out
     threading.Thread(target=_drain, args=(proc.stdout, lines), daemon=True).start()
@@ -58,7 +60,7 @@ def start_skippy(model: str, split: str, run_dir: Path, lanes: int, flags: Seque
             server.host, server.port, server.model = host, int(port), match.group(2)
             return server
     stop(server)
-    raise SystemExit(f"bench: {name} (skippy up) did not get ready (see {run_dir.parent / 'skippy-up.stderr'})")
+    raise SystemExit(f"bench: {name} (skippy up) did not get ready (see {run_dir.parent / f'{name}-up.stderr'})")
 
 
 def _free_port() -> int:
@@ -103,10 +105,10 @@ def llama_server_args(parallel: int, threads: int, speculative: bool = False) ->
 
 
 def start_llama_server(binary: Path, model: Path, log_path: Path, parallel: int, threads: int,
-                       speculative: bool = False) -> Server:
-    """llama.cpp's llama-server (continuous batching over `parallel` slots)."""
+                       speculative: bool = False, cpus: str | None = None) -> Server:
+    """llama.cpp's llama-server (continuous batching over `parallel` slots); `cpus`: pinned there (taskset)."""
     port = _free_port()
-    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [*(["taskset", "-c", cpus] if cpus else []), str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            *llama_server_args(parallel, threads, speculative)]
     return _start_http(log_path.stem, cmd, port, log_path, "/health")
 

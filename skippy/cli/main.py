@@ -18,13 +18,13 @@ EXPECTED_ERRORS = (ConfigError, ModelError, RuntimeUsageError, HandshakeError, P
 
 def build_parser() -> argparse.ArgumentParser:
     from skippy import bench
-    from skippy.cli import adapter, broker, check_config, generate, keys, logs, pipeline, slice_cmd, stage, up
+    from skippy.cli import adapter, broker, check_config, generate, keys, logs, pipeline, plan, slice_cmd, stage, up
 
     parser = argparse.ArgumentParser(
         prog="skippy", description="Serve one GGUF model split by layers across processes."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (up, generate, stage, pipeline, broker, adapter, keys, logs, slice_cmd, bench, check_config):
+    for module in (up, plan, generate, stage, pipeline, broker, adapter, keys, logs, slice_cmd, bench, check_config):
         module.register(sub)
     return parser
 

@@ -1,6 +1,6 @@
 """`scripts/netns-hosts`: make, change, show and remove namespace hosts (`skippy.netns`).
 
-    scripts/netns-hosts up N [--delay-ms D] [--jitter-ms J] [--loss-pct P] [--rate-mbit R]
+    scripts/netns-hosts up N [--delay-ms D] [--jitter-ms J] [--loss-pct P] [--rate-mbit R] [--mem-mb M]
                              [--emulator auto|netem|wire|none] [--prefix skippy] [--subnet 10.77.0]
     scripts/netns-hosts set [--delay-ms D] [--jitter-ms J] [--loss-pct P] [--rate-mbit R] [--prefix P]
     scripts/netns-hosts status [--prefix P]
@@ -8,6 +8,7 @@
 
 `up` prints each host's namespace and address and which emulator carries the delay (netem, or the
 userspace link emulator where the kernel has no netem) and anything skipped (loss without netem).
+With `--mem-mb M` each host's processes (stages `skippy up` starts there) run in a memory cgroup of M MiB.
 `down` removes everything of the set and succeeds when there is nothing to remove.
 """
 
@@ -45,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("count", type=int)
     _conditions(u)
     u.add_argument("--subnet", default="10.77.0", help="hosts get <subnet>.1..N, this namespace <subnet>.254")
+    u.add_argument("--mem-mb", type=float, default=None,
+                   help="each host's memory budget in MiB: its processes run in a memory cgroup of that limit")
     u.add_argument("--emulator", choices=EMULATORS, default="auto",
                    help="what delays: netem, the userspace wire, none (auto: netem if the kernel has it)")
     _conditions(sub.add_parser("set", help="change the conditions of a running set"))
@@ -70,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action in ("up", "set"):
             conditions = LinkConditions(args.delay_ms, args.jitter_ms, args.loss_pct, args.rate_mbit)
             if args.action == "up":
-                hosts = up(args.count, conditions, prefix=args.prefix, subnet=args.subnet, emulator=args.emulator)
+                hosts = up(args.count, conditions, prefix=args.prefix, subnet=args.subnet, emulator=args.emulator,
+                           mem_mb=args.mem_mb)
             else:
                 hosts = set_conditions(conditions, args.prefix)
             print(describe(hosts))

@@ -24,6 +24,8 @@ from skippy.config import FlagReader, add_serving_arguments, refuse_unsupported,
 from skippy.config.affinity import format_cpu_list
 from skippy.config.api_key import COMMAND_LINE_WARNING
 from skippy.log import configure_logging, get_logger
+from skippy.plan.memory import MIB, ServingShape, kv_scale, refuse_if_too_big
+from skippy.runtime.models import resolve_model_path
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.telemetry.options import TelemetryOptions
@@ -58,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
     mtp = resolve_mtp_source(options)
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path,
              mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all")
-    runtime = StageRuntime(RuntimeSpec.from_stage_config(cfg))
+    spec = RuntimeSpec.from_stage_config(cfg)
+    if spec.load_mode == "runtime-slice" and spec.model_path is not None:  # a host's memory budget, before loading
+        shape = ServingShape(spec.lane_count, spec.ctx_size, spec.prefix_entries > 0,
+                             kv_scale(spec.cache_type_k, spec.cache_type_v))
+        need = refuse_if_too_big(resolve_model_path(spec.model_path), spec.layer_start, spec.layer_end, shape, cfg.stage_id)
+        log.info("memory_predicted", mib=round(need.total / MIB), detail=need.describe())
+    runtime = StageRuntime(spec)
     if runtime.prefix_cache_off:  # a recurrent family: its prefix cache cannot be exact, so it is not kept
         log.warning("prefix_cache_off", reason=runtime.prefix_cache_off)
     if cfg.stage_index == 0:

@@ -1,9 +1,11 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
 Default: the packaged SmolLM2-135M-Instruct (skippy.runtime.models; `--model gemma3-270m` for the
-packaged Gemma 3 270M base, or a GGUF path) split over 2 stages at half its layers on ipc:// endpoints inside the
-run directory, serving http://127.0.0.1:9337, with the prefix cache on (`--no-prefix-cache` turns it
-off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
+packaged Gemma 3 270M base, or a GGUF path) split over 2 stages on ipc:// endpoints inside the run directory,
+serving http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU set; `--hosts FILE`
+or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
+stderr), else at `--split` or the layers halved (15 of SmolLM2's 30, 9 of Gemma's 18); with the prefix cache on
+(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
 (<stage_id>.json beside it). `skippy up` takes every serving flag of `skippy stage` except the
 per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from skippy.cli.front import FrontProcesses
+from skippy.cli.plan import add_host_arguments, hosts_given, model_id_of, plan_for
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.config import (
     ConfigError,
@@ -41,7 +44,8 @@ from skippy.config import (
 from skippy.config.api_key import API_KEY_ENV, COMMAND_LINE_WARNING, api_key_from, open_bind_warning
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
-from skippy.launcher import StageProcesses, write_local_topology
+from skippy.launcher import StageProcesses, default_kv_cache, write_local_topology
+from skippy.plan.write import write_plan
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
 from skippy.runtime.models import PACKAGED, model_id_for, resolve_model_path
 from skippy.runtime.slices import read_model_info
@@ -57,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
                         " (default: smollm2-135m, SmolLM2-135M-Instruct)")
     p.add_argument("--split", default=None,
-                   help="without --topology: split points, e.g. 9 or 5,13 (default: half the model's layers)")
+                   help="without --topology: split points, e.g. 9 or 5,13 (default: planned for the hosts given by"
+                        " --stage-cpus / --hosts / --netns, else half the model's layers)")
     p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -68,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a child that dies (any stage, the broker, the adapter) is restarted, with backoff, up to N"
                         f" times in a row (default {RestartPolicy.max_restarts}; 0: a dead child stops everything)")
     add_serving_arguments(p, UP_OWNERS)
+    add_host_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -75,18 +81,24 @@ def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path]
     if args.topology is not None:
         return args.topology, stage_config_paths(args.topology, StageTopology.load(args.topology))
     model = resolve_model_path(args.model)
+    extra: dict[str, object] = {"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None}
+    if args.split is None and hosts_given(args):
+        return _planned(args, run_dir, extra)
     n_layer = read_model_info(model).n_layer
-    splits = [n_layer // 2] if args.split is None else [int(x) for x in args.split.split(",") if x.strip()]
-    model_id = model_id_for(args.model, model)
-    return write_local_topology(run_dir / "topology", model, n_layer, splits,
-                                lane_count=args.lane_count, ctx_size=args.ctx_size, model_id=model_id,
-                                extra={"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None})
+    splits = [int(x) for x in (args.split or str(n_layer // 2)).split(",") if x.strip()]
+    return write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
+                                ctx_size=args.ctx_size, model_id=model_id_for(args.model, model), extra=extra)
 
 
-def default_kv_cache(lane_count: int) -> dict[str, object]:
-    """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
-    logits), as many KV cells as the lanes (max_bytes 0), the reference's other defaults."""
-    return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
+def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> tuple[Path, list[Path]]:
+    """The split skippy.plan picks for the hosts given (`--stage-cpus`: exactly one stage per CPU set)."""
+    stage_cpus = FlagReader(args).text("--stage-cpus")
+    plan = plan_for(args, stages=len(stage_cpus.split(",")) if stage_cpus else None)
+    print(plan.report(), file=sys.stderr, flush=True)
+    written = write_plan(plan, run_dir / "topology", model_id=model_id_of(args.model), extra=extra)
+    if stage_cpus is None and written.stage_cpus is not None:
+        args.stage_cpus = written.stage_cpus  # each stage pinned to its host's CPUs
+    return written.topology, written.configs
 
 
 def stage0_options(args: argparse.Namespace, topology: Path, config: Path) -> ServingOptions:

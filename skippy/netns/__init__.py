@@ -10,12 +10,14 @@ reach every host. Link conditions apply to what each host sends to the others:
   where it does not, host-to-host traffic is routed through a tun device ``wire0`` in every host to
   a userspace link emulator (`skippy.netns.wire`, emulator ``wire``) that holds each packet for
   delay +- jitter, per direction, in order. Loss needs netem and is skipped (with the reason
-  printed) under the wire.
+  printed) under the wire;
+- memory (``--mem-mb``): a memory cgroup per host (`cgroups`), which the stages started there join.
 
 `hosts` creates and removes them and changes conditions live (`commands` runs ip / tc and probes
 what the machine can do); `owner` finds the namespace that owns
 an address, which is how `skippy up --topology T` starts each stage inside its host
-(`ip netns exec`). Everything needs root; `unavailable_reason` says why not when it cannot work.
+(`ip netns exec`, inside the host's memory cgroup if it has one).
+Everything needs root; `unavailable_reason` says why not when it cannot work.
 """
 
 from skippy.netns.commands import NetnsError, netem_available, unavailable_reason

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from skippy.netns.cgroups import make_memory_cgroup, remove_memory_cgroups
 from skippy.netns.commands import NetnsError, netem_available, run, unavailable_reason
 
 STATE_DIR = Path("/run/skippy-netns")
@@ -62,6 +63,7 @@ class HostSet:
     notes: tuple[str, ...] = ()
     wire_pid: int | None = None
     revision: int = 0  # bumped by every change the emulator must pick up
+    mem_mb: float | None = None  # each host's memory budget (a memory cgroup, skippy.netns.cgroups)
 
     def namespace(self, k: int) -> str:
         return f"{self.prefix}-h{k}"
@@ -130,8 +132,9 @@ def _choose_emulator(emulator: str, conditions: LinkConditions) -> tuple[str, li
 
 
 def up(count: int, conditions: LinkConditions = LinkConditions(), *, prefix: str = "skippy", subnet: str = "10.77.0",
-       emulator: str = "auto") -> HostSet:
-    """Make ``count`` hosts with ``conditions``; refuses if the set (or its subnet) is already up."""
+       emulator: str = "auto", mem_mb: float | None = None) -> HostSet:
+    """Make ``count`` hosts with ``conditions`` (and ``mem_mb`` MiB of memory each); refuses if the set (or its
+    subnet) is already up."""
     problem = unavailable_reason()
     if problem:
         raise NetnsError(problem)
@@ -143,12 +146,18 @@ def up(count: int, conditions: LinkConditions = LinkConditions(), *, prefix: str
         raise NetnsError(f"host set {prefix!r} is already up (scripts/netns-hosts down --prefix {prefix})")
     if re.search(rf"inet {re.escape(subnet)}\.", run("ip", "-4", "-o", "addr", "show").stdout):
         raise NetnsError(f"subnet {subnet}.0/24 is already in use in this namespace")
+    if mem_mb is not None and not 0 < mem_mb < 1e9:
+        raise NetnsError(f"--mem-mb must be > 0, got {mem_mb:g}")
     mode, notes = _choose_emulator(emulator, conditions)
-    hosts = HostSet(prefix, subnet, count, mode, conditions, tuple(notes))
+    if mem_mb is not None:
+        notes.append(f"memory: {mem_mb:g} MiB per host (a memory cgroup each)")
+    hosts = HostSet(prefix, subnet, count, mode, conditions, tuple(notes), mem_mb=mem_mb)
     try:
         _make_bridge(hosts)
         for k in range(1, count + 1):
             _make_host(hosts, k)
+            if mem_mb is not None:
+                make_memory_cgroup(hosts.namespace(k), mem_mb)
         _save(hosts)
         if mode == "wire":
             hosts = _start_wire(hosts)
@@ -275,6 +284,7 @@ def down(prefix: str = "skippy") -> list[str]:
     for ns in _namespaces(prefix):
         run("ip", "netns", "del", ns, check=False)
         removed.append(ns)
+    removed += [f"memory cgroup {name}" for name in remove_memory_cgroups(prefix)]
     links = run("ip", "-o", "link", "show").stdout
     for name in re.findall(rf"^\d+: ({re.escape(prefix)}-(?:br|v\d+))[@:]", links, re.MULTILINE):
         run("ip", "link", "del", name, check=False)  # veths also vanish with their namespace, but lazily

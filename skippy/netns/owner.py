@@ -3,7 +3,8 @@
 `skippy up --topology T` (through `skippy.launcher`) starts every stage with
 `stage_command_prefix(endpoint, host)`: empty when the stage's address is local here (loopback,
 ipc://, an address of this namespace) or assigned nowhere, else ``ip netns exec <namespace>``
-for the named namespace (``ip netns list``) that has the address on one of its interfaces.
+for the named namespace (``ip netns list``) that has the address on one of its interfaces, entered
+from inside the host's memory cgroup when it has one (`scripts/netns-hosts up --mem-mb`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import socket
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from skippy.netns.cgroups import join_prefix
 
 _NETNS_DIR = Path("/run/netns")
 
@@ -59,4 +62,4 @@ def stage_command_prefix(endpoint: str, host: str | None = None) -> list[str]:
     parts = urlsplit(endpoint)
     address = parts.hostname if parts.scheme == "tcp" else host
     namespace = namespace_of(address) if address else None
-    return ["ip", "netns", "exec", namespace] if namespace else []
+    return [*join_prefix(namespace), "ip", "netns", "exec", namespace] if namespace else []

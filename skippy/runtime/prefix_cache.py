@@ -53,6 +53,11 @@ def _per_layer(value: object, n_layer: int, name: str) -> list[int]:
 def kv_cell_bytes(path: Path, cache_type_k: str, cache_type_v: str) -> int:
     """KV bytes of one position over every layer of the GGUF at `path` (a slice's stop block has a
     KV cache too), for the given cache element types."""
+    return sum(kv_layer_bytes(path, cache_type_k, cache_type_v))
+
+
+def kv_layer_bytes(path: Path, cache_type_k: str, cache_type_v: str) -> list[int]:
+    """KV bytes of one position in each layer of the GGUF at `path`, for the given cache element types."""
     gguf = GGUFFile(path)
     try:
         arch = gguf.get("general.architecture")
@@ -64,13 +69,15 @@ def kv_cell_bytes(path: Path, cache_type_k: str, cache_type_v: str) -> int:
         k_len, v_len = gguf.get(f"{arch}.attention.key_length"), gguf.get(f"{arch}.attention.value_length")
     finally:
         gguf.close()
-    total = 0
+    per_layer = []
     for layer in range(n_layer):
         head_dim = n_embd // max(1, heads[layer])
+        total = 0
         for length, kind in ((k_len, cache_type_k), (v_len, cache_type_v)):
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.upper()]]
             total += heads_kv[layer] * (int(length) if isinstance(length, int) else head_dim) // block * size
-    return total
+        per_layer.append(total)
+    return per_layer
 
 
 def chain_caps(own: CacheCaps | None, downstream: CacheCaps | None, has_downstream: bool) -> CacheCaps | None:

@@ -10,8 +10,9 @@ are authoritative: a session whose KV runs past a window's `pos_start` is trimme
 `prefix_entries` the stage keeps a prefix cache (`prefix_cache`): windows may restore, record and
 evict its entries. A recurrent family (skippy.runtime.families: LFM2) keeps no prefix cache
 (`prefix_cache_off` says why), rewinds only inside a session's last window (llama.cpp's n_rs_seq
-snapshots), and its non-final stage decodes mixed-length windows one by one. Not thread-safe: one
-thread at a time (skippy.stage.worker) calls a runtime.
+snapshots), and its non-final stage decodes mixed-length windows one by one. After loading, the slice
+file's pages leave the process (skippy.runtime.resident): what stays resident is what the stage reads.
+Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from skippy.runtime.llama_api import (
 )
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, with_missed
+from skippy.runtime.resident import drop_mapped_pages
 from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
@@ -85,6 +87,7 @@ class StageRuntime:
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
         hook = self._capture_hook
         self.ctx = LlamaContext(self.model, self.params, *((hook.callback, hook.user_data) if hook else ()))
+        drop_mapped_pages(artifact.load_path)  # what this stage reads faults back in; the rest stays out of its RSS
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))

@@ -123,7 +123,8 @@ def test_bench_http_starts_skippy_spec_unless_told_not_to(tmp_path: Path, monkey
     kinds = argparse.ArgumentParser().add_subparsers()
     bench_http.add_to(kinds)
     args = kinds.choices["http"].parse_args(["--skippy-flags=--no-prefix-cache", *extra])
-    assert bench_http._start_skippies(args, tmp_path, 16) == ["skippy"] + ([] if extra else ["skippy-spec"])
+    starters = bench_http._skippy_starters(args, tmp_path, 16)
+    assert [start() for start in starters] == ["skippy"] + ([] if extra else ["skippy-spec"])
     assert started[0] == ("skippy", ["--no-prefix-cache"])
     if not extra:
         name, flags = started[1]

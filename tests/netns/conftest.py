@@ -2,7 +2,7 @@
 
 `netns_hosts(count, conditions, emulator=...)` makes a set with its own prefix and subnet (so tests
 and other runs on the machine never collide) and removes it after the test, pass or fail; the
-teardown then checks that none of its namespaces, links or emulator processes is left. When this
+teardown then checks that none of its namespaces, links, memory cgroups or emulator processes is left. When this
 machine cannot make namespaces (not root, no iproute2) every test here skips, naming the reason.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from netns_helpers import MakeHosts
@@ -32,13 +33,15 @@ def netns_hosts(netns_ok: None) -> Iterator[MakeHosts]:
     made: list[str] = []
     rng = random.Random(os.getpid() * 1000 + id(made) % 1000)
 
-    def make(count: int, conditions: LinkConditions | None = None, *, emulator: str = "auto") -> HostSet:
+    def make(count: int, conditions: LinkConditions | None = None, *, emulator: str = "auto",
+             mem_mb: float | None = None) -> HostSet:
         for _ in range(20):  # another run may hold the subnet picked: try another
             prefix = f"t{os.getpid() % 100000:05d}{len(made)}"
             subnet = f"10.77.{rng.randrange(100, 250)}"
             made.append(prefix)
             try:
-                return up(count, conditions or LinkConditions(), prefix=prefix, subnet=subnet, emulator=emulator)
+                return up(count, conditions or LinkConditions(), prefix=prefix, subnet=subnet, emulator=emulator,
+                          mem_mb=mem_mb)
             except NetnsError as exc:
                 if "already in use" not in str(exc):
                     raise
@@ -49,6 +52,7 @@ def netns_hosts(netns_ok: None) -> Iterator[MakeHosts]:
     for prefix in made:
         down(prefix)
         names = run("ip", "netns", "list").stdout + run("ip", "-o", "link", "show").stdout
-        if f"{prefix}-" in names or state_path(prefix).exists():
+        cgroups = list(Path("/sys/fs/cgroup").glob(f"*/skippy-netns/{prefix}-h*"))
+        if f"{prefix}-" in names or state_path(prefix).exists() or cgroups:
             left.append(prefix)
     assert not left, f"host sets not fully removed: {left}"

@@ -6,4 +6,4 @@ from collections.abc import Callable
 
 from skippy.netns import HostSet
 
-MakeHosts = Callable[..., HostSet]  # the `netns_hosts` fixture: make(count, conditions=None, *, emulator="auto")
+MakeHosts = Callable[..., HostSet]  # the `netns_hosts` fixture: make(count, conditions=None, *, emulator="auto", mem_mb=None)

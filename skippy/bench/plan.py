@@ -1,0 +1,103 @@
+"""`skippy bench plan`: hosts of one core each, skippy split by the planner against llama-server on one of
+those cores, with the planner's prediction next to each measurement, in one run.
+
+    scripts/bench-plan [--stage-cpus 0,1] [--levels 1,4,16] [--rounds 2] [--even] [--delay-ms 20] [--model M]
+
+Servers, started together and swept level by level in turn (skippy.bench.http_load): `skippy-plan`
+(`skippy up --stage-cpus LIST` without `--split`: the plan's split, each stage pinned to its CPU set),
+with `--even` also `skippy-even` (the layers halved, the same pinning), and `llama-server` pinned to the
+first CPU set with as many threads (`--parallel` = the lane count). `--delay-ms` delays each of
+skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. For each level: the plan's
+predicted TPOT and tok/s, the measured ones (p50 TPOT of the streams, aggregate tok/s over the level's
+wall time, which also counts TTFT), measured / predicted, and skippy / llama-server; the planner's
+one-host prediction sits next to llama-server's measurement. Writes nothing unless `--json PATH`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from skippy.bench.http import vocab_facts
+from skippy.bench.http_load import Server, sweep
+from skippy.bench.http_servers import start_llama_server, start_skippy, stop
+from skippy.bench.llama_server_build import ensure_llama_server_binary
+from skippy.plan.hosts import hosts_from_flags
+from skippy.plan.memory import ServingShape
+from skippy.plan.plan import make_plan
+from skippy.runtime.models import resolve_model_path
+
+__all__ = ["add_to"]
+
+
+def _row(cells: list[str]) -> str:
+    return "".join(c.rjust(12) for c in cells)
+
+
+def run_plan_bench(args: argparse.Namespace) -> int:
+    model = resolve_model_path(args.model)
+    levels = [int(x) for x in args.levels.split(",")]
+    lanes = max(16, *levels)
+    sets = args.stage_cpus.split(",")
+    hosts = hosts_from_flags(args.stage_cpus, delay_ms=args.delay_ms)  # the delay is on forward hops only:
+    hosts[-1] = dataclasses.replace(hosts[-1], delay_ms=0.0)  # predictions return to stage 0 undelayed
+    plan = make_plan(model, hosts, ServingShape(lanes, 512, True), max(levels), stages=len(sets))
+    print(plan.report(levels), file=sys.stderr)
+    binary = ensure_llama_server_binary()
+    banned, _ = vocab_facts(model)
+    first = sets[0].replace("+", ",")
+    flags = ["--stage-cpus", args.stage_cpus, *(["--downstream-wire-delay-ms", str(args.delay_ms)] if args.delay_ms else [])]
+    load_before = os.getloadavg()[0]
+    servers: list[Server] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with tempfile.TemporaryDirectory(prefix="skippy-bench-plan-") as tmp:
+        try:
+            servers.append(start_skippy(args.model, None, Path(tmp) / "plan" / "run", lanes, flags, name="skippy-plan"))
+            if args.even:
+                half = str(plan.facts.n_layer // 2)
+                servers.append(start_skippy(args.model, half, Path(tmp) / "even" / "run", lanes, flags, name="skippy-even"))
+            threads = len(hosts[0].cpus.split(",")) if hosts[0].cpus else 1
+            servers.append(start_llama_server(binary, model, Path(tmp) / "llama-server.log", lanes, threads, cpus=first))
+            results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, False, args.rounds))
+        finally:
+            for server in servers:
+                stop(server)
+    lines = [f"model {model.name}; hosts: {', '.join(h.describe() for h in hosts)}; plan: layers "
+             + ", ".join(f"{s.start}-{s.end}" for s in plan.chosen.stages) + f"; llama-server pinned to CPUs {first};"
+             f" {args.max_tokens}-token streams, {args.rounds} round(s) per level (median)",
+             f"machine shared with other work: 1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
+             _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s"])]
+    peer = {lv["concurrency"]: lv for lv in results["llama-server"]}
+    for name, split in [("skippy-plan", plan.chosen), ("skippy-even", None), ("llama-server", plan.single)]:
+        for level in results.get(name, []):
+            c = level["concurrency"]
+            predicted = plan.at(split, c) if split is not None else None
+            ratio = f"{level['tok_s'] / predicted.tok_s:.2f}" if predicted else "-"
+            lines.append(_row([name, str(c), f"{predicted.tpot_ms:.1f}" if predicted else "-", f"{level['tpot_p50_ms']:.1f}",
+                               f"{predicted.tok_s:.1f}" if predicted else "-", f"{level['tok_s']:.1f}", ratio,
+                               f"{level['tok_s'] / peer[c]['tok_s']:.2f}"]))
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"report": lines, "plan": plan.report(levels), "results": results}, indent=1))
+    return 0
+
+
+def add_to(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("plan", help="skippy split by the planner on pinned CPU sets vs llama-server on one:"
+                                      " predicted vs measured")
+    p.add_argument("--model", default="default")
+    p.add_argument("--stage-cpus", default="0,1", help="one host per CPU set (default 0,1)")
+    p.add_argument("--levels", default="1,4,16")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of each of skippy's hops")
+    p.add_argument("--even", action="store_true", help="also skippy with the layers halved")
+    p.add_argument("--json", default=None, help="write the tables and every level here")
+    p.set_defaults(run=run_plan_bench)

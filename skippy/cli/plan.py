@@ -1,0 +1,117 @@
+"""`skippy plan`: choose the stages and layer ranges for a model on given hosts, print the prediction,
+write the topology.
+
+    skippy plan [--model M] --stage-cpus 0,1 [--host-mem-mb 300] [--link-delay-ms 20] [--out DIR]
+    skippy plan --hosts hosts.json [--plan-concurrency 16 | --latency] [--stages K] [--out DIR]
+    skippy plan --netns skippy [--stage-cpus 0,1] --out DIR      # the hosts of `scripts/netns-hosts up`
+
+Hosts come from a hosts file (skippy.plan.hosts), from `--stage-cpus` (one loopback host per CPU set),
+or from a namespace host set (its addresses, link conditions and `--mem-mb`). The split maximises
+tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency`;
+it fits every host's memory. With `--out DIR` the topology and stage configs go to DIR (plan.json
+beside them) and the `skippy up` command serving it is printed. `skippy up` without `--split` plans the
+same way for the hosts it is given (`add_host_arguments`, `plan_for`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from skippy.config.errors import ConfigError
+from skippy.launcher import default_kv_cache
+from skippy.plan.hosts import Host, hosts_from_flags, load_hosts
+from skippy.plan.memory import ServingShape
+from skippy.plan.plan import LEVELS, Plan, make_plan
+from skippy.plan.write import write_plan
+from skippy.runtime.models import model_id_for, resolve_model_path
+
+__all__ = ["add_host_arguments", "hosts_given", "plan_for", "register"]
+
+
+def add_host_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags naming the hosts a plan is for (shared by `skippy plan` and `skippy up`)."""
+    p.add_argument("--hosts", type=Path, default=None, help="hosts file (JSON): address, cpus, mem_mb, delay_ms, mbps")
+    p.add_argument("--netns", default=None, metavar="PREFIX", help="the hosts of a namespace host set (scripts/netns-hosts)")
+    p.add_argument("--host-mem-mb", type=float, default=None, help="with --stage-cpus: each host's memory budget (MiB)")
+    p.add_argument("--link-delay-ms", type=float, default=0.0, help="with --stage-cpus: one-way delay of each hop")
+    p.add_argument("--link-mbps", type=float, default=None, help="with --stage-cpus: each link's rate")
+    p.add_argument("--plan-concurrency", type=int, default=None, metavar="C",
+                   help="streams the split is chosen for (default: the lane count)")
+    p.add_argument("--recalibrate", action="store_true", help="measure the cost tables again (else cached)")
+
+
+def hosts_given(args: argparse.Namespace) -> bool:
+    return bool(args.hosts or args.netns or getattr(args, "stage_cpus", None))
+
+
+def _netns_hosts(prefix: str, stage_cpus: str | None) -> list[Host]:
+    from skippy.netns import load  # noqa: PLC0415
+
+    found = load(prefix)
+    if found is None:
+        raise ConfigError(f"--netns {prefix}: no such host set is up (scripts/netns-hosts up N --prefix {prefix})")
+    cpus = [part.replace("+", ",") for part in stage_cpus.split(",")] if stage_cpus else []
+    if cpus and len(cpus) != found.count:
+        raise ConfigError(f"--stage-cpus gives {len(cpus)} CPU sets for the {found.count} hosts of {prefix}")
+    c = found.conditions
+    return [Host(name=ns, address=address, cpus=cpus[i] if cpus else None, mem_mb=found.mem_mb,
+                 delay_ms=c.delay_ms, mbps=c.rate_mbit) for i, (ns, address) in enumerate(found.hosts)]
+
+
+def _hosts(args: argparse.Namespace) -> list[Host]:
+    stage_cpus = getattr(args, "stage_cpus", None)
+    if args.hosts and args.netns:
+        raise ConfigError("give --hosts or --netns, not both")
+    if args.hosts:
+        if stage_cpus or args.host_mem_mb is not None:
+            raise ConfigError("--hosts names each host's CPUs and memory; drop --stage-cpus / --host-mem-mb")
+        return load_hosts(args.hosts)
+    if args.netns:
+        return _netns_hosts(args.netns, stage_cpus)
+    return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms, args.link_mbps)
+
+
+def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bool = False) -> Plan:
+    """The plan for the model, hosts and serving shape in `args`."""
+    model = resolve_model_path(args.model)
+    shape = ServingShape(args.lane_count, args.ctx_size, args.prefix_cache)
+    concurrency = 1 if latency else (args.plan_concurrency or args.lane_count)
+    return make_plan(model, _hosts(args), shape, concurrency, stages=stages, refresh=args.recalibrate)
+
+
+def model_id_of(spec: str) -> str:
+    """The id clients put in `model` for `--model spec` (a packaged model's own id, else the GGUF's stem)."""
+    return model_id_for(spec, resolve_model_path(spec))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="choose stages and layer ranges for hosts; print the prediction, write a topology")
+    p.add_argument("--model", default="default",
+                   help="a packaged model or a GGUF path (default: smollm2-135m, SmolLM2-135M-Instruct)")
+    p.add_argument("--stage-cpus", default=None, help="one loopback host per CPU set, e.g. 0,1 or 0-1,2+3")
+    add_host_arguments(p)
+    p.add_argument("--lane-count", type=int, default=16, help="concurrent sessions per stage (default 16)")
+    p.add_argument("--ctx-size", type=int, default=512, help="context per session (default 512)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", help="size stages without it")
+    p.add_argument("--latency", action="store_true", help="minimise single-stream latency instead")
+    p.add_argument("--stages", type=int, default=None, help="exactly this many stages")
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrencies to predict (default 1,4,16)")
+    p.add_argument("--out", type=Path, default=None, help="write topology.json, stage configs and plan.json here")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--levels must be concurrencies separated by commas, got '{args.levels}'") from None
+    plan = plan_for(args, stages=args.stages, latency=args.latency)
+    print(plan.report(levels))
+    if args.out is not None:
+        written = write_plan(plan, args.out.resolve(), model_id=model_id_of(args.model),
+                             extra={"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None})
+        pin = f" --stage-cpus {written.stage_cpus}" if written.stage_cpus else ""
+        print(f"wrote {written.topology} ({len(written.configs)} stage configs, {written.summary.name});"
+              f" serve it with: skippy up --topology {written.topology}{pin}")
+    return 0

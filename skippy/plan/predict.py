@@ -1,0 +1,86 @@
+"""The pipeline model: TPOT and tok/s of a split at a concurrency, from the stages' costs and the links.
+
+With S stages on S hosts, stage 0 keeps m = min(S, c) micro-batches in flight (one per host, as the
+driver does), each of b = ceil(c / m) decode rows. A round gives every session one token; it lasts
+the longer of one micro-batch's trip (every stage's compute, every forward hop: software, the sender's
+link delay, the activations over its rate; the return hop with stage 0's postprocess) and the busiest
+resource's work (m batches on the slowest stage, or on the slowest link). One stage alone is its
+compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
+prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G prefill rows to every decode
+row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
+decode rows go through the head).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
+from skippy.plan.hosts import Host
+
+__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "stage_compute_ms", "transfer_ms"]
+
+WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage as the model sees it: the host it runs on (its link sends), its costs and layers."""
+
+    host: Host
+    costs: ComputeCosts
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Prediction:
+    concurrency: int
+    tpot_ms: float
+    tok_s: float
+    stage_ms: tuple[float, ...]  # each stage's compute of one micro-batch
+    rows: int  # decode rows per micro-batch
+    in_flight: int  # micro-batches in flight
+
+
+def transfer_ms(host: Host, rows: float, n_embd: int) -> float:
+    """Activations of `rows` rows over `host`'s rate."""
+    return rows * n_embd * WIRE_BYTES * 8 / (host.mbps * 1e3) if host.mbps else 0.0
+
+
+def hop_ms(host: Host, rows: float, n_embd: int, overheads: Overheads) -> float:
+    """A forward hop from `host`: software, its link's delay and the transfer."""
+    return overheads.hop_ms + host.delay_ms + transfer_ms(host, rows, n_embd)
+
+
+def round_ms(stage_ms: Sequence[float], hops: Sequence[float], transfers: Sequence[float], back_ms: float,
+             in_flight: int) -> float:
+    """A round: the longer of one micro-batch's trip and the busiest stage's or link's work."""
+    trip = sum(stage_ms) + sum(hops) + back_ms
+    return max(trip, in_flight * max(stage_ms), in_flight * max(transfers, default=0.0))
+
+
+def micro_batches(n_stages: int, concurrency: int) -> tuple[int, int]:
+    """(micro-batches in flight, decode rows in each)."""
+    in_flight = min(n_stages, concurrency)
+    return in_flight, math.ceil(concurrency / in_flight)
+
+
+def stage_compute_ms(stage: StageCost, rows: int, prefill_ratio: float, overheads: Overheads) -> float:
+    """A stage's compute of one micro-batch: `rows` decode rows and their share of prompt rows."""
+    return stage.costs.stage_ms(stage.start, stage.end, rows * (1.0 + prefill_ratio), rows) + overheads.stage_ms
+
+
+def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS,
+            prefill_ratio: float = 0.0) -> Prediction:
+    in_flight, rows = micro_batches(len(stages), concurrency)
+    ms = tuple(stage_compute_ms(s, rows, prefill_ratio, overheads) for s in stages)
+    if len(stages) == 1:
+        total = ms[0] + overheads.step_ms
+    else:
+        hops = [hop_ms(s.host, rows, n_embd, overheads) for s in stages[:-1]]
+        transfers = [transfer_ms(s.host, rows, n_embd) for s in stages[:-1]]
+        total = round_ms(ms, hops, transfers, overheads.return_ms + stages[-1].host.delay_ms, in_flight)
+    return Prediction(concurrency, total, concurrency * 1e3 / total, ms, rows, in_flight)

@@ -1,0 +1,84 @@
+"""Calibration on a tiny model (real llama.cpp in a pinned child), and `skippy plan` / `skippy up` end to end.
+
+The plan's topology must be one `skippy check-config` accepts and `skippy up --topology` serves; `skippy up
+--stage-cpus` without `--split` must plan its split (printing the plan) and serve it; a memory budget
+below what the model needs is refused naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from skippy.plan.calibrate import calibrated_costs, cost_cache_path
+from skippy.plan.costs import ROWS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai"))
+from up_helpers import launch_up  # noqa: E402  (tests/openai is not a package)
+
+CPUS = sorted(os.sched_getaffinity(0))
+STAGE_CPUS = f"{CPUS[0]},{CPUS[-1]}"  # two hosts: one CPU each (the same one on a 1-CPU machine)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model("llama", n_layer=6)
+
+
+def skippy(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SKIPPY_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-m", "skippy.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=240)
+
+
+def test_calibration_measures_every_part_once_per_cpu_set(model: Path, skippy_cache_dir: Path) -> None:
+    costs = calibrated_costs(model, str(CPUS[0]))
+    path = cost_cache_path(model, str(CPUS[0]))
+    assert path.is_file() and costs.cpus == str(CPUS[0]) and costs.rows == ROWS
+    assert costs.n_layer == 6 and all(len(v) == len(ROWS) for v in costs.layer_ms)
+    assert all(ms > 0 for ms in costs.layer_ms[0]) and costs.head_ms[0] > 0
+    assert costs.stage_ms(0, 6, 16) > costs.stage_ms(0, 6, 1) > costs.stage_ms(0, 3, 1)
+    stamp = path.stat().st_mtime_ns
+    assert calibrated_costs(model, str(CPUS[0])) == costs and path.stat().st_mtime_ns == stamp  # cached
+    assert cost_cache_path(model, "all") != path
+
+
+def test_plan_writes_a_topology_that_check_config_accepts(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    done = skippy("plan", "--model", str(model), "--stage-cpus", STAGE_CPUS, "--lane-count", "2", "--ctx-size", "128",
+                  "--stages", "2", "--out", str(out), cache=skippy_cache_dir)
+    assert done.returncode == 0, done.stderr
+    assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in done.stdout
+    assert "c=16: TPOT ms, tok/s" in done.stdout and "split into 2" in done.stdout
+    summary = json.loads((out / "plan.json").read_text())
+    assert [s["layer_start"] for s in summary["stages"]] == [0, summary["stages"][0]["layer_end"]]
+    assert summary["stages"][-1]["layer_end"] == 6 and summary["stage_cpus"] == STAGE_CPUS
+    for config in ("stage0.json", "stage1.json"):
+        check = skippy("check-config", "--config", str(out / config), "--topology", str(out / "topology.json"),
+                       cache=skippy_cache_dir)
+        assert check.returncode == 0, check.stderr
+
+
+def test_a_budget_below_the_model_is_refused_naming_it(model: Path, skippy_cache_dir: Path) -> None:
+    done = skippy("plan", "--model", str(model), "--stage-cpus", STAGE_CPUS, "--host-mem-mb", "20", cache=skippy_cache_dir)
+    assert done.returncode == 2
+    assert "does not fit any split of these hosts" in done.stderr and "20 MiB" in done.stderr
+
+
+def test_up_with_stage_cpus_and_no_split_serves_the_plan(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
+    with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--stage-cpus", STAGE_CPUS,
+                                                      "--lane-count", "2", "--ctx-size", "128"]) as server:
+        reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": "hello", "max_tokens": 4,
+                                                           "ignore_eos": True})
+        assert reply.status == 200, reply.body
+        assert reply.json()["usage"]["completion_tokens"] == 4
+    err = (tmp_path / "up.stderr").read_text()
+    assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in err
+    topology = json.loads((tmp_path / "run" / "topology" / "topology.json").read_text())
+    assert len(topology["stages"]) == 2 and topology["topology_id"] == "plan"
