@@ -162,7 +162,7 @@ class MessagesApi:
         req, run = await start_translated(self.generation, translate_messages(request.json()), request.request_id,
                                           "messages")
         events = MessageEvents(run.rid, self.generation.model_id, run.n_prompt)
-        return await respond(events, req, run)
+        return await respond(events, req, run, self.generation.ping_interval_s)
 
     async def count_tokens(self, request: Request) -> Response:
         count = count_translated(self.generation, translate_messages(request.json(), count_only=True))

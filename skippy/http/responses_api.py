@@ -147,7 +147,7 @@ class ResponsesApi:
         body = request.json()
         req, run = await start_translated(self.generation, translate_responses(body), request.request_id, "responses")
         events = ResponseEvents(run.rid, self.generation.model_id, echo_fields(body), run.n_prompt)
-        return await respond(events, req, run)
+        return await respond(events, req, run, self.generation.ping_interval_s)
 
     async def input_tokens(self, request: Request) -> Response:
         body = request.json()

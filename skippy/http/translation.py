@@ -21,6 +21,7 @@ from skippy.http.errors import HttpError, invalid
 from skippy.http.generation import Generation, Piece, Run
 from skippy.http.openai_request import GenerationRequest
 from skippy.http.routing import Handler, Response, StreamResponse, json_response
+from skippy.http.sse import with_pings
 from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
 
@@ -141,10 +142,12 @@ def format_of(value: Any, param: str, keys: set[str], expected: str) -> dict[str
     return fmt
 
 
-async def respond(renderer: EventRenderer, req: GenerationRequest, run: Run) -> Response | StreamResponse:
-    """The generation as the API's stream, or (not streamed) the final object its events build."""
+async def respond(renderer: EventRenderer, req: GenerationRequest, run: Run,
+                  ping_interval_s: float | None = None) -> Response | StreamResponse:
+    """The generation as the API's stream (with SSE comment pings while it is silent, a long prompt prefilling),
+    or (not streamed) the final object its events build."""
     if req.stream:
-        return StreamResponse(stream_events(renderer, run.pieces, run.rid))
+        return StreamResponse(with_pings(stream_events(renderer, run.pieces, run.rid), ping_interval_s))
     await drain(renderer, run.pieces)
     return json_response(renderer.final)
 

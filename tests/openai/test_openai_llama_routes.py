@@ -139,8 +139,21 @@ def test_infill_and_completion_suffix_fill_the_middle(routes_server: SkippyServe
     assert missing.status == 400 and missing.json()["error"]["param"] == "input_prefix"
 
 
-def test_a_waiting_stream_is_pinged_and_then_served(routes_server: SkippyServer, routes_client: openai.OpenAI) -> None:
-    """With one generation permit a second stream waits for it; it starts anyway, pinging while silent."""
+WAITING_STREAMS = {  # each API's streamed request, and what its stream ends with
+    "chat": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "stream": True}, (b"data: [DONE]",)),
+    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "stream": True},
+                  (b"event: response.completed", b"event: response.incomplete")),  # 4 tokens may cut it short
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True},
+                 (b"event: message_stop",)),
+}
+
+
+@pytest.mark.parametrize("api", list(WAITING_STREAMS))
+def test_a_waiting_stream_is_pinged_and_then_served(routes_server: SkippyServer, routes_client: openai.OpenAI,
+                                                    api: str) -> None:
+    """With one generation permit a second stream waits for it; it starts anyway, pinging while silent (chat
+    completions, Responses and Messages streams alike)."""
+    path, body, last = WAITING_STREAMS[api]
     wait_idle(routes_server)
     first = threading.Thread(target=lambda: routes_client.completions.create(
         model=routes_server.model_id, prompt="once upon a time", max_tokens=200, extra_body={"ignore_eos": True}))
@@ -150,13 +163,15 @@ def test_a_waiting_stream_is_pinged_and_then_served(routes_server: SkippyServer,
         while routes_server.request("GET", "/readyz").json().get("running") != 1:  # bounded poll: the first runs
             assert time.monotonic() < deadline, "the first request never ran"
             time.sleep(0.005)
-        waiting = routes_server.request("POST", "/v1/chat/completions", {
-            "model": routes_server.model_id, "messages": CHAT, "max_tokens": 4, "stream": True})
+        waiting = routes_server.request("POST", path, {"model": routes_server.model_id, **body})
     finally:
         first.join(60)
-    events, pings = sse_events(waiting.body)
+    _, pings = sse_events(waiting.body)
     assert waiting.status == 200 and pings >= 1, waiting.body[:300]
-    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert waiting.body.rstrip().rsplit(b"\n\n", 1)[-1].startswith(last), waiting.body[-300:]
+    if api == "chat":
+        events, _ = sse_events(waiting.body)
+        assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
 def test_return_progress_reports_each_prefill_chunk_before_the_first_token(routes_server: SkippyServer) -> None:
