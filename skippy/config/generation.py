@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from skippy.config.errors import ConfigError
 from skippy.config.schema import ConfigModel, SignedInt
 from skippy.config.serving_args import FlagReader
-from skippy.config.speculative import SpeculativeDecodeConfig
+from skippy.config.speculative import DISABLED, SpeculativeDecodeConfig
 
 __all__ = [
     "PrefillChunkOptions",
@@ -159,9 +159,14 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         lines.append(f"--openai-speculative-config: {source} sets {', '.join(mtp)}; {_NATIVE_MTP}")
     if spec.native_mtp_draft_model_path is not None:
         lines.append(f"--openai-native-mtp-draft-model-path: {_NATIVE_MTP}")
-    if spec.draft_model_path is not None and plan.ngram is not None:
+    ngram = plan.active_ngram
+    if spec.draft_model_path is not None and ngram is not None:
         lines.append(f"--openai-draft-model-path and the ngram proposer of {source} cannot both draft; pick one")
-    if spec.draft_model_path is None and plan.ngram is None:
+    if spec.draft_model_path is not None and spec.plan_path is not None and plan.disabled:
+        lines.append(f"--openai-draft-model-path: {source} sets effective_strategy '{DISABLED}' (speculation off);"
+                     " drop one")
+    if spec.draft_model_path is None and ngram is None:
+        off = f" ({source} sets effective_strategy '{DISABLED}')" if plan.ngram is not None else ""
         needs = {
             "--openai-speculative-window": spec.speculative_window is not None,
             "--openai-adaptive-speculative-window": spec.adaptive_speculative_window,
@@ -169,8 +174,8 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
             "--openai-draft-n-gpu-layers": spec.draft_n_gpu_layers is not None,
         }
         lines += [f"{flag} needs a proposer: --openai-draft-model-path, or an ngram section in"
-                  " --openai-speculative-config" for flag, given in needs.items() if given]
-        if plan.effective_strategy != "disabled" and not mtp:
+                  f" --openai-speculative-config{off}" for flag, given in needs.items() if given]
+        if not plan.disabled and not mtp:
             lines.append(f"--openai-speculative-config: {source} sets effective_strategy"
                          f" '{plan.effective_strategy}' but no proposer (an ngram section)")
     else:
@@ -179,6 +184,6 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         if spec.draft_n_gpu_layers is not None and spec.draft_model_path is None:
             lines.append(f"--openai-draft-n-gpu-layers needs --openai-draft-model-path: the ngram proposer of"
                          f" {source} runs no model")
-        if spec.speculative_window == 0 and plan.ngram is not None:
+        if spec.speculative_window == 0 and ngram is not None:
             lines.append(f"--openai-speculative-window must be > 0 with the ngram proposer of {source}, got 0")
     return lines
