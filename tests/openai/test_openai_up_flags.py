@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from up_helpers import SkippyServer
 
 from skippy.launcher import read_events
@@ -74,3 +75,7 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
     assert timings["draft_n"] == summary["proposed"] and timings["draft_n_accepted"] == summary["accepted"]
     assert "skippy_speculative_requests_total 1" in metrics
     assert f"skippy_speculative_proposed_total {summary['proposed']}" in metrics
+    samples = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples}
+    assert samples["skippy_spec_decode_num_draft_tokens_total"] == summary["proposed"]  # llama-server's names
+    assert samples["skippy_spec_decode_num_accepted_tokens_total"] == summary["accepted"]
+    assert samples["skippy_spec_decode_num_drafts_total"] == summary["windows"]

@@ -192,7 +192,7 @@ class Speculation:
         return SpeculativeStats(s.windows, s.proposed, s.accepted, s.full_accepts, s.early_rejects, s.tail_rejects,
                                 s.stops, s.wasted_rows, round(s.alpha, 4), s.k_start, s.k_last, s.k_min, s.k_max,
                                 spec.proposer_calls, round(spec.proposer_us / max(1, spec.proposer_calls), 1),
-                                spec.stale_windows, spec.stale_rows)
+                                spec.stale_windows, spec.stale_rows, tuple(s.accepted_per_pos))
 
     def release(self, session_ids: Sequence[int]) -> None:
         """Free finished sessions' proposers (in the thread that runs the proposers)."""
