@@ -1,7 +1,8 @@
 """Every field of the speculative plan is honoured or refused (issue 25, item 4): `effective_strategy`
 "disabled" turns speculation off even with an ngram section, a plan file without it gets the strategy
 that runs, `verify_window.min_tokens` / `runahead_max_tokens` shape the windows stage 0 drafts, and
-`requested_strategy` is metadata (logged, never acted on)."""
+`requested_strategy` is metadata (logged, never acted on). And the flag sizing the suffix proposer's
+global (cross-request) index."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from config_helpers import Serve
 
 from skippy.config import ConfigError, SpeculativeDecodeConfig
-from skippy.config.generation import speculative_problems
+from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, speculative_problems
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.setup import build_speculation
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow
@@ -92,3 +94,22 @@ def test_a_proposal_shorter_than_min_tokens_decodes_plainly_as_a_shadow() -> Non
     short.sessions[1].proposer.extend([1, 2, 3, 4, 1, 2])
     assert short.draft(1, 64, 1) == ([], 0)
     assert short.sessions[1].k == 0
+
+
+def test_the_suffix_proposer_drafts_across_requests_within_the_global_budget(serve: Serve, write_json) -> None:
+    default = speculation_for(serve, write_json, {"ngram": SUFFIX})
+    assert default is not None and isinstance(default.factory, GlobalSuffixProposerFactory)
+    assert default.factory.index.max_tokens == DEFAULT_GLOBAL_TOKENS
+    sized = speculation_for(serve, write_json, {"ngram": SUFFIX}, "--openai-speculative-global-tokens", "128")
+    assert sized is not None and isinstance(sized.factory, GlobalSuffixProposerFactory)
+    assert sized.factory.index.max_tokens == 128
+    own_only = speculation_for(serve, write_json, {"ngram": SUFFIX}, "--openai-speculative-global-tokens", "0")
+    assert own_only is not None and isinstance(own_only.factory, SuffixProposerFactory)
+
+
+def test_global_tokens_without_the_suffix_proposer_is_refused(serve: Serve, write_json) -> None:
+    cache = str(write_json("plan.json", {"ngram": {"kind": "cache", "min_ngram": 1, "max_ngram": 4,
+                                                   "max_proposal_tokens": 6}}))
+    options = serve("--openai-speculative-config", cache, "--openai-speculative-global-tokens", "64")
+    assert speculative_problems(options.speculative) == [
+        f"--openai-speculative-global-tokens needs the suffix proposer (ngram.kind 'suffix' in {cache})"]

@@ -2,6 +2,8 @@
 
 - proposer: `--openai-draft-model-path` (a whole small GGUF sharing the target's vocabulary) or the
   plan's `ngram` section (`kind` suffix | cache); both at once is refused, never silently resolved.
+  The suffix proposer also drafts across requests from `--openai-speculative-global-tokens` tokens of
+  recent sessions (skippy.driver.speculative.global_suffix; 0: only the request's own).
 - window: `--openai-speculative-window K` fixes k (default: the plan's verify_window.max_tokens, or
   4); with `--openai-adaptive-speculative-window` k moves within [verify_window.min_tokens, K]:
   the cost model (C(rows) calibrated through the pipeline at startup, the hop delay measured) or,
@@ -20,6 +22,7 @@ from skippy.config.generation import AdaptiveWindowMode
 from skippy.config.speculative import NgramKind
 from skippy.driver.speculative import ProposerFactory
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
@@ -46,7 +49,12 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
                                             lane_count=runtime.spec.lane_count, ctx_size=runtime.spec.ctx_size,
                                             n_gpu_layers=n_gpu_layers, n_threads=runtime.spec.n_threads)
     elif ngram is not None:
-        factory = SuffixProposerFactory(ngram) if ngram.kind is NgramKind.SUFFIX else NgramCacheProposerFactory(ngram)
+        if ngram.kind is NgramKind.CACHE:
+            factory = NgramCacheProposerFactory(ngram)
+        elif spec.global_tokens > 0:
+            factory = GlobalSuffixProposerFactory(ngram, spec.global_tokens)
+        else:
+            factory = SuffixProposerFactory(ngram)
     else:
         if plan.ngram is not None:
             log.info("speculation_off", reason=f"effective_strategy '{plan.effective_strategy}'",
