@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from up_helpers import SkippyServer
 
 from skippy.launcher import read_events
+from skippy.telemetry.scrape import scrape
+from skippy.telemetry.targets import TARGETS_FILE, read_targets
 
 
 def ready_line(server: SkippyServer, name: str) -> dict[str, Any]:
@@ -68,6 +70,7 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
         client.close()
         done = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "request_done"]
         metrics = server.request("GET", "/metrics").body.decode()
+        stage0 = scrape(dict(read_targets(server.run_dir / TARGETS_FILE))["stage0"], timeout_s=10.0) or []
     assert spec.choices[0].text == plain.choices[0].text
     summary = done[-1]["speculative"]
     assert summary["proposer"] == "suffix" and summary["proposer_calls"] > 0
@@ -79,3 +82,5 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
     assert samples["skippy_spec_decode_num_draft_tokens_total"] == summary["proposed"]  # llama-server's names
     assert samples["skippy_spec_decode_num_accepted_tokens_total"] == summary["accepted"]
     assert samples["skippy_spec_decode_num_drafts_total"] == summary["windows"]
+    limit = [m.value for m in stage0 if m.name == "skippy_speculative_global_tokens_limit"]
+    assert limit == [65536]  # the global suffix index, on by default with the suffix proposer
