@@ -273,8 +273,8 @@ def test_a_repeated_request_drafts_from_the_global_index_and_stays_exact(
     async def body() -> tuple[list[int], list[int], list, float]:
         async with running_driver(pipe, speculation=speculation) as driver:
             first, _ = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60)
-            for _ in range(1000):  # bounded poll: the first session's release adds it to the index
-                if factory.index.sessions:
+            for _ in range(1000):  # bounded poll: the first session's release submits it to the index
+                if not speculation.sessions:
                     break
                 await asyncio.sleep(0.005)
             from_index = factory.index.registry.get_sample_value("skippy_speculative_global_proposed_tokens_total")
@@ -283,7 +283,8 @@ def test_a_repeated_request_drafts_from_the_global_index_and_stays_exact(
 
     first, second, op_log, from_index_before = run(body())
     assert first == second == plain
-    assert factory.index.tokens_held == 2 * (len(prompt) + MAX_TOKENS)  # both sessions, released
+    assert factory.index.tokens_held == len(prompt) + MAX_TOKENS  # the first session (the second: pending)
+    assert [len(tokens) for tokens in factory.index.pending] == [len(prompt) + MAX_TOKENS]
     from_index = factory.index.registry.get_sample_value("skippy_speculative_global_proposed_tokens_total")
     assert from_index is not None and from_index - from_index_before >= MAX_TOKENS // 2
     steps: dict[int, int] = {}

@@ -2,7 +2,8 @@
 sessions, consulted when a session's own suffix match finds nothing (SuffixDecoding's global tree, the
 `suffix` method of vLLM, kept as seed -> occurrences rather than a tree).
 
-Store: whole finished sessions (prompt + committed tokens), oldest evicted first, so the tokens held
+Store: whole finished sessions (prompt + committed tokens; queued by `submit` from the thread that releases
+them, added by the next lookup in the drafting thread), oldest evicted first, so the tokens held
 never exceed `max_tokens` (`--openai-speculative-global-tokens`; a session longer than that keeps its
 tail). Index: seed (the last s = min(min_ngram, 8) tokens) -> the (session, end) occurrences of it,
 oldest first, so evicting a session pops its entries off the front of each list.
@@ -47,6 +48,7 @@ class GlobalSuffixIndex:
         self.tokens_held = 0
         self._next_id = 0
         self._ends: dict[tuple[int, ...], deque[tuple[int, int]]] = {}
+        self.pending: deque[list[int]] = deque()  # finished sessions not yet added (see `submit`)
         self.registry = CollectorRegistry(auto_describe=True)
         self.proposals = PromCounter("skippy_speculative_global_proposals", "drafts proposed from other sessions'"
                                      " tokens (the global suffix index)", registry=self.registry)
@@ -61,8 +63,15 @@ class GlobalSuffixIndex:
             Gauge(name, doc, registry=self.registry).set_function(read)
         current().attach(self.registry)
 
+    def submit(self, tokens: Sequence[int]) -> None:
+        """A finished session's tokens, from any thread (sessions are released in the runtime thread while
+        the loop drafts): queued, and added by the next `propose` in the drafting thread."""
+        if self.max_tokens:
+            self.pending.append(list(tokens))  # deque.append is atomic
+
     def add(self, tokens: Sequence[int]) -> None:
-        """A finished session's prompt + committed tokens (its tail when longer than the index holds)."""
+        """A finished session's prompt + committed tokens (its tail when longer than the index holds); only
+        in the thread that proposes."""
         kept = [int(t) for t in tokens[max(0, len(tokens) - self.max_tokens):]] if self.max_tokens else []
         if len(kept) <= self.seed_tokens:
             return
@@ -106,6 +115,8 @@ class GlobalSuffixIndex:
 
     def propose(self, history: Sequence[int], max_tokens: int) -> list[int]:
         """Up to max_tokens tokens continuing `history` as earlier sessions did (module docstring)."""
+        while self.pending:
+            self.add(self.pending.popleft())
         alive, length = self._candidates(history)
         budget = min(max_tokens, self.max_proposal_tokens, MATCH_LENGTH_FACTOR * length)
         draft: list[int] = []
@@ -145,7 +156,7 @@ class CrossRequestProposer:
         return draft
 
     def close(self) -> None:
-        self.index.add(self.own.tokens)
+        self.index.submit(self.own.tokens)
         self.own.close()
 
 
