@@ -84,3 +84,4 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
     assert samples["skippy_spec_decode_num_drafts_total"] == summary["windows"]
     limit = [m.value for m in stage0 if m.name == "skippy_speculative_global_tokens_limit"]
     assert limit == [65536]  # the global suffix index, on by default with the suffix proposer
+    assert {m.labels.get("k") for m in stage0 if m.name == "skippy_speculative_sessions_by_k"} == {str(k) for k in range(9)}

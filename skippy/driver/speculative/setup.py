@@ -23,11 +23,13 @@ from skippy.config.speculative import NgramKind
 from skippy.driver.speculative import ProposerFactory
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
+from skippy.driver.speculative.metrics import SpeculationCollector
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
 from skippy.log import get_logger
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
+from skippy.telemetry.process import current
 
 DEFAULT_WINDOW = 4  # the reference's --openai-speculative-window default
 
@@ -66,6 +68,8 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
     policy: WindowPolicy = FixedWindow(max_k)
     if spec.adaptive_speculative_window:
         policy = SimpleAdaptiveWindow(start=min(DEFAULT_WINDOW, max_k), min_k=min_k, max_k=max_k)
-    return Speculation(factory, policy, max_k, depth=window.pipeline_depth, min_k=min_k,
-                       runahead=window.runahead_max_tokens,
-                       calibrate=spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST)
+    speculation = Speculation(factory, policy, max_k, depth=window.pipeline_depth, min_k=min_k,
+                              runahead=window.runahead_max_tokens,
+                              calibrate=spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST)
+    current().attach(SpeculationCollector(speculation))
+    return speculation
