@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from skippy.config.speculative import NgramConfig, NgramKind
+from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.global_suffix import GlobalSuffixIndex, GlobalSuffixProposerFactory
+from skippy.driver.speculative.window import FixedWindow
 
 NGRAM = NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=8, max_proposal_tokens=16)
 TOOL_CALL = list(range(100, 130))  # what an earlier session emitted
@@ -64,3 +66,14 @@ def test_zero_tokens_keeps_nothing() -> None:
     index = GlobalSuffixIndex(0, NGRAM)
     index.add(TOOL_CALL)
     assert index.tokens_held == 0 and index.propose(TOOL_CALL[:5], 4) == []
+
+
+def test_a_sessions_summary_counts_its_drafts_from_the_index() -> None:
+    factory = GlobalSuffixProposerFactory(NGRAM, 1000)
+    speculation = Speculation(factory, FixedWindow(4), 4)
+    speculation.start(1, [1, 2, 3, *TOOL_CALL])
+    speculation.release([1])
+    speculation.start(2, [7, *TOOL_CALL[:5]])
+    assert speculation.draft(2, 64, 1) == (TOOL_CALL[5:9], 4)
+    summary = speculation.summary(2)
+    assert summary is not None and summary["global_drafts"] == 1

@@ -181,6 +181,9 @@ class Speculation:
         summary.update(proposer=self.name, proposer_calls=spec.proposer_calls, stale_windows=spec.stale_windows,
                        stale_rows=spec.stale_rows,
                        proposer_us_per_call=round(spec.proposer_us / max(1, spec.proposer_calls), 1))
+        global_drafts = getattr(spec.proposer, "global_drafts", None)  # a CrossRequestProposer's
+        if global_drafts is not None:
+            summary["global_drafts"] = global_drafts
         return summary
 
     def stats(self, session_id: int) -> SpeculativeStats | None:
