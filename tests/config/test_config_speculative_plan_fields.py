@@ -11,11 +11,11 @@ from typing import Any, cast
 import pytest
 from config_helpers import Serve
 
-from skippy.config import ConfigError, SpeculativeDecodeConfig
+from skippy.config import ConfigError, SpeculativeDecodeConfig, VerifyWindowConfig
 from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, speculative_problems
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
-from skippy.driver.speculative.setup import build_speculation
+from skippy.driver.speculative.setup import DEFAULT_WINDOW, build_speculation
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow
 from skippy.runtime.stage_runtime import StageRuntime
@@ -64,6 +64,8 @@ def test_verify_window_fields_reach_the_engine(serve: Serve, write_json) -> None
     spec = speculation_for(serve, write_json, {"ngram": SUFFIX, "verify_window": window})
     assert spec is not None and isinstance(spec.policy, FixedWindow)
     assert (spec.min_k, spec.max_k, spec.depth, spec.runahead) == (3, 6, 2, 9)
+    # a draft model's k also defaults to the plan's max_tokens, whose own default is the reference's window
+    assert VerifyWindowConfig().max_tokens == DEFAULT_WINDOW
 
 
 def test_runahead_below_min_tokens_is_refused() -> None:

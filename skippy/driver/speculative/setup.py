@@ -63,7 +63,7 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
                      unused="ngram", source=spec.plan_path)
         return None
     window = plan.verify_window
-    max_k = min(spec.speculative_window or (window.max_tokens if ngram else DEFAULT_WINDOW), MAX_DRAFT_TOKENS)
+    max_k = min(spec.speculative_window or window.max_tokens, MAX_DRAFT_TOKENS)  # the plan default: DEFAULT_WINDOW
     min_k = min(max(window.min_tokens, 1), max_k)
     policy: WindowPolicy = FixedWindow(max_k)
     if spec.adaptive_speculative_window:
