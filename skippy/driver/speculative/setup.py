@@ -39,8 +39,9 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
     spec = options.speculative
     plan = spec.plan
     log = get_logger()
-    log.info("speculative_plan", requested_strategy=plan.requested_strategy,
-             effective_strategy=plan.effective_strategy, source=spec.plan_path)
+    if spec.plan_path is not None:
+        log.info("speculative_plan", requested_strategy=plan.requested_strategy,
+                 effective_strategy=plan.effective_strategy, source=spec.plan_path)
     factory: ProposerFactory
     ngram = plan.active_ngram
     if spec.draft_model_path is not None:
