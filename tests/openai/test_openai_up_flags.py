@@ -64,6 +64,8 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
         calibrated = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "window_cost_calibrated"]
         assert len(calibrated) == 1 and len(calibrated[0]["cost_ms"]) == 9 and calibrated[0]["hops"] == 2
         assert all(ms > 0 for ms in calibrated[0]["cost_ms"])
+        plans = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "speculative_plan"]
+        assert [(e["requested_strategy"], e["effective_strategy"]) for e in plans] == [("ngram", "ngram-suffix")]
         client = server.client()
         spec = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=12,
                                          extra_body={"ignore_eos": True})
