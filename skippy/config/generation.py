@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from skippy.config.errors import ConfigError
 from skippy.config.schema import ConfigModel, SignedInt
 from skippy.config.serving_args import FlagReader
-from skippy.config.speculative import SpeculativeDecodeConfig
+from skippy.config.speculative import DISABLED, NgramKind, SpeculativeDecodeConfig
 
 __all__ = [
     "PrefillChunkOptions",
@@ -29,7 +29,10 @@ __all__ = [
     "resolve_prefill",
     "resolve_speculative",
     "speculative_problems",
+    "DEFAULT_GLOBAL_TOKENS",
 ]
+
+DEFAULT_GLOBAL_TOKENS = 65536  # --openai-speculative-global-tokens: ~14-26 MB of index at stage 0
 
 class PrefillChunkPolicy(enum.StrEnum):
     FIXED = "fixed"
@@ -84,6 +87,8 @@ class SpeculativeOptions(ConfigModel):
     adaptive_mode_given: bool = False
     draft_n_gpu_layers: SignedInt | None = None  # None: the config's n_gpu_layers
     native_mtp_draft_model_path: str | None = None
+    global_tokens: int = DEFAULT_GLOBAL_TOKENS  # --openai-speculative-global-tokens (suffix proposer only)
+    global_tokens_given: bool = False
 
 
 def resolve_prefill(flags: FlagReader) -> PrefillChunkOptions:
@@ -144,9 +149,12 @@ def resolve_speculative(flags: FlagReader) -> SpeculativeOptions:
         adaptive_mode_given=flags.given("--openai-adaptive-speculative-window-mode"),
         draft_n_gpu_layers=None if draft_layers is None else SignedInt(draft_layers),
         native_mtp_draft_model_path=flags.text("--openai-native-mtp-draft-model-path"),
+        global_tokens=flags.integer(GLOBAL_TOKENS_FLAG, DEFAULT_GLOBAL_TOKENS, minimum=0),
+        global_tokens_given=flags.given(GLOBAL_TOKENS_FLAG),
     )
 
 
+GLOBAL_TOKENS_FLAG = "--openai-speculative-global-tokens"
 _NATIVE_MTP = "native MTP drafting is not supported: skippy's stage slices carry no MTP (nextn) layers"
 
 
@@ -159,9 +167,17 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         lines.append(f"--openai-speculative-config: {source} sets {', '.join(mtp)}; {_NATIVE_MTP}")
     if spec.native_mtp_draft_model_path is not None:
         lines.append(f"--openai-native-mtp-draft-model-path: {_NATIVE_MTP}")
-    if spec.draft_model_path is not None and plan.ngram is not None:
+    ngram = plan.active_ngram
+    if spec.draft_model_path is not None and ngram is not None:
         lines.append(f"--openai-draft-model-path and the ngram proposer of {source} cannot both draft; pick one")
-    if spec.draft_model_path is None and plan.ngram is None:
+    if spec.draft_model_path is not None and spec.plan_path is not None and plan.disabled:
+        lines.append(f"--openai-draft-model-path: {source} sets effective_strategy '{DISABLED}' (speculation off);"
+                     " drop one")
+    if spec.global_tokens_given and (spec.draft_model_path is not None or ngram is None
+                                     or ngram.kind is not NgramKind.SUFFIX):
+        lines.append(f"{GLOBAL_TOKENS_FLAG} needs the suffix proposer (ngram.kind 'suffix' in {source})")
+    if spec.draft_model_path is None and ngram is None:
+        off = f" ({source} sets effective_strategy '{DISABLED}')" if plan.ngram is not None else ""
         needs = {
             "--openai-speculative-window": spec.speculative_window is not None,
             "--openai-adaptive-speculative-window": spec.adaptive_speculative_window,
@@ -169,8 +185,8 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
             "--openai-draft-n-gpu-layers": spec.draft_n_gpu_layers is not None,
         }
         lines += [f"{flag} needs a proposer: --openai-draft-model-path, or an ngram section in"
-                  " --openai-speculative-config" for flag, given in needs.items() if given]
-        if plan.effective_strategy != "disabled" and not mtp:
+                  f" --openai-speculative-config{off}" for flag, given in needs.items() if given]
+        if not plan.disabled and not mtp:
             lines.append(f"--openai-speculative-config: {source} sets effective_strategy"
                          f" '{plan.effective_strategy}' but no proposer (an ngram section)")
     else:
@@ -179,6 +195,6 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         if spec.draft_n_gpu_layers is not None and spec.draft_model_path is None:
             lines.append(f"--openai-draft-n-gpu-layers needs --openai-draft-model-path: the ngram proposer of"
                          f" {source} runs no model")
-        if spec.speculative_window == 0 and plan.ngram is not None:
+        if spec.speculative_window == 0 and ngram is not None:
             lines.append(f"--openai-speculative-window must be > 0 with the ngram proposer of {source}, got 0")
     return lines

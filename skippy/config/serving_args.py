@@ -97,6 +97,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-speculative-window", "N", "draft tokens per verify window (default: the plan's max, or 4)", _0),
     ("--openai-adaptive-speculative-window", None, "adapt the window per session (cost model by default)", _0),
     ("--openai-adaptive-speculative-window-mode", "MODE", "cost (default) | simple (grow/shrink rule)", _0),
+    ("--openai-speculative-global-tokens", "N", "tokens of recent sessions the suffix proposer drafts from across"
+     " requests (default 65536; 0 = only the request's own)", _0),
     ("--openai-draft-n-gpu-layers", "N", "draft model GPU layers (default: the config's n_gpu_layers)", _0),
     ("--openai-native-mtp-draft-model-path", "PATH", "native MTP sidecar (not supported yet)", _0),
 )

@@ -5,6 +5,12 @@ N-gram tail extending an MTP prefix) and how verify windows are sized.  Like
 the reference it rejects unknown keys at every level; ``validate()`` applies
 the semantic rules and is run by ``load`` / ``from_dict``.  ``to_json`` is
 stable (sorted keys) so a plan can be logged and compared byte for byte.
+
+Strategy fields: ``effective_strategy`` is honoured: ``"disabled"`` turns speculation off entirely
+(an ``ngram`` section is then not used); any other value is a label that needs a proposer.  A plan
+file that omits it but has an ``ngram`` section gets ``"ngram-<kind>"`` (what runs).
+``requested_strategy`` is metadata: what was asked of the planner that wrote the plan (the
+reference's "auto"); logged at startup, never acted on.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from skippy.config.errors import FieldError
 from skippy.config.schema import ConfigModel, check
 
 __all__ = [
+    "DISABLED",
     "MAX_CACHE_NGRAM",
     "MAX_SUFFIX_NGRAM",
     "MAX_VERIFY_WINDOW_PIPELINE_DEPTH",
@@ -33,6 +40,7 @@ MAX_CACHE_NGRAM = 4  # llama.cpp's request-local n-gram cache match window
 MIN_SUFFIX_NGRAM = 3
 MAX_SUFFIX_NGRAM = 64
 MAX_VERIFY_WINDOW_PIPELINE_DEPTH = 64
+DISABLED = "disabled"  # the effective_strategy that turns speculation off
 
 
 class NgramKind(enum.StrEnum):
@@ -76,7 +84,7 @@ class VerifyWindowConfig(ConfigModel):
     min_tokens: int = 1
     max_tokens: int = 4
     pipeline_depth: int = 1
-    runahead_max_tokens: int = 0  # in-flight speculative-token budget; 0 = use pipeline_depth
+    runahead_max_tokens: int = 0  # draft tokens one session has in flight at most; 0 = pipeline_depth windows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +92,7 @@ class SpeculativeDecodeConfig(ConfigModel):
     """The full speculative-decoding plan, as loaded from ``--*speculative-config``."""
 
     requested_strategy: str = "auto"
-    effective_strategy: str = "disabled"
+    effective_strategy: str = DISABLED
     native_mtp: NativeMtpConfig = field(default_factory=NativeMtpConfig)
     ngram: NgramConfig | None = None
     extension: NgramExtensionConfig | None = None
@@ -97,13 +105,26 @@ class SpeculativeDecodeConfig(ConfigModel):
             "native_mtp.enabled": self.native_mtp.enabled,
             "ngram": self.ngram is not None,
             "extension": self.extension is not None,
-            f"effective_strategy '{self.effective_strategy}'": self.effective_strategy != "disabled",
+            f"effective_strategy '{self.effective_strategy}'": not self.disabled,
         }
         return tuple(name for name, on in asks.items() if on)
 
+    @property
+    def disabled(self) -> bool:
+        """``effective_strategy`` is "disabled": no proposer runs, whatever the other sections say."""
+        return self.effective_strategy == DISABLED
+
+    @property
+    def active_ngram(self) -> NgramConfig | None:
+        """The ngram section when it drafts (None when absent or the plan is disabled)."""
+        return None if self.disabled else self.ngram
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "<dict>") -> Self:
-        """Parse and validate; errors are ``<source>: field '...' ...``."""
+        """Parse and validate; errors are ``<source>: field '...' ...``. A plan with an ngram section and no
+        effective_strategy gets "ngram-<kind>" (module docstring)."""
+        if isinstance(data, dict) and "effective_strategy" not in data and isinstance(data.get("ngram"), dict):
+            data = {**data, "effective_strategy": f"ngram-{data['ngram'].get('kind', NgramKind.CACHE.value)}"}
         plan = super().from_dict(data, source)
         plan.validate(source)
         return plan
@@ -139,6 +160,12 @@ class SpeculativeDecodeConfig(ConfigModel):
             window.min_tokens <= window.max_tokens,
             "verify_window.max_tokens",
             f"must be >= verify_window.min_tokens ({window.min_tokens}), got {window.max_tokens}",
+        )
+        runahead = window.runahead_max_tokens
+        check(
+            runahead == 0 or runahead >= low,
+            "verify_window.runahead_max_tokens",
+            f"must be 0 (no cap) or >= verify_window.min_tokens ({low}), got {runahead}",
         )
         depth = window.pipeline_depth
         check(

@@ -1,7 +1,8 @@
 """The HTTP adapter's Prometheus metrics (prometheus_client), its request spans, and the broker's view.
 
 Requests by route and status, error codes, prompt and completion tokens, time to first token and
-time per output token histograms, speculative counts summed over requests, and the pipeline as the
+time per output token histograms, speculative counts summed over requests (also under llama-server's
+`spec_decode_*` names: skippy.http.spec_metrics), and the pipeline as the
 broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
 generation is tracked from its first token to its end (`generation_started` / `token` /
 `generation_done`), which also emits its summary span `stage.openai_request_summary`.
@@ -21,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from skippy.http.prefix_metrics import PrefixCacheMetrics
+from skippy.http.spec_metrics import SpecDecodeMetrics
 from skippy.protocol import Status
 from skippy.protocol.stats import SPECULATIVE_COUNTS, RequestStats
 from skippy.request_events import TokenEvent
@@ -58,6 +60,7 @@ class Metrics:
                               registry=registry, buckets=TPOT_BUCKETS)
         self.speculative = {name: Counter(f"skippy_speculative_{name}", f"speculative {name}, summed over requests",
                                           registry=registry) for name in ("requests", *SPECULATIVE_COUNTS)}
+        self.spec_decode = SpecDecodeMetrics(registry)
         self.pipeline = {name: Gauge(f"skippy_{name}", f"the broker's {name}", registry=registry) for name in PIPELINE_GAUGES}
         self.wire = Gauge("skippy_activation_wire", "1 for the activation wire format stage 0 certified at startup"
                           " (asked: f32 | f16 | q8 | auto; used; certified)", ["asked", "used", "certified"], registry=registry)
@@ -110,6 +113,7 @@ class Metrics:
                 value = getattr(stats.speculative, name)
                 if value > 0:
                     self.speculative[name].inc(value)
+            self.spec_decode.observe(stats.speculative)
 
     def set_pipeline(self, status: Status | None) -> None:
         """The broker's view (None: it did not answer)."""

@@ -36,6 +36,7 @@ class SpeculativeStats(msgspec.Struct, frozen=True):
     proposer_us_per_call: Finite = 0.0
     stale_windows: U63 = 0  # windows whose drafts were dropped because the session moved on
     stale_rows: U63 = 0
+    accepted_per_pos: tuple[U63, ...] = ()  # [i]: windows whose draft i (from 0) was accepted
 
 
 SPECULATIVE_COUNTS = ("windows", "proposed", "accepted", "full_accepts", "early_rejects", "tail_rejects", "stops",

@@ -12,6 +12,7 @@ near a boundary flips. Alone on a server without entries a request's cells alway
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import openai
 import pytest
 import structured_checks as checks
+from prometheus_client.parser import text_string_to_metric_families
 from up_helpers import SkippyServer
 
 from skippy.runtime.tokenizer import Tokenizer
@@ -148,6 +150,7 @@ def test_speculative_verify_windows_keep_the_grammar_exact(server: SkippyServer,
         spec_client = spec_server.client()
         spec = [spec_client.chat.completions.create(model=spec_server.model_id, **ask, **s) for s in samplings]
         spec_client.close()
+        metrics = spec_server.request("GET", "/metrics").body.decode()
     for p, s in zip(plain, spec):
         assert s.choices[0].finish_reason == p.choices[0].finish_reason == "stop"
         assert s.choices[0].message.content == p.choices[0].message.content
@@ -155,3 +158,14 @@ def test_speculative_verify_windows_keep_the_grammar_exact(server: SkippyServer,
     timings = [(s.model_extra or {}).get("timings", {}) for s in spec]
     assert sum(t.get("draft_n_accepted", 0) for t in timings) > 0  # drafted rows were accepted ...
     assert sum(t["speculative"]["wasted_rows"] for t in timings) > 0  # ... and rejected, never reaching the grammar
+    # llama-server's spec_decode_* counters (prefix skippy_), acceptance per draft position included
+    samples = {(m.name, m.labels.get("position")): m.value for family in text_string_to_metric_families(metrics)
+               for m in family.samples}
+    per_pos = [sum(n) for n in itertools.zip_longest(*(t["speculative"]["accepted_per_pos"] for t in timings),
+                                                     fillvalue=0)]
+    assert per_pos[0] > 0 and sum(per_pos) == sum(t["draft_n_accepted"] for t in timings)
+    assert samples[("skippy_spec_decode_num_accepted_tokens_total", None)] == sum(per_pos)
+    assert samples[("skippy_spec_decode_num_draft_tokens_total", None)] == sum(t["draft_n"] for t in timings)
+    assert samples[("skippy_spec_decode_num_drafts_total", None)] == sum(t["speculative"]["windows"] for t in timings)
+    assert [samples[("skippy_spec_decode_num_accepted_tokens_per_pos_total", str(i))] for i in range(len(per_pos))
+            ] == per_pos

@@ -9,9 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from up_helpers import SkippyServer
 
 from skippy.launcher import read_events
+from skippy.telemetry.scrape import scrape
+from skippy.telemetry.targets import TARGETS_FILE, read_targets
 
 
 def ready_line(server: SkippyServer, name: str) -> dict[str, Any]:
@@ -61,12 +64,15 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
         calibrated = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "window_cost_calibrated"]
         assert len(calibrated) == 1 and len(calibrated[0]["cost_ms"]) == 9 and calibrated[0]["hops"] == 2
         assert all(ms > 0 for ms in calibrated[0]["cost_ms"])
+        plans = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "speculative_plan"]
+        assert [(e["requested_strategy"], e["effective_strategy"]) for e in plans] == [("ngram", "ngram-suffix")]
         client = server.client()
         spec = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=12,
                                          extra_body={"ignore_eos": True})
         client.close()
         done = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "request_done"]
         metrics = server.request("GET", "/metrics").body.decode()
+        stage0 = scrape(dict(read_targets(server.run_dir / TARGETS_FILE))["stage0"], timeout_s=10.0) or []
     assert spec.choices[0].text == plain.choices[0].text
     summary = done[-1]["speculative"]
     assert summary["proposer"] == "suffix" and summary["proposer_calls"] > 0
@@ -74,3 +80,10 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
     assert timings["draft_n"] == summary["proposed"] and timings["draft_n_accepted"] == summary["accepted"]
     assert "skippy_speculative_requests_total 1" in metrics
     assert f"skippy_speculative_proposed_total {summary['proposed']}" in metrics
+    samples = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples}
+    assert samples["skippy_spec_decode_num_draft_tokens_total"] == summary["proposed"]  # llama-server's names
+    assert samples["skippy_spec_decode_num_accepted_tokens_total"] == summary["accepted"]
+    assert samples["skippy_spec_decode_num_drafts_total"] == summary["windows"]
+    limit = [m.value for m in stage0 if m.name == "skippy_speculative_global_tokens_limit"]
+    assert limit == [65536]  # the global suffix index, on by default with the suffix proposer
+    assert {m.labels.get("k") for m in stage0 if m.name == "skippy_speculative_sessions_by_k"} == {str(k) for k in range(9)}

@@ -21,6 +21,7 @@ from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, r
 from skippy.config.speculative import NgramConfig, NgramKind
 from skippy.driver.speculative.draft_model import DraftModelProposerFactory
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import WindowStats
@@ -255,3 +256,41 @@ def test_seeded_sampling_with_verify_windows_reproduces_plain_sampling(
     finally:
         chain.close()
     assert sorted(replayed[s][:MAX_TOKENS] for s in sessions) == sorted(got)
+
+
+def test_a_repeated_request_drafts_from_the_global_index_and_stays_exact(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
+    """Drafting across requests: the first request's prompt and output join the global suffix index when its
+    session is released; the same request again gets its drafts from there (its own history, the prompt,
+    has nothing to match), decodes in far fewer steps, and its output is still plain greedy's."""
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=4, ctx_size=128)
+    prompt = random_prompt(12, 321, 400)
+    plain = reference_generate(pipe, [prompt], MAX_TOKENS)[0]
+    factory = GlobalSuffixProposerFactory(NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=8,
+                                                      max_proposal_tokens=8), 4096)
+    speculation = Speculation(factory, FixedK(4))
+
+    async def body() -> tuple[list[int], list[int], list, float]:
+        async with running_driver(pipe, speculation=speculation) as driver:
+            first, _ = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60)
+            for _ in range(1000):  # bounded poll: the first session's release submits it to the index
+                if not speculation.sessions:
+                    break
+                await asyncio.sleep(0.005)
+            from_index = factory.index.registry.get_sample_value("skippy_speculative_global_proposed_tokens_total")
+            second, _ = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60)
+            return first, second, list(driver.recorder), from_index or 0.0
+
+    first, second, op_log, from_index_before = run(body())
+    assert first == second == plain
+    assert factory.index.tokens_held == len(prompt) + MAX_TOKENS  # the first session (the second: pending)
+    assert [len(tokens) for tokens in factory.index.pending] == [len(prompt) + MAX_TOKENS]
+    from_index = factory.index.registry.get_sample_value("skippy_speculative_global_proposed_tokens_total")
+    assert from_index is not None and from_index - from_index_before >= MAX_TOKENS // 2
+    steps: dict[int, int] = {}
+    for kind, batch in op_log:
+        for window in batch if kind == "batch" else ():
+            steps[window[0]] = steps.get(window[0], 0) + 1
+    first_steps, second_steps = (steps[s] for s in sorted(steps))
+    assert 3 * second_steps <= first_steps, steps  # >= 3x fewer decode steps for the repeat
+    assert sorted(_replayed(pipe, op_log)) == sorted([first, second])

@@ -463,7 +463,7 @@ EVERY_FIELD: list[Message] = [
            progress=True),
     Cancel("r"),
     TokenEvents("r", (5,), FinishReason.ERROR, "boom", ErrorCode.PIPELINE_FAILED, (TokenLogprob(5, -0.5, ((5, -0.5),)),),
-                RequestStats(SpeculativeStats(*range(1, 9), 0.5, *range(9, 14), 2.5, 15, 16),
+                RequestStats(SpeculativeStats(*range(1, 9), 0.5, *range(9, 14), 2.5, 15, 16, (17, 18)),
                              PrefixStats(1, True, True, 2, 3, 4, 5)), 6, draws=3, chunks=(2, 3),
                 progress=PromptProgress(10, 2, 5, 1.5)),
     StatusQuery(9),

@@ -67,11 +67,13 @@ class Speculation:
     """`calibrate`: the cost-model policy wanted; `policy` serves until the pipeline's C(rows) is measured."""
 
     def __init__(self, factory: ProposerFactory, policy: WindowPolicy, max_k: int = MAX_DRAFT_TOKENS, *,
-                 calibrate: bool = False, depth: int = 1) -> None:
+                 calibrate: bool = False, depth: int = 1, min_k: int = 1, runahead: int = 0) -> None:
         self.factory = factory
         self.policy = policy
         self.max_k = min(max_k, MAX_DRAFT_TOKENS)
+        self.min_k = max(1, min(min_k, self.max_k))  # verify_window.min_tokens: fewer drafts decode plainly
         self.depth = depth  # verify windows of one session in flight at once (pipeline_depth)
+        self.runahead = runahead  # verify_window.runahead_max_tokens: proposed tokens in flight at most (0: no cap)
         self.calibrate = calibrate
         self.sessions: dict[int, SessionSpeculation] = {}
         self.totals = SpeculationTotals()
@@ -111,13 +113,18 @@ class Speculation:
         spec = self.sessions.get(session_id)
         if spec is None:
             return [], 0
-        k = min(self.policy.choose(spec.stats, active_sessions), self.max_k, budget - 1)
+        k = min(self.policy.choose(spec.stats, active_sessions), self.max_k)
+        k = max(k, self.min_k) if k > 0 else 0
+        k = k if k <= budget - 1 else 0
         start = time.perf_counter()
         # k = 0: plain decoding this step, but a one-token shadow draft keeps alpha honest
         want = self.depth * (k + 1) - 1 if k > 0 else 1
+        want = min(want, self.runahead) if self.runahead > 0 else want
         proposal = spec.proposer.propose(want)[:want]
         spec.proposer_us += (time.perf_counter() - start) * 1e6
         spec.proposer_calls += 1
+        if len(proposal) < self.min_k:  # too short for a window (min_tokens): decode plainly, keep it as a shadow
+            k = 0
         spec.k = k
         spec.shadow = proposal if k <= 0 else []
         return (proposal, k) if k > 0 else ([], 0)
@@ -174,6 +181,9 @@ class Speculation:
         summary.update(proposer=self.name, proposer_calls=spec.proposer_calls, stale_windows=spec.stale_windows,
                        stale_rows=spec.stale_rows,
                        proposer_us_per_call=round(spec.proposer_us / max(1, spec.proposer_calls), 1))
+        global_drafts = getattr(spec.proposer, "global_drafts", None)  # a CrossRequestProposer's
+        if global_drafts is not None:
+            summary["global_drafts"] = global_drafts
         return summary
 
     def stats(self, session_id: int) -> SpeculativeStats | None:
@@ -185,7 +195,7 @@ class Speculation:
         return SpeculativeStats(s.windows, s.proposed, s.accepted, s.full_accepts, s.early_rejects, s.tail_rejects,
                                 s.stops, s.wasted_rows, round(s.alpha, 4), s.k_start, s.k_last, s.k_min, s.k_max,
                                 spec.proposer_calls, round(spec.proposer_us / max(1, spec.proposer_calls), 1),
-                                spec.stale_windows, spec.stale_rows)
+                                spec.stale_windows, spec.stale_rows, tuple(s.accepted_per_pos))
 
     def release(self, session_ids: Sequence[int]) -> None:
         """Free finished sessions' proposers (in the thread that runs the proposers)."""

@@ -2,10 +2,16 @@
 
 - proposer: `--openai-draft-model-path` (a whole small GGUF sharing the target's vocabulary) or the
   plan's `ngram` section (`kind` suffix | cache); both at once is refused, never silently resolved.
+  The suffix proposer also drafts across requests from `--openai-speculative-global-tokens` tokens of
+  recent sessions (skippy.driver.speculative.global_suffix; 0: only the request's own).
 - window: `--openai-speculative-window K` fixes k (default: the plan's verify_window.max_tokens, or
   4); with `--openai-adaptive-speculative-window` k moves within [verify_window.min_tokens, K]:
   the cost model (C(rows) calibrated through the pipeline at startup, the hop delay measured) or,
   with `--openai-adaptive-speculative-window-mode simple`, the reference's grow/shrink rule.
+- plan fields: `effective_strategy` "disabled" means no proposer at all (logged when an ngram section is
+  then unused); `verify_window.min_tokens` is the fewest drafts a verify window carries (a shorter
+  proposal decodes plainly this step); `pipeline_depth` windows of a session in flight, holding at most
+  `runahead_max_tokens` draft tokens together (0: no token cap); `requested_strategy` is logged only.
 Option combinations that cannot work are refused by `skippy.config.serving.unsupported_options`.
 """
 
@@ -16,10 +22,14 @@ from skippy.config.generation import AdaptiveWindowMode
 from skippy.config.speculative import NgramKind
 from skippy.driver.speculative import ProposerFactory
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
+from skippy.driver.speculative.metrics import SpeculationCollector
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
+from skippy.log import get_logger
 from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
+from skippy.telemetry.process import current
 
 DEFAULT_WINDOW = 4  # the reference's --openai-speculative-window default
 
@@ -27,7 +37,13 @@ DEFAULT_WINDOW = 4  # the reference's --openai-speculative-window default
 def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Speculation | None:
     """The driver's Speculation for these options (None: plain decoding)."""
     spec = options.speculative
+    plan = spec.plan
+    log = get_logger()
+    if spec.plan_path is not None:
+        log.info("speculative_plan", requested_strategy=plan.requested_strategy,
+                 effective_strategy=plan.effective_strategy, source=spec.plan_path)
     factory: ProposerFactory
+    ngram = plan.active_ngram
     if spec.draft_model_path is not None:
         from skippy.driver.speculative.draft_model import DraftModelProposerFactory
 
@@ -35,17 +51,26 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
         factory = DraftModelProposerFactory(spec.draft_model_path, target_vocab_model=runtime.model,
                                             lane_count=runtime.spec.lane_count, ctx_size=runtime.spec.ctx_size,
                                             n_gpu_layers=n_gpu_layers, n_threads=runtime.spec.n_threads)
-    elif spec.plan.ngram is not None:
-        ngram = spec.plan.ngram
-        factory = SuffixProposerFactory(ngram) if ngram.kind is NgramKind.SUFFIX else NgramCacheProposerFactory(ngram)
+    elif ngram is not None:
+        if ngram.kind is NgramKind.CACHE:
+            factory = NgramCacheProposerFactory(ngram)
+        elif spec.global_tokens > 0:
+            factory = GlobalSuffixProposerFactory(ngram, spec.global_tokens)
+        else:
+            factory = SuffixProposerFactory(ngram)
     else:
+        if plan.ngram is not None:
+            log.info("speculation_off", reason=f"effective_strategy '{plan.effective_strategy}'",
+                     unused="ngram", source=spec.plan_path)
         return None
-    window = spec.plan.verify_window
-    max_k = min(spec.speculative_window or (window.max_tokens if spec.plan.ngram else DEFAULT_WINDOW), MAX_DRAFT_TOKENS)
-    policy: WindowPolicy
-    depth = window.pipeline_depth
-    if not spec.adaptive_speculative_window:
-        return Speculation(factory, FixedWindow(max_k), max_k, depth=depth)
+    window = plan.verify_window
+    max_k = min(spec.speculative_window or window.max_tokens, MAX_DRAFT_TOKENS)  # the plan default: DEFAULT_WINDOW
     min_k = min(max(window.min_tokens, 1), max_k)
-    policy = SimpleAdaptiveWindow(start=min(DEFAULT_WINDOW, max_k), min_k=min_k, max_k=max_k)
-    return Speculation(factory, policy, max_k, calibrate=spec.adaptive_mode is AdaptiveWindowMode.COST, depth=depth)
+    policy: WindowPolicy = FixedWindow(max_k)
+    if spec.adaptive_speculative_window:
+        policy = SimpleAdaptiveWindow(start=min(DEFAULT_WINDOW, max_k), min_k=min_k, max_k=max_k)
+    speculation = Speculation(factory, policy, max_k, depth=window.pipeline_depth, min_k=min_k,
+                              runahead=window.runahead_max_tokens,
+                              calibrate=spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST)
+    current().attach(SpeculationCollector(speculation))
+    return speculation

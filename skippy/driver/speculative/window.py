@@ -27,7 +27,7 @@ import bisect
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 ALPHA_PRIOR = 0.5  # alpha before any window
@@ -57,6 +57,7 @@ class WindowStats:
     last_proposed: int = 0  # the last window's outcome (SimpleAdaptiveWindow reads it)
     last_accepted: int = 0
     last_stop: bool = False
+    accepted_per_pos: list[int] = field(default_factory=list)  # [i]: windows whose draft i was accepted
 
     def observe(self, proposed: int, accepted: int, *, k: int | None = None, stop: bool = False) -> None:
         """A window came back: `proposed` drafts sent, the first `accepted` of them accepted. `k` is the
@@ -70,6 +71,10 @@ class WindowStats:
         self.proposed += proposed
         self.accepted += accepted
         self.wasted_rows += proposed - accepted
+        per_pos = self.accepted_per_pos
+        per_pos.extend([0] * (accepted - len(per_pos)))
+        for position in range(accepted):
+            per_pos[position] += 1
         rejected = accepted < proposed and not stop
         if stop:
             self.stops += 1
