@@ -39,9 +39,9 @@ async def status_of(stages: StageProcesses) -> Status:
         client.close()
 
 
-def test_gemma_q8_is_refused_with_the_measured_agreement(gemma_path: Path, tmp_path: Path) -> None:
+def test_gemma_q8_is_refused_with_the_measured_agreement(gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     with pytest.raises(LaunchError) as refused:
-        pipeline(gemma_path, [9], tmp_path, "q8").start()
+        pipeline(gemma_path, [9], tmp_path_factory.mktemp("wire"), "q8").start()
     message = str(refused.value)
     match = re.search(r"--activation-wire-dtype q8: the final stage's argmax agrees with f32 at ([0-9.]+) of (\d+)"
                       r" calibration positions", message)
@@ -50,8 +50,8 @@ def test_gemma_q8_is_refused_with_the_measured_agreement(gemma_path: Path, tmp_p
     assert "auto" in message
 
 
-def test_gemma_auto_falls_back_to_f16_and_says_so(gemma_path: Path, tmp_path: Path) -> None:
-    with pipeline(gemma_path, [9], tmp_path, "auto") as stages:
+def test_gemma_auto_falls_back_to_f16_and_says_so(gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    with pipeline(gemma_path, [9], tmp_path_factory.mktemp("wire"), "auto") as stages:
         ready = stages.ready["stage0"]["wire"]
         status = asyncio.run(status_of(stages))
     assert ready["asked"] == "auto" and ready["used"] == "f16" and ready["certified"]
@@ -60,8 +60,9 @@ def test_gemma_auto_falls_back_to_f16_and_says_so(gemma_path: Path, tmp_path: Pa
     assert [d for d, _ in status.wire.tried] == [WireDtype.Q8, WireDtype.F16]
 
 
-def test_tiny_gemma3_q8_is_certified_on_every_link(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    with pipeline(tiny_model("gemma3"), [2, 4], tmp_path, "q8") as stages:
+def test_tiny_gemma3_q8_is_certified_on_every_link(tiny_model: Callable[..., Path],
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    with pipeline(tiny_model("gemma3"), [2, 4], tmp_path_factory.mktemp("wire"), "q8") as stages:
         ready = stages.ready["stage0"]["wire"]
         middle = read_events(stages.log_path("stage1"))
     assert ready == {"asked": "q8", "used": "q8", "agreement": {"q8": 1.0}, "positions": ready["positions"],
