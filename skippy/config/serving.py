@@ -65,6 +65,9 @@ __all__ = [
 ]
 
 
+DEFAULT_RESUME_TIMEOUT_S = 60.0  # --openai-resume-timeout-s: stage 0's replays and the adapter's resubmissions
+
+
 class TelemetryLevel(enum.StrEnum):
     OFF = "off"
     SUMMARY = "summary"
@@ -113,7 +116,7 @@ class ServingOptions(ConfigModel):
     metrics_bind: str = "127.0.0.1"  # --metrics-bind: the host /metrics listens on
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
-    resume_timeout_s: float = 60.0  # stage 0's driver: a paused request's deadline (skippy.driver.replay)
+    resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S  # a paused or lost request's deadline (driver.replay, http.resubmit)
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
     insecure_links: bool = False  # --insecure-links: plain links beyond loopback allowed (and logged)
@@ -233,7 +236,7 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         metrics_bind=flags.endpoint("--metrics-bind", normalize_host) or "127.0.0.1",
         prefill=resolve_prefill(flags),
         speculative=resolve_speculative(flags),
-        resume_timeout_s=flags.number("--openai-resume-timeout-s", 60.0, positive=True),
+        resume_timeout_s=flags.number("--openai-resume-timeout-s", DEFAULT_RESUME_TIMEOUT_S, positive=True),
         openai=_resolve_openai(flags, config, source),
         native_mtp_enabled=config.native_mtp_enabled,
         insecure_links=flags.switch("--insecure-links"),

@@ -25,12 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.driver.batches import BatchLauncher
 from skippy.driver.sequence import Paused, Sequence, SequenceTable
 from skippy.driver.telemetry import DriverTelemetry
 from skippy.protocol import ConfigureSession, ErrorCode, FinishReason
-
-DEFAULT_RESUME_TIMEOUT_S = 60.0
 
 Finish = Callable[[Sequence, FinishReason, str | None, ErrorCode | None], None]
 Configure = Callable[[ConfigureSession], None]

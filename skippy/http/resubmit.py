@@ -26,12 +26,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.log import get_logger
 from skippy.protocol import ErrorCode, FinishReason, Status
 from skippy.request_events import PipelineUnavailable, TokenEvent
 from skippy.runtime.sampling import SamplingParams
 
-DEFAULT_RESUME_TIMEOUT_S = 60.0
 READY_POLL_S = 0.2  # while a lost request waits for a pipeline, the broker's status is asked this often
 
 
