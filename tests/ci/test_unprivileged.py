@@ -1,7 +1,7 @@
 """CI runs where a contributor runs it: the suite's fast subset passes as an unprivileged user, saying what it skips.
 
 As root (as on CI) `scripts/test-unprivileged` drops to `nobody` (setpriv, no groups, HOME and caches in a
-fresh temp dir) and runs tests/config, tests/protocol and tests/netns (but the Gemma model runs): they pass,
+fresh temp dir) and runs tests/config and tests/netns (but the Gemma model runs): they pass,
 and the namespace tests skip naming why. `scripts/setup-browser`, which `.ci/run` runs first under `set -e`,
 exits 0 saying why when it cannot install (not root, no apt-get), and fails when an install as root fails. Not root, these tests
 skip (the suite already runs unprivileged then).
@@ -31,7 +31,7 @@ def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_fast_subset_passes_as_nobody_and_names_its_skips() -> None:
     # the packaged Gemma's runs (about 35 s) run as root in the suite itself; what this checks is permissions and paths
-    done = _run("scripts/test-unprivileged", "tests/config", "tests/protocol", "tests/netns", "-q", "-k", "not gemma")
+    done = _run("scripts/test-unprivileged", "tests/config", "tests/netns", "-q", "-k", "not gemma")
     out = done.stdout + done.stderr
     if done.returncode == 2 and "cannot run" in done.stderr and "can stand in" in done.stderr:
         pytest.skip(done.stderr.strip().splitlines()[-1])
