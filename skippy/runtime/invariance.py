@@ -8,8 +8,9 @@ SWA cache) and compares logits bitwise between evaluations of the same token row
 - `placement`: the same session and positions with its KV cells laid out in another cell order
   (a hole left by a released session in front of its cells).
 
-`probe(...)` returns one `Finding` per case; `scripts/batch-invariance` prints them for several context
-settings, and docs/deterministic.md explains each difference with the llama.cpp source lines.
+`probe(...)` returns one `Finding` per case; `scripts/batch-invariance` (`python -m skippy.runtime.invariance`)
+prints them for several context settings, and docs/deterministic.md explains each difference with the
+llama.cpp source lines.
 """
 
 from __future__ import annotations
@@ -142,3 +143,27 @@ def probe(model_path: Path, *, flash_attn: str, n_threads: int, n_ubatch: int, r
     finally:
         model.close()
     return findings
+
+
+SETTINGS = (  # (flash attention, threads, n_ubatch, prompt repeats): short KV (256 cells) and long (768)
+    ("disabled", 2, 32, 1), ("enabled", 2, 32, 1), ("enabled", 2, 512, 1), ("enabled", 1, 32, 1),
+    ("disabled", 2, 32, 6), ("enabled", 2, 32, 6), ("enabled", 2, 512, 6), ("enabled", 1, 32, 6),
+)
+
+
+def main(argv: Sequence[str]) -> int:
+    from skippy.runtime.models import resolve_model_path  # noqa: PLC0415
+
+    path = resolve_model_path(argv[0] if argv else "smollm2-135m")
+    print(f"{path.name}: rows bitwise identical / compared (largest |logit difference|)")
+    for flash_attn, threads, ubatch, repeat in SETTINGS:
+        found = probe(path, flash_attn=flash_attn, n_threads=threads, n_ubatch=ubatch, repeat=repeat)
+        cells = "  ".join(f"{f.case} {f.identical}/{f.rows} ({f.max_abs_diff:.2g})" for f in found)
+        print(f"flash_attn {flash_attn:<8} threads {threads} n_ubatch {ubatch:<3} prompts x{repeat}:  {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
