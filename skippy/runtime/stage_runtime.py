@@ -37,7 +37,7 @@ from skippy.runtime.llama_api import (
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.prefix_cache import KvSequences, PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.resident import drop_mapped_pages
-from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax
+from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax, token_logprob
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
 from skippy.runtime.windows import DecodeResult, SessionWindow
@@ -325,15 +325,7 @@ class StageRuntime:
         if n is None:
             return None
         ctx, row = self._output(batch_row)
-        logits = ctx.logits_row(row, self.n_vocab).astype(np.float64)
-        peak = logits.max()
-        log_z = peak + np.log(np.exp(logits - peak).sum())  # log-sum-exp
-        top: tuple[tuple[int, float], ...] = ()
-        if n > 0:
-            best = np.argpartition(-logits, n)[:n]
-            best = best[np.argsort(-logits[best], kind="stable")]
-            top = tuple((int(t), float(logits[t] - log_z)) for t in best)
-        return TokenLogprob(int(token), float(logits[token] - log_z), top)
+        return token_logprob(ctx.logits_row(row, self.n_vocab), token, n)
 
     def close(self) -> None:
         for chain in self._samplers.values():
