@@ -22,6 +22,7 @@ The kinds (`skippy bench KIND --help` for the flags):
 - `prefix-cache` (prefix_cache.py, prefix_cache_report.py): the prefix cache on vs off.
 - `telemetry` (telemetry.py): decode speed with a stalled or unreachable OTLP collector vs none.
 - `codec` (codec.py): the protocol codec on one decode step's messages, cold and warm caches.
+- `deterministic` (deterministic.py): `skippy up --deterministic` against without it (docs/deterministic.md).
 
 Over namespace hosts (root), outside the verb: `python -m skippy.bench.netns latency|pipelining|dtype`
 (`scripts/bench-netns`; netns.py, netns_dtype.py, netns_pipeline.py).
@@ -34,9 +35,20 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `bench` verb and its kinds to the `skippy` command's subparsers."""
-    from skippy.bench import codec, http, pipeline, plan, prefix_cache, runtime, soak, speculative, telemetry
+    from skippy.bench import (
+        codec,
+        deterministic,
+        http,
+        pipeline,
+        plan,
+        prefix_cache,
+        runtime,
+        soak,
+        speculative,
+        telemetry,
+    )
 
     p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for module in (runtime, pipeline, http, plan, soak, speculative, prefix_cache, telemetry, codec):
+    for module in (runtime, pipeline, http, plan, soak, speculative, prefix_cache, telemetry, codec, deterministic):
         module.add_to(kinds)

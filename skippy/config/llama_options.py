@@ -91,3 +91,18 @@ def check_unsupported_fields(config: Any) -> None:
             f"'{kv_cache.payload.value}' is not supported: skippy serves attention-only models, whose prefix"
             " cache keeps resident KV ('auto' or 'resident-kv')",
         )
+
+
+DETERMINISTIC_MAX_UBATCH = 63  # llama.cpp's CPU flash attention takes its tiled kernel from 64 query rows
+
+
+def check_deterministic(config: Any) -> None:
+    """`deterministic: true` (`--deterministic`): refuse what would make a row's result depend on its batch."""
+    check(str(config.flash_attn_type) != "disabled", "flash_attn_type",
+          "'disabled' cannot be deterministic: llama.cpp's attention without flash attention rounds a row"
+          " differently by what else is in its batch (docs/deterministic.md); use auto or enabled")
+    check(int(config.n_gpu_layers) == 0, "n_gpu_layers",
+          "deterministic mode is for the CPU backend only (GPU kernels are not checked for batch invariance)")
+    check(config.n_ubatch is None or config.n_ubatch <= DETERMINISTIC_MAX_UBATCH, "n_ubatch",
+          f"must be <= {DETERMINISTIC_MAX_UBATCH} with deterministic: llama.cpp's CPU flash attention switches"
+          " to a tiled kernel at 64 rows")

@@ -21,7 +21,7 @@ import argparse
 import enum
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from skippy.config.admission import AdmissionOptions, default_queue_capacity, resolve_admission
@@ -208,7 +208,7 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
     source = flags.text("--config")
     if source is None:
         raise ConfigError("--config is required")
-    config = StageConfig.load(source)
+    config = _deterministic(flags, StageConfig.load(source), source)
     topology_path = flags.text("--topology")
     topology = None
     if topology_path is not None:
@@ -242,6 +242,16 @@ def resolve_serving_options(args: argparse.Namespace) -> ServingOptions:
         insecure_links=flags.switch("--insecure-links"),
         link_secret_key=_path_text(secret_key_path(topology, config.stage_id, flags.text("--link-secret-key"))),
     )
+
+
+def _deterministic(flags: FlagReader, config: StageConfig, source: str) -> StageConfig:
+    """`--deterministic` sets the config's `deterministic`; what cannot be deterministic is refused in one line."""
+    if not flags.switch("--deterministic"):
+        return config
+    try:
+        return replace(config, deterministic=True)
+    except FieldError as error:
+        raise ConfigError(f"--deterministic cannot be served with {source}: {error}") from None
 
 
 def _path_text(path: Path | None) -> str | None:

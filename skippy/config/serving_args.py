@@ -58,6 +58,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
      "activations to the next stage: f32 (default, exact) | f16 | q8 | auto (the smallest that stage 0 certifies)", _E),
     ("--no-activation-wire-certify", None, "serve an f16/q8 wire without stage 0's startup certification", _0),
     ("--telemetry-level", "LEVEL", "off | summary | debug (default summary)", _E),
+    ("--deterministic", None, "a request's output independent of its batch: concurrency, speculation, prefix cache"
+     " placement (one llama.cpp context per lane; docs/deterministic.md)", _E),
     ("--cpu-affinity", "CPUS", "pin this stage to CPUs, e.g. 0 or 0-3 or 0,2 (default: not pinned)", _E),
     ("--stage-cpus", "LIST", "pin stage i to the i-th CPU set, e.g. 0,1 or 0-1,2+3 (default: not pinned)", _E),
     ("--telemetry-queue-capacity", "N", "telemetry events buffered for export; more are dropped and counted (default 1024)",

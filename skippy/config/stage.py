@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from skippy.config.errors import ConfigError
 from skippy.config.kv_cache import KvCacheConfig, KvCacheMode, KvCachePayload
-from skippy.config.llama_options import SelectedDevice, SplitMode, check_llama_fields, check_unsupported_fields
+from skippy.config.llama_options import (
+    SelectedDevice,
+    SplitMode,
+    check_deterministic,
+    check_llama_fields,
+    check_unsupported_fields,
+)
 from skippy.config.schema import ConfigModel, SignedInt, check, show
 from skippy.config.topology import (
     LoadMode,
@@ -123,6 +129,7 @@ class StageConfig(ConfigModel):
     bind_addr: str
     upstream: PeerConfig | None = None
     downstream: PeerConfig | None = None
+    deterministic: bool = False  # skippy's own: a row's result independent of its batch (docs/deterministic.md)
 
     def _check(self) -> None:
         require_text(self, "run_id", "topology_id", "model_id", "model_path", "source_model_path", "stage_id")
@@ -143,6 +150,8 @@ class StageConfig(ConfigModel):
             " `skippy slice` output)",
         )
         check_llama_fields(self)
+        if self.deterministic:
+            check_deterministic(self)
         check_unsupported_fields(self)
         normalize_endpoint(self, "bind_addr", bind=True)
         index = self.stage_index

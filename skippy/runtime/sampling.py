@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import llama_cpp as L
 import numpy as np
 
+from skippy.protocol import TokenLogprob
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.grammar import MAX_GRAMMAR_BYTES, GrammarSampler, sample_with_grammar
 
@@ -126,6 +127,19 @@ def biased_argmax(logits: np.ndarray, bias: dict[int, float]) -> int:
 
 
 GRAMMAR_BAN = -1e30  # a -inf logit bias under a grammar: banned unless the grammar allows nothing else
+
+
+def token_logprob(raw_logits: np.ndarray, token: int, n: int) -> TokenLogprob:
+    """log p(token) from a row's raw logits (log-softmax), with the top-n (n > 0) best first."""
+    logits = raw_logits.astype(np.float64)
+    peak = logits.max()
+    log_z = peak + np.log(np.exp(logits - peak).sum())  # log-sum-exp
+    top: tuple[tuple[int, float], ...] = ()
+    if n > 0:
+        best = np.argpartition(-logits, n)[:n]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        top = tuple((int(t), float(logits[t] - log_z)) for t in best)
+    return TokenLogprob(int(token), float(logits[token] - log_z), top)
 
 
 class SamplerChain:

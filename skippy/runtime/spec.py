@@ -42,6 +42,7 @@ class RuntimeSpec:
     source_bytes: int | None = None  # the full model's expected size (checked at load)
     prefix_entries: int = 0  # prefix cache entries (kv_cache.max_entries); 0 = no prefix cache
     prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = as many cells as the lanes
+    deterministic: bool = False  # a row's result independent of its batch (skippy.runtime.lane_contexts)
 
     @classmethod
     def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:
@@ -72,6 +73,7 @@ class RuntimeSpec:
             source_bytes=config.source_model_bytes,
             prefix_entries=config.kv_cache.max_entries if config.kv_cache and config.kv_cache.should_record else 0,
             prefix_max_bytes=config.kv_cache.max_bytes if config.kv_cache else 0,
+            deterministic=config.deterministic,
         )
 
 

@@ -17,7 +17,9 @@ Not thread-safe: one thread at a time (skippy.stage.worker) calls a runtime.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from skippy.protocol import TokenLogprob
 from skippy.runtime.capture import eval_capture
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.families import FAMILIES
+from skippy.runtime.lane_contexts import LaneContexts
 from skippy.runtime.llama_api import (
     BatchBuffers,
     ContextParams,
@@ -32,9 +35,9 @@ from skippy.runtime.llama_api import (
     default_threads,
 )
 from skippy.runtime.llama_model import LlamaModel
-from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, with_missed
+from skippy.runtime.prefix_cache import KvSequences, PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.resident import drop_mapped_pages
-from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax
+from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax, token_logprob
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
 from skippy.runtime.windows import DecodeResult, SessionWindow
@@ -51,11 +54,17 @@ class StageRuntime:
         self.is_first = spec.layer_start == 0
         self.is_final = spec.layer_end == artifact.n_layer
         self.family = FAMILIES[artifact.architecture]
+        if spec.deterministic and self.family.recurrent:
+            raise RuntimeUsageError(f"deterministic: not supported for {artifact.architecture}, whose recurrent state"
+                                    " llama.cpp updates per ubatch (serve it without --deterministic)")
         # recurrent layers: no prefix cache (`prefix_cache_off` says why), rewinds inside the last window only
         self.prefix_cache_off = self.family.refusal() if spec.prefix_entries else ""
         prefix_entries = 0 if self.prefix_cache_off else spec.prefix_entries
         self._last_window: dict[int, tuple[int, int]] = {}  # recurrent: session -> its last window's [start, end)
-        self.model = LlamaModel(artifact.load_path, load=spec.load)
+        if spec.deterministic:
+            os.environ["GGML_CPU_TILED_MM"] = "0"  # K-quant tiles from 8 rows (tiled.cpp:1204); read once per process
+        # deterministic: no repacked weights (their gemm and gemv kernels differ by row count)
+        self.model = LlamaModel(artifact.load_path, load=replace(spec.load, repack=False) if spec.deterministic else spec.load)
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         lanes_kv = spec.ctx_size * spec.lane_count
@@ -77,7 +86,7 @@ class StageRuntime:
             n_outputs_max=n_outputs_max,
             cache_type_k=spec.cache_type_k,
             cache_type_v=spec.cache_type_v,
-            flash_attn_type=spec.flash_attn_type,
+            flash_attn_type="enabled" if spec.deterministic else spec.flash_attn_type,
             offload_kqv=spec.kv_offload,
             op_offload=spec.op_offload,
             n_rs_seq=MAX_DRAFT_TOKENS if self.family.recurrent else 0,
@@ -86,7 +95,11 @@ class StageRuntime:
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
         hook = self._capture_hook
-        self.ctx = LlamaContext(self.model, self.params, *((hook.callback, hook.user_data) if hook else ()))
+        # --deterministic: one context per lane (skippy.runtime.lane_contexts); else one shared by every lane
+        self.lanes = LaneContexts(self.model, self.params, spec.lane_count, spec.ctx_size, hook) if spec.deterministic else None
+        hook_args = (hook.callback, hook.user_data) if hook else ()
+        self._shared = None if self.lanes else LlamaContext(self.model, self.params, *hook_args)
+        self.kv: KvSequences = self.lanes or self.ctx
         drop_mapped_pages(artifact.load_path)  # what this stage reads faults back in; the rest stays out of its RSS
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
@@ -96,7 +109,18 @@ class StageRuntime:
         if prefix_entries:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
             cells = min(lanes_kv, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else lanes_kv
-            self.prefix = PrefixCache(self.ctx, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes)
+            self.prefix = PrefixCache(self.kv, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes)
+
+    @property
+    def ctx(self) -> LlamaContext:
+        """The context every lane shares (not under --deterministic, where each lane has its own)."""
+        if self._shared is None:
+            raise RuntimeUsageError("deterministic: every lane has its own llama.cpp context")
+        return self._shared
+
+    def _output(self, batch_row: int) -> tuple[LlamaContext, int]:
+        """The context holding an output row of the last decode, and the row's index in that context's batch."""
+        return self.lanes.output(batch_row) if self.lanes else (self.ctx, batch_row)
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -106,7 +130,7 @@ class StageRuntime:
     def session_length(self, session_id: int) -> int:
         """Positions held in KV for the session (0 for an unknown one)."""
         lane = self._lanes.get(session_id)
-        return 0 if lane is None else self.ctx.seq_pos_max(lane) + 1
+        return 0 if lane is None else self.kv.seq_pos_max(lane) + 1
 
     def _lane_for(self, session_id: int) -> int:
         lane = self._lanes.get(session_id)
@@ -137,10 +161,10 @@ class StageRuntime:
     def trim_session(self, session_id: int, pos: int) -> None:
         """Drop the session's KV at positions >= pos."""
         lane = self._lanes.get(session_id)
-        if lane is not None and self.ctx.seq_pos_max(lane) >= pos:
+        if lane is not None and self.kv.seq_pos_max(lane) >= pos:
             if self.family.recurrent and pos > 0:
                 self._check_rewind(session_id, pos)
-            self.ctx.seq_rm(lane, pos)
+            self.kv.seq_rm(lane, pos)
 
     def _check_rewind(self, session_id: int, pos: int) -> None:
         """A recurrent state rewinds only to a position inside the session's last window (llama.cpp keeps
@@ -158,7 +182,7 @@ class StageRuntime:
         lane = self._lanes.pop(session_id, None)
         self._last_window.pop(session_id, None)
         if lane is not None:
-            self.ctx.seq_rm(lane, 0)
+            self.kv.seq_rm(lane, 0)
             self._free_lanes.append(lane)
         if self.prefix is not None:
             self.prefix.release(session_id)
@@ -224,6 +248,8 @@ class StageRuntime:
         if self.family.recurrent and not self.is_final and len(windows) > 1 and any(w.n_tokens > 1 for w in windows):
             return self._decode_one_by_one(windows, hidden)
         n_rows = self._check_windows(windows, hidden)
+        if self.lanes is not None:
+            return self.lanes.decode(windows, hidden, self._lane_for, self.is_final, self.n_embd)
         buf = self._buffers
         lanes = np.empty(n_rows, np.int32)
         buf.logits[:n_rows] = 0
@@ -274,16 +300,18 @@ class StageRuntime:
 
     def logits(self, batch_row: int) -> np.ndarray:
         """A copy of the logits of an output row of the last decode (final stage)."""
-        return self.ctx.logits_row(batch_row, self.n_vocab).copy()
+        ctx, row = self._output(batch_row)
+        return ctx.logits_row(row, self.n_vocab).copy()
 
     def sample(self, session_id: int, batch_row: int) -> int:
         """Sample the session's next token from an output row of the last decode (final stage)."""
         chain = self._samplers.get(session_id)
         if chain is None:
             chain = self._samplers[session_id] = SamplerChain(SamplingParams(), self.n_vocab)
+        ctx, row = self._output(batch_row)
         if chain.params.plain_greedy:  # never under a grammar or penalties: their state advances with every sample
-            return biased_argmax(self.ctx.logits_row(batch_row, self.n_vocab), chain.params.logit_bias)
-        return chain.sample(self.ctx.ptr, batch_row)
+            return biased_argmax(ctx.logits_row(row, self.n_vocab), chain.params.logit_bias)
+        return chain.sample(ctx.ptr, row)
 
     def draws(self, session_id: int) -> int:
         """RNG draws the session's sampler has made (0: none, or greedy)."""
@@ -296,21 +324,17 @@ class StageRuntime:
         n = None if chain is None else chain.params.top_logprobs
         if n is None:
             return None
-        logits = self.ctx.logits_row(batch_row, self.n_vocab).astype(np.float64)
-        peak = logits.max()
-        log_z = peak + np.log(np.exp(logits - peak).sum())  # log-sum-exp
-        top: tuple[tuple[int, float], ...] = ()
-        if n > 0:
-            best = np.argpartition(-logits, n)[:n]
-            best = best[np.argsort(-logits[best], kind="stable")]
-            top = tuple((int(t), float(logits[t] - log_z)) for t in best)
-        return TokenLogprob(int(token), float(logits[token] - log_z), top)
+        ctx, row = self._output(batch_row)
+        return token_logprob(ctx.logits_row(row, self.n_vocab), token, n)
 
     def close(self) -> None:
         for chain in self._samplers.values():
             chain.close()
         self._samplers.clear()
-        self.ctx.close()
+        if self.lanes is not None:
+            self.lanes.close()
+        if self._shared is not None:
+            self._shared.close()
         self.model.close()
 
 

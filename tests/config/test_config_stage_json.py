@@ -36,6 +36,7 @@ def full_config_dict(stage_dict: dict[str, Any]) -> dict[str, Any]:
         "bind_addr": "tcp://0.0.0.0:19001",
         "upstream": {"stage_id": "stage-0", "stage_index": 0, "endpoint": "tcp://10.0.0.1:19000"},
         "downstream": {"stage_id": "stage-2", "stage_index": 2, "endpoint": "ipc:///tmp/s2"},
+        "deterministic": False,
         "package_ref": "hf://org/model-layers:main",
         "manifest_sha256": "ab" * 32,
         "source_model_path": "/models/full.gguf",
@@ -97,9 +98,9 @@ def test_reference_stage_config_is_accepted_whole(write_json) -> None:
     assert config.n_gpu_layers == -1 and config.repack is False and config.filter_tensors_on_load is True
     assert config.split_mode is SplitMode.AUTO and config.bind_addr == "tcp://127.0.0.1:0"
     dumped = config.to_dict()
-    assert set(dumped) == set(data) | {"n_threads"}  # n_threads is skippy's own (null)
+    assert set(dumped) == set(data) | {"n_threads", "deterministic"}  # skippy's own (null, false)
     assert {k: v for k, v in dumped.items() if k != "bind_addr"} == {
-        **{k: v for k, v in data.items() if k != "bind_addr"}, "n_threads": None}
+        **{k: v for k, v in data.items() if k != "bind_addr"}, "n_threads": None, "deterministic": False}
 
 
 def test_reference_config_knobs_reach_the_runtime_spec(stage_dict: dict[str, Any]) -> None:
