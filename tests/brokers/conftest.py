@@ -26,9 +26,9 @@ def _fresh_slice_cache(skippy_cache_dir: Path) -> Path:
     return skippy_cache_dir
 
 
-def _start(directory: Path, model: Path, *flags: str) -> PipelineProcs:
+def _start(directory: Path, model: Path, *flags: str, deterministic: bool = False) -> PipelineProcs:
     topology, configs = write_local_topology(directory, model, 6, [3], lane_count=2, ctx_size=512,
-                                             extra={"n_threads": 1})
+                                             extra={"n_threads": 1, "deterministic": deterministic})
     stages = StageProcesses(topology, configs, directory / "run", flags=(*WIRE_FLAGS, *flags), include_stage0=True)
     return PipelineProcs(topology, stages.start())
 
@@ -46,11 +46,13 @@ def shared_pipeline(tmp_path_factory: pytest.TempPathFactory,
 @pytest.fixture
 def make_pipeline(tmp_path_factory: pytest.TempPathFactory,
                   tiny_model: Callable[..., Path]) -> Iterator[Callable[..., PipelineProcs]]:
-    """`make(*flags)`: a fresh pipeline, its stages started with `flags` too."""
+    """`make(*flags, deterministic=False)`: a fresh pipeline, its stages started with `flags` too (and
+    `deterministic: true` in their configs: a row's result independent of its batch, docs/deterministic.md)."""
     started: list[PipelineProcs] = []
 
-    def make(*flags: str) -> PipelineProcs:
-        started.append(_start(tmp_path_factory.mktemp("pipe"), tiny_model("llama"), *flags))
+    def make(*flags: str, deterministic: bool = False) -> PipelineProcs:
+        started.append(_start(tmp_path_factory.mktemp("pipe"), tiny_model("llama"), *flags,
+                              deterministic=deterministic))
         return started[-1]
 
     yield make
