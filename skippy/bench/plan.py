@@ -9,7 +9,8 @@ with `--even` also `skippy-even` (the layers halved, the same pinning), and `lla
 first CPU set with as many threads (`--parallel` = the lane count). `--delay-ms` delays each of
 skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. For each level: the plan's
 predicted TPOT and tok/s, the measured ones (p50 TPOT of the streams, aggregate tok/s over the level's
-wall time, which also counts TTFT), measured / predicted, and skippy / llama-server; the planner's
+wall time, which also counts TTFT), measured / predicted, skippy / llama-server and each server's CPU ms per token
+(skippy.bench.cpu_time: where the work goes, steadier than tok/s on a shared machine); the planner's
 one-host prediction sits next to llama-server's measurement. Writes nothing unless `--json PATH`.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from skippy.bench.http import vocab_facts
 from skippy.bench.http_load import Server, sweep
+from skippy.bench.http_report import cpu_by_role, cpu_total
 from skippy.bench.http_servers import start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary
 from skippy.plan.hosts import hosts_from_flags
@@ -73,7 +75,7 @@ def run_plan_bench(args: argparse.Namespace) -> int:
              + ", ".join(f"{s.start}-{s.end}" for s in plan.chosen.stages) + f"; llama-server pinned to CPUs {first};"
              f" {args.max_tokens}-token streams, {args.rounds} round(s) per level (median)",
              f"machine shared with other work: 1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
-             _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s"])]
+             _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s", "CPU ms/tok"])]
     peer = {lv["concurrency"]: lv for lv in results["llama-server"]}
     for name, split in [("skippy-plan", plan.chosen), ("skippy-even", None), ("llama-server", plan.single)]:
         for level in results.get(name, []):
@@ -82,8 +84,9 @@ def run_plan_bench(args: argparse.Namespace) -> int:
             ratio = f"{level['tok_s'] / predicted.tok_s:.2f}" if predicted else "-"
             lines.append(_row([name, str(c), f"{predicted.tpot_ms:.1f}" if predicted else "-", f"{level['tpot_p50_ms']:.1f}",
                                f"{predicted.tok_s:.1f}" if predicted else "-", f"{level['tok_s']:.1f}", ratio,
-                               f"{level['tok_s'] / peer[c]['tok_s']:.2f}"]))
+                               f"{level['tok_s'] / peer[c]['tok_s']:.2f}", cpu_total(level)]))
     print("\n".join(lines))
+    print(cpu_by_role(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"report": lines, "plan": plan.report(levels), "results": results}, indent=1))
     return 0
