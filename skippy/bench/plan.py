@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from skippy.bench.http import vocab_facts
 from skippy.bench.http_load import Server, sweep
@@ -33,7 +34,7 @@ from skippy.bench.http_servers import start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary
 from skippy.plan.hosts import hosts_from_flags
 from skippy.plan.memory import ServingShape
-from skippy.plan.plan import make_plan
+from skippy.plan.plan import Plan, make_plan
 from skippy.runtime.models import resolve_model_path
 
 __all__ = ["add_to"]
@@ -41,6 +42,23 @@ __all__ = ["add_to"]
 
 def _row(cells: list[str]) -> str:
     return "".join(c.rjust(12) for c in cells)
+
+
+def stage_compute_lines(plan: Plan, levels: list[dict[str, Any]]) -> list[str]:
+    """Each planned stage's predicted compute per token next to its measured CPU per token: the cost model's
+    compute side checked by CPU time, which other work on the machine moves far less than wall time."""
+    lines = ["per stage, compute ms per token: predicted (the calibration, one micro-batch / its rows)"
+             " vs measured (the stage process's CPU time / tokens)"]
+    for level in levels:
+        c = level["concurrency"]
+        predicted = plan.at(plan.chosen, c)
+        cells = []
+        for i, ms in enumerate(predicted.stage_ms):
+            measured = level.get("cpu_ms_per_token", {}).get(f"stage:stage{i}")
+            shown = "-" if measured is None else f"{measured:.2f} ({measured / (ms / predicted.rows):.2f}x)"
+            cells.append(f"stage{i} {ms / predicted.rows:.2f} / {shown}")
+        lines.append(f"  c={c:<3} " + "; ".join(cells))
+    return lines
 
 
 def run_plan_bench(args: argparse.Namespace) -> int:
@@ -85,6 +103,7 @@ def run_plan_bench(args: argparse.Namespace) -> int:
             lines.append(_row([name, str(c), f"{predicted.tpot_ms:.1f}" if predicted else "-", f"{level['tpot_p50_ms']:.1f}",
                                f"{predicted.tok_s:.1f}" if predicted else "-", f"{level['tok_s']:.1f}", ratio,
                                f"{level['tok_s'] / peer[c]['tok_s']:.2f}", cpu_total(level)]))
+    lines += stage_compute_lines(plan, results.get("skippy-plan", []))
     print("\n".join(lines))
     print(cpu_by_role(results))
     if args.json:
