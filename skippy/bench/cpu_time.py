@@ -6,6 +6,9 @@ up` the stages (`stage:stage0`, `stage:stage1`, ...), the `broker` and the `adap
 one process. `snapshot(pid)` sums user + system time (from /proc) of a process and its descendants by
 role; `per_token_ms(before, after, tokens)` is each role's share of a level's tokens, plus `total`.
 Processes that start or end between two snapshots count only while both saw them (none do during a level).
+CPU time is work only where nothing spins: skippy sets OMP_WAIT_POLICY=active, so a stage with more than
+one llama.cpp thread also counts its OpenMP workers' spin-waits between decodes (one thread per stage, as
+`--stage-cpus 0,1` gives, spins nothing; llama-server with `-t 1` neither).
 """
 
 from __future__ import annotations
