@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 from skippy.bench.http_load import ORDERS, PROMPT, Server, sweep, sweep_in_turn
-from skippy.bench.http_report import pairs, table, write_report
+from skippy.bench.http_report import cpu_by_role, pairs, table, write_report
 from skippy.bench.http_servers import (
     llama_server_args,
     start_llama_cpp_python,
@@ -161,7 +161,8 @@ def run_http_bench(args: argparse.Namespace) -> int:
               f" N = max(2c, 4) streamed requests per level and round; {args.rounds} round(s), the median one shown;"
               f" order {args.order}\n"
               f"machine shared with other work: 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    text = "\n\n".join([header, *(f"{o} vs {p}:\n{table(results, p, o)}" for o, p in pairs(results))])
+    text = "\n\n".join([header, *(f"{o} vs {p}:\n{table(results, p, o)}" for o, p in pairs(results)),
+                         cpu_by_role(results)])
     print(text)
     ensure_matplotlib()
     write_report(Path(args.out_dir), results, {

@@ -1,6 +1,7 @@
 """`skippy bench http`, the measurement: streamed /v1/completions requests over raw HTTP on asyncio
 streams, each content chunk timed as it arrives; a level of the concurrency sweep is N requests with
-C in flight, summarised as percentiles (ms) and aggregate tok/s; the sweep alternates the servers
+C in flight, summarised as percentiles (ms), aggregate tok/s and the server's CPU ms per token by process
+(skippy.bench.cpu_time); the sweep alternates the servers
 level by level so machine noise hits both alike, or (`sweep_in_turn`) runs one server at a time, each alone
 on the machine, in either order.  Starting the servers: skippy.bench.http;
 the table, plot and JSON: skippy.bench.http_report.
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from skippy.bench.cpu_time import per_token_ms, snapshot
 
 __all__ = ["ORDERS", "PROMPT", "Results", "Sample", "Server", "bodies", "run_level", "stream_once", "sweep",
            "sweep_in_turn"]
@@ -96,9 +99,11 @@ async def run_level(server: Server, body: Callable[[], bytes], concurrency: int,
         async with gate:
             return await stream_once(server.host, server.port, body())
 
+    cpu_before = snapshot(server.proc.pid)
     start = time.perf_counter()
     samples = await asyncio.gather(*(one() for _ in range(n)))
     wall = time.perf_counter() - start
+    cpu_after = snapshot(server.proc.pid)
     ok = [s for s in samples if s.status == 200 and s.tokens]
     pct = lambda xs, q: float(np.percentile(xs, q) * 1e3) if xs else float("nan")  # noqa: E731
     ttft, tpot = [s.ttft for s in ok], [s.tpot for s in ok]
@@ -106,7 +111,8 @@ async def run_level(server: Server, body: Callable[[], bytes], concurrency: int,
             "errors": sum(s.status not in (200, 429) or (s.status == 200 and not s.tokens) for s in samples),
             "tokens": sum(s.tokens for s in ok), "token_counts": sorted({s.tokens for s in ok}), "wall_s": wall,
             "tok_s": sum(s.tokens for s in ok) / wall, "ttft_p50_ms": pct(ttft, 50), "ttft_p95_ms": pct(ttft, 95),
-            "tpot_p50_ms": pct(tpot, 50), "tpot_p95_ms": pct(tpot, 95)}
+            "tpot_p50_ms": pct(tpot, 50), "tpot_p95_ms": pct(tpot, 95),
+            "cpu_ms_per_token": per_token_ms(cpu_before, cpu_after, sum(s.tokens for s in ok))}
 
 
 def bodies(model: str | None, max_tokens: int, banned: list[int], unique: bool) -> Callable[[], bytes]:

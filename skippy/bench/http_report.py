@@ -1,5 +1,5 @@
 """`skippy bench http`, the report: each skippy variant and each peer server side by side per concurrency level
-(tok/s and their ratio against the targets, TTFT and TPOT p50/p95, 429s), a plot of tok/s and TTFT
+(tok/s and their ratio against the targets, TTFT and TPOT p50/p95, CPU ms per token, 429s), a plot of tok/s and TTFT
 by concurrency, and bench-http.json with the run's facts, every level and the tables.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from skippy.bench.http_load import Results
 
-__all__ = ["ABBREV", "OURS", "TARGETS", "pairs", "plot", "ratios", "table", "write_report"]
+__all__ = ["ABBREV", "OURS", "TARGETS", "cpu_by_role", "cpu_total", "pairs", "plot", "ratios", "table", "write_report"]
 
 # skippy tok/s / peer tok/s, by peer and concurrency (llama-server on the same cores); a peer's
 # speculative variant is held to its plain one's targets
@@ -38,7 +38,7 @@ def table(results: Results, peer: str, ours: str = "skippy") -> str:
     """`ours` | `peer` side by side; p50/p95 pairs; ratio = ours tok/s / peer tok/s."""
     sk, pe = ABBREV[ours], ABBREV[peer]
     head = ("conc", f"tok/s {sk}", f"tok/s {pe}", "ratio", "target", f"TTFT ms {sk}", f"TTFT ms {pe}",
-            f"TPOT ms {sk}", f"TPOT ms {pe}", f"429 {sk}/{pe}")
+            f"TPOT ms {sk}", f"TPOT ms {pe}", f"CPU ms/tok {sk}/{pe}", f"429 {sk}/{pe}")
     rows = [head]
     for a, b in zip(results[ours], results[peer]):
         ratio, target = a["tok_s"] / b["tok_s"], TARGETS[peer].get(a["concurrency"])
@@ -46,9 +46,26 @@ def table(results: Results, peer: str, ours: str = "skippy") -> str:
         pair = lambda r, k, f: f"{r[k + '_p50_ms']:{f}}/{r[k + '_p95_ms']:{f}}"  # noqa: E731
         rows.append((str(a["concurrency"]), f"{a['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{ratio:.2f}", mark,
                      pair(a, "ttft", ".0f"), pair(b, "ttft", ".0f"), pair(a, "tpot", ".1f"), pair(b, "tpot", ".1f"),
-                     f"{a['status_429']}/{b['status_429']}"))
+                     f"{cpu_total(a)}/{cpu_total(b)}", f"{a['status_429']}/{b['status_429']}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("".join(f"{cell:>{w + 2}}" for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def cpu_total(level: dict[str, Any]) -> str:
+    """A level's CPU ms per token, all the server's processes together ("-" if not measured)."""
+    total = level.get("cpu_ms_per_token", {}).get("total")
+    return "-" if total is None else f"{total:.2f}"
+
+
+def cpu_by_role(results: Results) -> str:
+    """Every server's CPU ms per token by process role, per level: where each server's work goes."""
+    lines = []
+    for name, levels in results.items():
+        for level in levels:
+            shares = level.get("cpu_ms_per_token", {})
+            parts = ", ".join(f"{r} {ms:.2f}" for r, ms in shares.items() if r != "total")
+            lines.append(f"  {name:<17} c={level['concurrency']:<3} {cpu_total(level):>6} ms/token ({parts})")
+    return "CPU ms per output token by process (user + system, /proc):\n" + "\n".join(lines)
 
 
 def plot(results: Results, path: Path) -> None:

@@ -9,7 +9,8 @@ with `--even` also `skippy-even` (the layers halved, the same pinning), and `lla
 first CPU set with as many threads (`--parallel` = the lane count). `--delay-ms` delays each of
 skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. For each level: the plan's
 predicted TPOT and tok/s, the measured ones (p50 TPOT of the streams, aggregate tok/s over the level's
-wall time, which also counts TTFT), measured / predicted, and skippy / llama-server; the planner's
+wall time, which also counts TTFT), measured / predicted, skippy / llama-server and each server's CPU ms per token
+(skippy.bench.cpu_time: where the work goes, steadier than tok/s on a shared machine); the planner's
 one-host prediction sits next to llama-server's measurement. Writes nothing unless `--json PATH`.
 """
 
@@ -24,14 +25,16 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from skippy.bench.http import vocab_facts
 from skippy.bench.http_load import Server, sweep
+from skippy.bench.http_report import cpu_by_role, cpu_total
 from skippy.bench.http_servers import start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary
 from skippy.plan.hosts import hosts_from_flags
 from skippy.plan.memory import ServingShape
-from skippy.plan.plan import make_plan
+from skippy.plan.plan import Plan, make_plan
 from skippy.runtime.models import resolve_model_path
 
 __all__ = ["add_to"]
@@ -39,6 +42,23 @@ __all__ = ["add_to"]
 
 def _row(cells: list[str]) -> str:
     return "".join(c.rjust(12) for c in cells)
+
+
+def stage_compute_lines(plan: Plan, levels: list[dict[str, Any]]) -> list[str]:
+    """Each planned stage's predicted compute per token next to its measured CPU per token: the cost model's
+    compute side checked by CPU time, which other work on the machine moves far less than wall time."""
+    lines = ["per stage, compute ms per token: predicted (the calibration, one micro-batch / its rows)"
+             " vs measured (the stage process's CPU time / tokens)"]
+    for level in levels:
+        c = level["concurrency"]
+        predicted = plan.at(plan.chosen, c)
+        cells = []
+        for i, ms in enumerate(predicted.stage_ms):
+            measured = level.get("cpu_ms_per_token", {}).get(f"stage:stage{i}")
+            shown = "-" if measured is None else f"{measured:.2f} ({measured / (ms / predicted.rows):.2f}x)"
+            cells.append(f"stage{i} {ms / predicted.rows:.2f} / {shown}")
+        lines.append(f"  c={c:<3} " + "; ".join(cells))
+    return lines
 
 
 def run_plan_bench(args: argparse.Namespace) -> int:
@@ -73,7 +93,7 @@ def run_plan_bench(args: argparse.Namespace) -> int:
              + ", ".join(f"{s.start}-{s.end}" for s in plan.chosen.stages) + f"; llama-server pinned to CPUs {first};"
              f" {args.max_tokens}-token streams, {args.rounds} round(s) per level (median)",
              f"machine shared with other work: 1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
-             _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s"])]
+             _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s", "CPU ms/tok"])]
     peer = {lv["concurrency"]: lv for lv in results["llama-server"]}
     for name, split in [("skippy-plan", plan.chosen), ("skippy-even", None), ("llama-server", plan.single)]:
         for level in results.get(name, []):
@@ -82,8 +102,10 @@ def run_plan_bench(args: argparse.Namespace) -> int:
             ratio = f"{level['tok_s'] / predicted.tok_s:.2f}" if predicted else "-"
             lines.append(_row([name, str(c), f"{predicted.tpot_ms:.1f}" if predicted else "-", f"{level['tpot_p50_ms']:.1f}",
                                f"{predicted.tok_s:.1f}" if predicted else "-", f"{level['tok_s']:.1f}", ratio,
-                               f"{level['tok_s'] / peer[c]['tok_s']:.2f}"]))
+                               f"{level['tok_s'] / peer[c]['tok_s']:.2f}", cpu_total(level)]))
+    lines += stage_compute_lines(plan, results.get("skippy-plan", []))
     print("\n".join(lines))
+    print(cpu_by_role(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"report": lines, "plan": plan.report(levels), "results": results}, indent=1))
     return 0

@@ -124,3 +124,20 @@ def test_hosts_file_errors_name_the_field(tmp_path: Path) -> None:
         load_hosts(bad)
     bad.write_text('[{"name": "a", "cpus": 0, "mem_mb": 300}, {"address": "10.0.0.2"}]')
     assert [(h.name, h.cpus, h.mem_mb) for h in load_hosts(bad)] == [("a", "0", 300), ("h2", None, None)]
+
+
+def test_bench_plan_sets_each_stages_predicted_compute_beside_its_cpu_time() -> None:
+    from skippy.bench.plan import stage_compute_lines
+
+    hosts = [(Host("a"), costs()), (Host("b"), costs())]
+    f = facts()
+    splits = best_splits(hosts, f, SHAPE, 16)
+    split = splits[2]
+    assert split is not None
+    plan = Plan(f, SHAPE, 16, split, splits, (), stage_memory(f, 0, N_LAYER, SHAPE).total)
+    predicted = plan.at(split, 16)
+    per_token = [ms / predicted.rows for ms in predicted.stage_ms]
+    level = {"concurrency": 16, "cpu_ms_per_token": {"stage:stage0": 2 * per_token[0], "adapter": 0.3}}
+    _, line = stage_compute_lines(plan, [level])
+    assert line.split("; ") == [f"  c=16  stage0 {per_token[0]:.2f} / {2 * per_token[0]:.2f} (2.00x)",
+                                f"stage1 {per_token[1]:.2f} / -"]
