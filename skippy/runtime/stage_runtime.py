@@ -32,6 +32,7 @@ from skippy.runtime.llama_api import (
     default_threads,
 )
 from skippy.runtime.llama_model import LlamaModel
+from skippy.runtime.mtp import MtpDrafter, open_drafter
 from skippy.runtime.prefix_cache import PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.resident import drop_mapped_pages
 from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax
@@ -55,7 +56,8 @@ class StageRuntime:
         self.prefix_cache_off = self.family.refusal() if spec.prefix_entries else ""
         prefix_entries = 0 if self.prefix_cache_off else spec.prefix_entries
         self._last_window: dict[int, tuple[int, int]] = {}  # recurrent: session -> its last window's [start, end)
-        self.model = LlamaModel(artifact.load_path, load=spec.load)
+        wants_mtp = self.is_final and spec.mtp != "disabled"
+        self.model = LlamaModel(artifact.load_path, load=spec.load, load_mtp=wants_mtp and spec.mtp == "integrated")
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         lanes_kv = spec.ctx_size * spec.lane_count
@@ -87,6 +89,11 @@ class StageRuntime:
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
         hook = self._capture_hook
         self.ctx = LlamaContext(self.model, self.params, *((hook.callback, hook.user_data) if hook else ()))
+        # native MTP drafting (skippy.runtime.mtp); `mtp_off` says why a final stage asked for it runs without
+        self.mtp: MtpDrafter | None = None
+        self.mtp_off = ""
+        if wants_mtp:
+            self.mtp, self.mtp_off = open_drafter(spec, self.model, self.ctx, self.params)
         drop_mapped_pages(artifact.load_path)  # what this stage reads faults back in; the rest stays out of its RSS
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
@@ -159,6 +166,8 @@ class StageRuntime:
         self._last_window.pop(session_id, None)
         if lane is not None:
             self.ctx.seq_rm(lane, 0)
+            if self.mtp is not None:
+                self.mtp.release(lane)
             self._free_lanes.append(lane)
         if self.prefix is not None:
             self.prefix.release(session_id)
@@ -249,6 +258,9 @@ class StageRuntime:
         batch = buf.build(n_rows, lanes, embd=embd)
         if self.is_final:
             self.ctx.decode(batch)
+            if self.mtp is not None and all(w.tokens is not None for w in windows):  # the rows' tokens came along
+                self.mtp.observe([(self._lanes[w.session_id], w.pos_start, w.tokens) for w in windows
+                                  if w.tokens is not None])
             return DecodeResult(hidden=None, output_rows=output_rows)
         hidden_out = np.empty((n_rows, self.n_embd), np.float32)
         assert self._capture_hook is not None
@@ -285,6 +297,13 @@ class StageRuntime:
             return biased_argmax(self.ctx.logits_row(batch_row, self.n_vocab), chain.params.logit_bias)
         return chain.sample(self.ctx.ptr, batch_row)
 
+    def mtp_draft(self, session_id: int, token: int, pos: int, n: int) -> tuple[int, ...]:
+        """Up to n native-MTP drafts after `token`, sampled for position `pos` ((): no MTP context here)."""
+        lane = self._lanes.get(session_id)
+        if self.mtp is None or lane is None or n <= 0:
+            return ()
+        return self.mtp.draft(lane, token, pos, min(n, MAX_DRAFT_TOKENS))
+
     def draws(self, session_id: int) -> int:
         """RNG draws the session's sampler has made (0: none, or greedy)."""
         chain = self._samplers.get(session_id)
@@ -310,6 +329,8 @@ class StageRuntime:
         for chain in self._samplers.values():
             chain.close()
         self._samplers.clear()
+        if self.mtp is not None:
+            self.mtp.close()
         self.ctx.close()
         self.model.close()
 
