@@ -14,9 +14,10 @@ vocabulary and n_embd. What the pinned llama.cpp offers and what it lacks: docs/
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as L
 import numpy as np
@@ -26,17 +27,26 @@ from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.llama_api import ContextParams, LlamaContext
 from skippy.runtime.llama_model import LlamaModel, ModelLoadParams
 
-_llama = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libllama.so"))
-# llama-ext.h's staging API is exported without C linkage (C++-mangled names, as `nm -D libllama.so` shows).
-_set_embeddings_nextn = _llama["_Z26llama_set_embeddings_nextnP13llama_contextbb"]
-_set_embeddings_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
-_set_embeddings_nextn.restype = None
-_get_embeddings_nextn = _llama["_Z26llama_get_embeddings_nextnP13llama_context"]
-_get_embeddings_nextn.argtypes = [ctypes.c_void_p]
-_get_embeddings_nextn.restype = ctypes.POINTER(ctypes.c_float)
-_get_embeddings_nextn_ith = _llama["_Z30llama_get_embeddings_nextn_ithP13llama_contexti"]
-_get_embeddings_nextn_ith.argtypes = [ctypes.c_void_p, ctypes.c_int32]
-_get_embeddings_nextn_ith.restype = ctypes.POINTER(ctypes.c_float)
+# llama-ext.h's staging API is exported without C linkage (C++-mangled names, as `nm -D libllama.so` shows),
+# so it is bound by those names, on first use (a build without it then fails only where MTP is asked for).
+_NEXTN_SYMBOLS: dict[str, tuple[str, list[Any], Any]] = {
+    "set": ("_Z26llama_set_embeddings_nextnP13llama_contextbb", [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+    "get": ("_Z26llama_get_embeddings_nextnP13llama_context", [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)),
+    "get_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti", [ctypes.c_void_p, ctypes.c_int32],
+                ctypes.POINTER(ctypes.c_float)),
+}
+
+
+@functools.cache
+def _nextn(name: str) -> Any:
+    symbol, argtypes, restype = _NEXTN_SYMBOLS[name]
+    try:
+        fn = ctypes.CDLL(str(Path(L.__file__).parent / "lib" / "libllama.so"))[symbol]
+    except (OSError, AttributeError) as error:
+        raise ModelError(f"this llama.cpp build lacks {symbol} (llama-ext.h), which native MTP needs: {error}") from None
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
 
 if TYPE_CHECKING:
     from skippy.runtime.spec import RuntimeSpec
@@ -73,21 +83,40 @@ def has_nextn_tensors(model: LlamaModel) -> bool:
         gguf.close()
 
 
+def sidecar_problems(target: Path, sidecar: Path) -> list[str]:
+    """Why the MTP-only GGUF `sidecar` cannot draft for `target` (its vocabulary, n_embd, NextN block), from
+    the files' metadata: `skippy up` checks before anything starts, the final stage again at load."""
+    facts = []
+    for path in (target, sidecar):
+        gguf = GGUFFile(path)
+        try:
+            arch = gguf.get("general.architecture")
+            tokens = gguf.get("tokenizer.ggml.tokens")
+            n_block, n_nextn = gguf.get(f"{arch}.block_count"), gguf.get(f"{arch}.nextn_predict_layers") or 0
+            nextn = isinstance(n_block, int) and isinstance(n_nextn, int) and n_nextn > 0 and any(
+                t.name == f"blk.{n_block - n_nextn}.nextn.eh_proj.weight" for t in gguf.tensors)
+            facts.append((len(tokens) if isinstance(tokens, list) else 0, gguf.get(f"{arch}.embedding_length"), nextn))
+        finally:
+            gguf.close()
+    (vocab, n_embd, _), (s_vocab, s_embd, s_nextn) = facts
+    problems = [f"vocabulary of {s_vocab} tokens, not {vocab}"] if s_vocab != vocab else []
+    problems += [f"n_embd {s_embd}, not {n_embd}"] if s_embd != n_embd else []
+    return problems + ([] if s_nextn else ["no NextN (MTP) layers"])
+
+
+def sidecar_refusal(target: Path, sidecar: Path) -> str:
+    """The one-line refusal of a sidecar that does not fit ('' when it does)."""
+    problems = sidecar_problems(target, sidecar)
+    return (f"--openai-native-mtp-draft-model-path {sidecar} does not fit the target model {target}: "
+            f"{'; '.join(problems)}") if problems else ""
+
+
 def load_sidecar(path: Path, target: LlamaModel, load: ModelLoadParams) -> LlamaModel:
     """An External MTP GGUF, refused (naming both files) unless its vocabulary and n_embd match the target's."""
-    sidecar = LlamaModel(path, load=load, load_mtp=True)
-    problems = []
-    if sidecar.n_vocab != target.n_vocab:
-        problems.append(f"vocabulary of {sidecar.n_vocab} tokens, not {target.n_vocab}")
-    if sidecar.n_embd != target.n_embd:
-        problems.append(f"n_embd {sidecar.n_embd}, not {target.n_embd}")
-    if not problems and not has_nextn_tensors(sidecar):
-        problems.append("no NextN (MTP) layers")
-    if problems:
-        sidecar.close()
-        raise ModelError(f"--openai-native-mtp-draft-model-path {path} does not fit the target model "
-                         f"{target.path}: {'; '.join(problems)}")
-    return sidecar
+    refusal = sidecar_refusal(target.path, path)
+    if refusal:
+        raise ModelError(refusal)
+    return LlamaModel(path, load=load, load_mtp=True)
 
 
 class MtpDrafter:
@@ -101,9 +130,9 @@ class MtpDrafter:
         self.n_embd = model.n_embd
         self.n_vocab = model.n_vocab
         self._trunk = trunk
-        _set_embeddings_nextn(trunk.ptr, True, False)  # a hidden row for every decoded row, not just outputs
+        _nextn("set")(trunk.ptr, True, False)  # a hidden row for every decoded row, not just outputs
         self.ctx = LlamaContext(model, params, ctx_type=L.LLAMA_CONTEXT_TYPE_MTP)
-        _set_embeddings_nextn(self.ctx.ptr, True, True)  # the block's own h, for chained drafts
+        _nextn("set")(self.ctx.ptr, True, True)  # the block's own h, for chained drafts
         self._batch = L.llama_batch_ext_init(self.ctx.ptr)
         self._hidden: dict[int, tuple[int, np.ndarray]] = {}  # lane -> (pos_start, trunk h rows) of its last window
         self._pos = (L.llama_pos * 1)()
@@ -134,7 +163,7 @@ class MtpDrafter:
         """After the trunk decoded these windows (rows in batch order): run the NextN block over the same
         positions, each row's token paired with the trunk's hidden state one position earlier."""
         n_rows = sum(len(tokens) for _, _, tokens in windows)
-        ptr = _get_embeddings_nextn(self._trunk.ptr)
+        ptr = _nextn("get")(self._trunk.ptr)
         if not ptr:
             raise RuntimeError("the trunk context exported no hidden states (embeddings_nextn)")
         hidden = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd)).copy()
@@ -164,7 +193,7 @@ class MtpDrafter:
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx.ptr, 0), shape=(self.n_vocab,))
             token = int(np.argmax(logits))
             out.append(token)
-            ptr = _get_embeddings_nextn_ith(self.ctx.ptr, 0)
+            ptr = _nextn("get_ith")(self.ctx.ptr, 0)
             if not ptr:
                 break
             hidden = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()

@@ -10,6 +10,9 @@ drafts by source.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,3 +74,32 @@ def test_native_mtp_plan_serves_plain_greedy_text_with_drafts(
     assert sources.get("native_mtp", 0) > 0
     if plan is COMPOSITE:
         assert set(sources) <= {"native_mtp", "ngram_extension"}
+
+
+def test_external_sidecar_serves_and_a_mismatched_one_is_refused(
+    plain_text: str, start_up: Callable[..., Any], tiny_model: Callable[..., Path], tmp_path: Path,
+    skippy_cache_dir: Path,
+) -> None:
+    """A trunk-only GGUF with the MTP-only sidecar drafts at the final stage as the integrated model does; a
+    sidecar of another n_embd is refused by `skippy up` before anything starts, naming both files."""
+    path = tmp_path / "native-mtp.json"
+    path.write_text(json.dumps(NATIVE_MTP))
+    trunk, sidecar = tiny_model("mtp", part="trunk"), tiny_model("mtp", part="mtp")
+    with start_up("mtp-external", trunk, "--openai-speculative-config", str(path),
+                  "--openai-native-mtp-draft-model-path", str(sidecar)) as server:
+        reply = complete(server)
+        native = [e for e in read_events(server.run_dir / "stage1.log") if e.get("event") == "native_mtp"]
+    assert reply.choices[0].text == plain_text and (reply.model_extra or {})["timings"]["draft_n"] > 0
+    assert native and native[0]["mtp_source"] == "external" and native[0]["model_path"] == str(sidecar)
+
+    narrow = tiny_model("mtp", part="mtp", n_embd=32)
+    run_dir = tmp_path / "refused"
+    out = subprocess.run([sys.executable, "-m", "skippy.cli.main", "up", "--model", str(trunk), "--bind", "127.0.0.1:0",
+                          "--run-dir", str(run_dir), "--openai-speculative-config", str(path),
+                          "--openai-native-mtp-draft-model-path", str(narrow)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SKIPPY_CACHE_DIR": str(skippy_cache_dir)})
+    assert out.returncode == 2, out.stderr
+    assert f"--openai-native-mtp-draft-model-path {narrow} does not fit the target model {trunk}: n_embd 32, not 64" \
+        in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not list(run_dir.glob("*.log")), "nothing may start"
