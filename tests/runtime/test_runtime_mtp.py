@@ -12,15 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 from runtime_helpers import prompt_tokens, tiny_spec
 
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import ModelError
 from skippy.runtime.stage_runtime import StageRuntime
-from skippy.runtime.windows import DecodeResult, SessionWindow
-from skippy.stage.predict import VerifySpec, predict
+from skippy.testing.replay import mtp_greedy
 
 PROMPT = prompt_tokens(40, seed=3)
 STEPS = 24
@@ -28,26 +26,7 @@ N_DRAFT = 3
 
 
 def speculative_greedy(chain: LocalChain, steps: int, n_draft: int) -> tuple[list[int], int, int]:
-    """Greedy decoding whose every window verifies the final stage's MTP drafts: (tokens, drafted, accepted)."""
-    final = chain.final
-    prompt = np.asarray(PROMPT, np.int32)
-    window = SessionWindow(0, 0, len(prompt), (len(prompt) - 1,), prompt)
-    rows = chain.decode([window])
-    out = list(predict(final, [window], DecodeResult(None, rows))[0].tokens)
-    pos, drafted, accepted = len(prompt), 0, 0
-    try:
-        while len(out) < steps:
-            drafts = final.mtp_draft(0, out[-1], pos, n_draft)
-            tokens = np.asarray([out[-1], *drafts], np.int32)
-            window = SessionWindow(0, pos, len(tokens), tuple(range(len(tokens))), tokens)
-            rows = chain.decode([window])
-            got = predict(final, [window], DecodeResult(None, rows), [VerifySpec(draft=drafts)])[0].tokens
-            drafted, accepted = drafted + len(drafts), accepted + len(got) - 1
-            out += got
-            pos += len(got)
-    finally:
-        chain.release(0)
-    return out[:steps], drafted, accepted
+    return mtp_greedy(chain, PROMPT, steps, n_draft)
 
 
 @pytest.fixture(scope="module")
