@@ -4,7 +4,7 @@ The final stage drafts from its NextN block, the drafts ride back with the predi
 in the next window: greedy text through the OpenAI client equals the server with speculation disabled, with
 `timings.draft_n > 0`, over 2 stages (a native-MTP-only plan) and 3 stages (the reference's composite plan:
 an MTP prefix and an n-gram cache tail, verify window 1-6, pipeline depth 2); stage 0's metrics count the
-drafts by source.
+drafts by source. A final stage without NextN tensors logs `native_mtp_off` and serves on without drafts.
 """
 
 from __future__ import annotations
@@ -51,8 +51,13 @@ def by_source(server: Any) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def plain_text(start_up: Callable[..., Any], tiny_model: Callable[..., Path]) -> str:
-    with start_up("mtp-plain", tiny_model("mtp")) as server:
-        return str(complete(server).choices[0].text)
+    """Speculation disabled, on the trunk-only GGUF (the same trunk weights): its final stage resolves native
+    MTP integrated (no OpenAI front there), finds no NextN tensors, logs that and serves on without drafts."""
+    with start_up("mtp-plain", tiny_model("mtp", part="trunk")) as server:
+        text = str(complete(server).choices[0].text)
+        off = [e for e in read_events(server.run_dir / "stage1.log") if e.get("event") == "native_mtp_off"]
+    assert off and "no NextN (MTP) layers" in str(off[0]["reason"])
+    return text
 
 
 @pytest.mark.parametrize(("name", "plan", "split"), [("native-mtp", NATIVE_MTP, "3"), ("composite", COMPOSITE, "2,4")])
