@@ -242,17 +242,19 @@ class Children:
 
 class StageProcesses(Children):
     """Stage processes of one topology (optionally skipping stage 0), started downstream first.
-    `flags` go to every stage, `first_flags` (stage 0's driver options) to stage 0 only."""
+    `flags` go to every stage, `first_flags` (stage 0's driver options) to stage 0 only, `last_flags` to the
+    final stage only when it is not stage 0 (the native-MTP sidecar, docs/mtp.md)."""
 
     def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
                  flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None,
-                 first_flags: Sequence[str] = ()) -> None:
+                 first_flags: Sequence[str] = (), last_flags: Sequence[str] = ()) -> None:
         super().__init__(run_dir, env)
         self.topology_path = topology_path
         self.topology = StageTopology.load(topology_path)
         self.config_paths = list(config_paths)
         self.flags = list(flags)
         self.first_flags = list(first_flags)
+        self.last_flags = list(last_flags)
         self.first = 0 if include_stage0 else 1
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
@@ -266,7 +268,7 @@ class StageProcesses(Children):
         return self
 
     def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
-        extra = self.first_flags if index == 0 else []
+        extra = self.first_flags if index == 0 else self.last_flags if index == len(self.config_paths) - 1 else []
         stage = self.topology.stages[index]  # a stage whose address a network namespace owns starts inside it
         self.start_process(stage.stage_id,
                            ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -60,13 +61,18 @@ def run(args: argparse.Namespace) -> int:
     mtp = resolve_mtp_source(options)
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path,
              mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all")
-    spec = RuntimeSpec.from_stage_config(cfg)
+    spec = replace(RuntimeSpec.from_stage_config(cfg), mtp=mtp.value,  # used by a final stage (docs/mtp.md)
+                   mtp_draft_model=options.speculative.native_mtp_draft_model_path)
     if spec.load_mode == "runtime-slice" and spec.model_path is not None:  # a host's memory budget, before loading
         shape = ServingShape(spec.lane_count, spec.ctx_size, spec.prefix_entries > 0,
                              kv_scale(spec.cache_type_k, spec.cache_type_v))
         need = refuse_if_too_big(resolve_model_path(spec.model_path), spec.layer_start, spec.layer_end, shape, cfg.stage_id)
         log.info("memory_predicted", mib=round(need.total / MIB), detail=need.describe())
     runtime = StageRuntime(spec)
+    if runtime.mtp_off:  # asked for native MTP, but the final slice has no NextN block: no drafts
+        log.warning("native_mtp_off", reason=runtime.mtp_off)
+    elif runtime.mtp is not None:
+        log.info("native_mtp", mtp_source=mtp.value, model_path=str(runtime.mtp.model.path))
     if runtime.prefix_cache_off:  # a recurrent family: its prefix cache cannot be exact, so it is not kept
         log.warning("prefix_cache_off", reason=runtime.prefix_cache_off)
     if cfg.stage_index == 0:

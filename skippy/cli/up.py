@@ -48,6 +48,7 @@ from skippy.launcher import StageProcesses, default_kv_cache, write_local_topolo
 from skippy.plan.write import write_plan
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
 from skippy.runtime.models import PACKAGED, model_id_for, resolve_model_path
+from skippy.runtime.mtp import sidecar_refusal
 from skippy.runtime.slices import read_model_info
 
 UP_OWNERS = (Owner.EVERY_STAGE, Owner.STAGE0, Owner.BROKER, Owner.ADAPTER)
@@ -116,7 +117,20 @@ def stage0_options(args: argparse.Namespace, topology: Path, config: Path) -> Se
     options = parse_serving_args(["--config", str(config), "--topology", str(topology),
                                   *FlagReader(args).argv(UP_OWNERS), *args.passthrough, "--openai-bind-addr", args.bind])
     refuse_unsupported(options)
+    sidecar = options.speculative.native_mtp_draft_model_path
+    refusal = sidecar_refusal(resolve_model_path(options.config.model_source), Path(sidecar)) if sidecar else ""
+    if refusal:
+        raise ConfigError(refusal)
     return options
+
+
+def native_mtp_sidecar_flags(options: ServingOptions) -> list[str]:
+    """The final stage attaches the External MTP sidecar (skippy.runtime.mtp); stage 0 only proposes its drafts."""
+    spec = options.speculative
+    if spec.native_mtp_draft_model_path is None:
+        return []
+    plan = [] if spec.plan_path is None else ["--openai-speculative-config", spec.plan_path]  # the stage checks both
+    return [*plan, "--openai-native-mtp-draft-model-path", spec.native_mtp_draft_model_path]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"skippy up: warning: {warning}", file=sys.stderr, flush=True)
     children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
                               include_stage0=True, first_flags=flags.argv([Owner.STAGE0]),
+                              last_flags=native_mtp_sidecar_flags(options),
                               env={API_KEY_ENV: key} if key else None)  # every /metrics and the adapter want it
 
     front = FrontProcesses(children, options, topology)

@@ -155,20 +155,35 @@ def resolve_speculative(flags: FlagReader) -> SpeculativeOptions:
 
 
 GLOBAL_TOKENS_FLAG = "--openai-speculative-global-tokens"
-_NATIVE_MTP = "native MTP drafting is not supported: skippy's stage slices carry no MTP (nextn) layers"
+
+
+def _native_mtp_problems(spec: SpeculativeOptions, source: str) -> list[str]:
+    """The native-MTP part of a plan that cannot run as given (docs/mtp.md)."""
+    plan, lines = spec.plan, []
+    mtp = plan.native_mtp.enabled and not plan.disabled
+    if spec.native_mtp_draft_model_path is not None and not mtp:
+        lines.append(f"--openai-native-mtp-draft-model-path needs native_mtp.enabled in --openai-speculative-config"
+                     f" ({source} leaves native MTP off)")
+    if not mtp:
+        return lines
+    if spec.draft_model_path is not None:
+        lines.append(f"--openai-draft-model-path and the native MTP drafts of {source} cannot both draft; pick one")
+    if plan.ngram is not None and plan.extension is None:
+        lines.append(f"--openai-speculative-config: {source} sets native_mtp and an ngram proposer without an"
+                     " extension: the n-gram drafts only as the tail of the MTP prefix (add extension.max_tokens)")
+    if plan.extension is not None and plan.ngram is not None and plan.ngram.kind is not NgramKind.CACHE:
+        lines.append(f"--openai-speculative-config: {source} extends native MTP with ngram.kind"
+                     f" '{plan.ngram.kind}'; the extension tail is the n-gram cache (kind 'cache')")
+    return lines
 
 
 def speculative_problems(spec: SpeculativeOptions) -> list[str]:
     """One line per speculative option that cannot work as given (empty when all can)."""
     plan, source = spec.plan, spec.plan_path or "the speculative plan"
-    lines = []
-    mtp = [name for name in plan.drafting if name.startswith(("native_mtp", "extension"))]
-    if mtp:
-        lines.append(f"--openai-speculative-config: {source} sets {', '.join(mtp)}; {_NATIVE_MTP}")
-    if spec.native_mtp_draft_model_path is not None:
-        lines.append(f"--openai-native-mtp-draft-model-path: {_NATIVE_MTP}")
+    lines = _native_mtp_problems(spec, source)
+    mtp = plan.native_mtp.enabled and not plan.disabled
     ngram = plan.active_ngram
-    if spec.draft_model_path is not None and ngram is not None:
+    if spec.draft_model_path is not None and ngram is not None and not mtp:
         lines.append(f"--openai-draft-model-path and the ngram proposer of {source} cannot both draft; pick one")
     if spec.draft_model_path is not None and spec.plan_path is not None and plan.disabled:
         lines.append(f"--openai-draft-model-path: {source} sets effective_strategy '{DISABLED}' (speculation off);"
@@ -176,7 +191,7 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
     if spec.global_tokens_given and (spec.draft_model_path is not None or ngram is None
                                      or ngram.kind is not NgramKind.SUFFIX):
         lines.append(f"{GLOBAL_TOKENS_FLAG} needs the suffix proposer (ngram.kind 'suffix' in {source})")
-    if spec.draft_model_path is None and ngram is None:
+    if spec.draft_model_path is None and ngram is None and not mtp:
         off = f" ({source} sets effective_strategy '{DISABLED}')" if plan.ngram is not None else ""
         needs = {
             "--openai-speculative-window": spec.speculative_window is not None,
@@ -186,7 +201,7 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         }
         lines += [f"{flag} needs a proposer: --openai-draft-model-path, or an ngram section in"
                   f" --openai-speculative-config{off}" for flag, given in needs.items() if given]
-        if not plan.disabled and not mtp:
+        if not plan.disabled:
             lines.append(f"--openai-speculative-config: {source} sets effective_strategy"
                          f" '{plan.effective_strategy}' but no proposer (an ngram section)")
     else:

@@ -261,15 +261,16 @@ def _path_text(path: Path | None) -> str | None:
 def resolve_mtp_source(options: ServingOptions) -> MtpSource:
     """Where native-MTP drafts come from, as the reference's ``resolved_mtp_source``.
 
-    Off in the config (or the runtime) -> Disabled; no OpenAI front -> Integrated; with a front
+    Off in the config (or the runtime) -> Disabled; no OpenAI front -> Integrated (External when given the
+    sidecar path, as `skippy up` gives the final stage); with a front
     the plan decides (the default plan, used when no ``--openai-speculative-config`` is given,
     has native MTP off -> Disabled); a sidecar path -> External; else Integrated.
     """
     if not options.native_mtp_enabled or not options.config.native_mtp_enabled:
         return MtpSource.DISABLED
-    if options.openai is None:
-        return MtpSource.INTEGRATED
     speculative = options.speculative
+    if options.openai is None:  # a later stage: `skippy up` hands the final stage the sidecar path
+        return MtpSource.EXTERNAL if speculative.native_mtp_draft_model_path is not None else MtpSource.INTEGRATED
     if not speculative.plan.native_mtp.enabled:
         return MtpSource.DISABLED
     if speculative.native_mtp_draft_model_path is not None:

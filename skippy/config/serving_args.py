@@ -102,7 +102,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-speculative-global-tokens", "N", "tokens of recent sessions the suffix proposer drafts from across"
      " requests (default 65536; 0 = only the request's own)", _0),
     ("--openai-draft-n-gpu-layers", "N", "draft model GPU layers (default: the config's n_gpu_layers)", _0),
-    ("--openai-native-mtp-draft-model-path", "PATH", "native MTP sidecar (not supported yet)", _0),
+    ("--openai-native-mtp-draft-model-path", "PATH", "External native MTP: an MTP-only GGUF the final stage drafts"
+     " from (docs/mtp.md)", _0),
 )
 
 

@@ -8,7 +8,8 @@ stable (sorted keys) so a plan can be logged and compared byte for byte.
 
 Strategy fields: ``effective_strategy`` is honoured: ``"disabled"`` turns speculation off entirely
 (an ``ngram`` section is then not used); any other value is a label that needs a proposer.  A plan
-file that omits it but has an ``ngram`` section gets ``"ngram-<kind>"`` (what runs).
+file that omits it gets what runs: ``"native-mtp"`` (``"native-mtp+ngram-cache"`` with an ``extension``)
+when ``native_mtp.enabled``, else ``"ngram-<kind>"`` with an ``ngram`` section.
 ``requested_strategy`` is metadata: what was asked of the planner that wrote the plan (the
 reference's "auto"); logged at startup, never acted on.
 """
@@ -123,8 +124,13 @@ class SpeculativeDecodeConfig(ConfigModel):
     def from_dict(cls, data: Any, source: str = "<dict>") -> Self:
         """Parse and validate; errors are ``<source>: field '...' ...``. A plan with an ngram section and no
         effective_strategy gets "ngram-<kind>" (module docstring)."""
-        if isinstance(data, dict) and "effective_strategy" not in data and isinstance(data.get("ngram"), dict):
-            data = {**data, "effective_strategy": f"ngram-{data['ngram'].get('kind', NgramKind.CACHE.value)}"}
+        if isinstance(data, dict) and "effective_strategy" not in data:
+            mtp = data.get("native_mtp")
+            if isinstance(mtp, dict) and mtp.get("enabled") is True:  # what runs: docs/mtp.md
+                tail = "+ngram-cache" if isinstance(data.get("extension"), dict) else ""
+                data = {**data, "effective_strategy": f"native-mtp{tail}"}
+            elif isinstance(data.get("ngram"), dict):
+                data = {**data, "effective_strategy": f"ngram-{data['ngram'].get('kind', NgramKind.CACHE.value)}"}
         plan = super().from_dict(data, source)
         plan.validate(source)
         return plan

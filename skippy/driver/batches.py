@@ -92,6 +92,7 @@ class BatchLauncher:
         self._ids = itertools.count(1)
         self.epoch = 0  # bumped by `forget`: a launch that straddles it is stale
         self.forgotten: set[int] = set()  # batches dropped by `forget` since `forget(reset=True)`
+        self.mtp_draft_max = 0  # native MTP: drafts each window with outputs asks the final stage for (docs/mtp.md)
 
     def forget(self, *, reset: bool = False) -> None:
         """Drop every batch in flight (a later stage died, or came back): what comes back for them, and any
@@ -130,11 +131,13 @@ class BatchLauncher:
         if self.recorder is not None:
             self.recorder.batch([(w.session_id, w.pos_start, tuple(pw.tokens.tolist()), w.outputs, pw.draft, pw.head,
                                   (c.restore, c.record, c.evict)) for w, pw, c in zip(windows, plan, cache)])
-        computed = await self.worker.compute(windows, None, [VerifySpec(pw.draft, pw.head) for pw in plan])
+        mtp = [self.mtp_draft_max if pw.outputs else 0 for pw in plan]
+        computed = await self.worker.compute(windows, None, [VerifySpec(pw.draft, pw.head, k) for pw, k in zip(plan, mtp)])
         if self._stale(batch_id, epoch):  # its sessions paused meanwhile: nothing of it may reach a stage
             return None
-        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head, *c)
-                     for w, pw, c in zip(windows, plan, cache) if w.session_id not in computed.missed)
+        wire = tuple(Window(w.session_id, w.pos_start, w.n_tokens, w.outputs, pw.draft, pw.head, *c,
+                            input_tokens=tuple(pw.tokens.tolist()) if self.mtp_draft_max else (), mtp_draft_max=k)
+                     for w, pw, c, k in zip(windows, plan, cache, mtp) if w.session_id not in computed.missed)
         if self.downstream is None or not wire:
             self._register(batch_id, InFlight(plan, computed.compute_ms, waiter=waiter))
             timing = StageTiming(self.stage_id, computed.started_at, computed.compute_ms, 0.0, time.time())

@@ -102,6 +102,7 @@ class Driver:
         self.prefix = PrefixIndex.for_stage0(options, runtime)
         self.liveness = Liveness(())
         self.speculation = speculation
+        self.launcher.mtp_draft_max = speculation.mtp_draft_max if speculation is not None else 0
         self.failed: str | None = None  # set when this process failed: no new requests
         self.wire_verdict: WireVerdict | None = None  # the activation wire's startup certification (start)
         self._ids = itertools.count(1)
@@ -325,6 +326,7 @@ class Driver:
             self.speculation.stale(outcome.seq.session_id, outcome.stale_rows)
         if self.speculation is not None and outcome.committed:
             self.speculation.committed(outcome.seq.session_id, outcome.proposed, outcome.returned, outcome.committed)
+            self.speculation.receive_mtp(outcome.seq.session_id, outcome.mtp_draft)
         if outcome.chain_miss:  # a stage lacked the prefix it restores: prefill it all again
             self.prefix.chain_miss(outcome.seq)
         for event in outcome.events:

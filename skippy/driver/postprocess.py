@@ -32,6 +32,7 @@ class Outcome:
     returned: int = 0  # tokens the final stage sampled (accepted + 1 for a verify window)
     stale_rows: int = 0  # rows of a chained window discarded because the chain broke before it
     chain_miss: bool = False  # a stage lacked the prefix cache entry the window restores: prefill again
+    mtp_draft: tuple[int, ...] = ()  # the final stage's native-MTP drafts after the committed tokens
 
 
 def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | None], ctx_size: int) -> Outcome:
@@ -58,6 +59,7 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
     draws = {r.session_id: r.draws for r in msg.results}
     missed = set(msg.missed)
     logprobs = {r.session_id: r.logprobs for r in msg.results}
+    mtp = {r.session_id: r.mtp_draft for r in msg.results if r.mtp_draft}
     # the slowest stage's compute per row bounds how large the next prefill chunk may grow
     slowest = max((t.compute_ms / max(1, entry.rows) for t in msg.timings), default=None)
     observation = ChunkObservation(entry.compute_ms, entry.write_ms(), entry.credit_wait_ms, slowest)
@@ -80,6 +82,7 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
             outcome = _commit_window(pw, tokens.get(seq.session_id), logprobs.get(seq.session_id) or (), ctx_size)
             if outcome.committed:
                 seq.draws = draws.get(seq.session_id, seq.draws)  # the sampler state these tokens leave
+                outcome.mtp_draft = mtp.get(seq.session_id, ())
                 _resumable(outcome)
             if pw.is_prefill and seq.progress:  # the prompt's last chunk: its report comes before the first token
                 outcome.events.insert(0, progress_event(pw))

@@ -83,10 +83,12 @@ def read_model_facts(path: Path) -> ModelFacts:
         n_ff = gguf.get(f"{arch}.feed_forward_length")
         layers = [0] * info.n_layer
         repacked = [0] * info.n_layer
-        embed = head = norm = 0
+        embed = head = norm = nextn = 0
         embed_rows = 1
         for t in gguf.tensors:
-            if t.name.startswith("blk."):
+            if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= info.n_layer:
+                nextn += t.nbytes  # a NextN (MTP) block: it travels with the final stage, as the head does
+            elif t.name.startswith("blk."):
                 il = int(t.name.split(".")[1])
                 layers[il] += t.nbytes
                 if len(t.dims) == 2 and GGMLQuantizationType(t.ggml_type) in _REPACKED:
@@ -102,7 +104,7 @@ def read_model_facts(path: Path) -> ModelFacts:
     return ModelFacts(path=path, architecture=arch, n_layer=info.n_layer, n_embd=info.n_embd,
                       n_ff=n_ff[0] if isinstance(n_ff, list) else int(n_ff or 4 * info.n_embd),  # type: ignore[call-overload]
                       n_vocab=embed_rows, layer_bytes=tuple(layers), layer_repacked_bytes=tuple(repacked),
-                      embed_bytes=embed, embed_row_bytes=embed // max(1, embed_rows), head_bytes=head or embed,
+                      embed_bytes=embed, embed_row_bytes=embed // max(1, embed_rows), head_bytes=(head or embed) + nextn,
                       tied=head == 0, norm_bytes=norm, kv_bytes_f16=tuple(kv_layer_bytes(path, "f16", "f16")),
                       file_bytes=path.stat().st_size)
 

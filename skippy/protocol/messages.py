@@ -39,6 +39,7 @@ MAX_SESSIONS_PER_MESSAGE: Final = 1024
 MAX_TIMINGS: Final = 256
 MAX_RECORDS: Final = 64  # prefix cache entries one window records
 MAX_TOP_LOGPROBS: Final = 64
+MAX_MTP_DRAFT: Final = 16  # native-MTP drafts one window asks for (the runtime's MAX_DRAFT_TOKENS)
 
 Tokens: TypeAlias = Annotated[tuple[I31, ...], Meta(max_length=MAX_ROWS)]
 Sessions: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]
@@ -117,6 +118,11 @@ class Window(msgspec.Struct, frozen=True):
     (``pos_start`` equals them); after it runs, the entries ``evict`` names are dropped and the
     session's first ``n_tokens`` positions are kept as each entry of ``record``. A stage without the
     restored entry drops the window and reports the session in ``missed``.
+
+    Native MTP (docs/mtp.md): ``input_tokens`` are the rows' token ids (stage 0 sends them when its plan
+    drafts with native MTP: the final stage's NextN block pairs each with the trunk's hidden state), and
+    ``mtp_draft_max`` asks the final stage for that many MTP drafts after the window's last sample
+    (``SessionPrediction.mtp_draft``). A stage that does not know the fields ignores them: no drafts.
     """
     session_id: U63
     pos_start: I31
@@ -127,6 +133,8 @@ class Window(msgspec.Struct, frozen=True):
     restore: PrefixRef | None = None  # n_tokens == pos_start
     record: Annotated[tuple[PrefixRef, ...], Meta(max_length=MAX_RECORDS)] = ()  # n_tokens <= pos_start + n_tokens
     evict: Keys = ()
+    input_tokens: Tokens = ()  # () or n_tokens ids
+    mtp_draft_max: Annotated[int, Meta(ge=0, le=MAX_MTP_DRAFT)] = 0
 
 
 class StageTiming(msgspec.Struct, frozen=True):
@@ -210,11 +218,13 @@ Logprobs: TypeAlias = Annotated[tuple[TokenLogprob, ...], Meta(max_length=MAX_RO
 
 class SessionPrediction(msgspec.Struct, frozen=True):
     """One token per requested output position of a session's window, in order (+ logprobs if asked);
-    ``draws``: the RNG draws the session's sampler has made in all (a replay restores them)."""
+    ``draws``: the RNG draws the session's sampler has made in all (a replay restores them); ``mtp_draft``:
+    the final stage's native-MTP drafts continuing ``tokens`` (asked by ``Window.mtp_draft_max``)."""
     session_id: U63
     tokens: Tokens
     logprobs: Logprobs = ()
     draws: U63 = 0
+    mtp_draft: Annotated[tuple[I31, ...], Meta(max_length=MAX_MTP_DRAFT)] = ()
 
 
 class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):

@@ -59,6 +59,8 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
                       "stage must start at a multiple of 4"),
     Family("cohere2", "LayerNorm, parallel attention + FFN, sliding-window layers by index, logit scale",
            swa_period=4, slice_needs=("sliding-window",)),
+    Family("mimo2", "fused QKV, sliding-window layers by a per-layer array, separate head; a NextN (MTP) block "
+           "that travels with the final stage (docs/mtp.md)", swa_period=4, slice_needs=("sliding-window",)),
     Family("lfm2", "hybrid: short-convolution (recurrent) layers and attention layers", recurrent=True,
            slice_needs=("attention", "recurrent")),
 )}

@@ -77,8 +77,9 @@ class LlamaContext:
     """
 
     def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: object | None = None,
-                 eval_user_data: ctypes.c_void_p | None = None) -> None:
+                 eval_user_data: ctypes.c_void_p | None = None, *, ctx_type: int = L.LLAMA_CONTEXT_TYPE_DEFAULT) -> None:
         cp = L.llama_context_default_params()
+        cp.ctx_type = ctx_type  # LLAMA_CONTEXT_TYPE_MTP: the NextN block's graph (skippy.runtime.mtp)
         cp.n_ctx = params.n_ctx
         cp.n_seq_max = params.n_seq_max
         cp.n_batch = params.n_batch

@@ -93,10 +93,12 @@ def _device_list(name: str) -> ctypes.Array[ctypes.c_void_p]:
 class LlamaModel:
     """An owned `llama_model *` (mmap'd weights by default)."""
 
-    def __init__(self, path: Path, *, vocab_only: bool = False, load: ModelLoadParams = ModelLoadParams()) -> None:
+    def __init__(self, path: Path, *, vocab_only: bool = False, load: ModelLoadParams = ModelLoadParams(),
+                 load_mtp: bool = False) -> None:
         init_backend()
         params = L.llama_model_default_params()
         params.vocab_only = vocab_only
+        params.load_mtp = load_mtp  # NextN (MTP) blocks: skipped unless the stage drafts from them (docs/mtp.md)
         params.n_gpu_layers = load.n_gpu_layers
         if load.main_gpu is not None:
             params.main_gpu = load.main_gpu

@@ -14,6 +14,11 @@ needs in every slice: skippy.runtime.layer_kinds). llama.cpp drops the rows
 not flagged as outputs inside the last block of a graph; with the stop block appended, the real last
 block computes every row, the runtime reads its `l_out` and stops the graph there, so the stop block
 and the vocabulary projection never run and no `n_rows x n_vocab` logits buffer is needed.
+
+NextN (MTP) blocks (`{arch}.nextn_predict_layers`, counted in llama.cpp's block_count after the trunk) belong
+to no stage's trunk range: `ModelInfo.n_layer` is the trunk, and the final slice carries the NextN blocks
+after its own (renumbered, `nextn_predict_layers` kept), so its stage can draft from them (docs/mtp.md);
+earlier slices drop them and the key.
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ class ModelInfo:
     n_embd: int
     required_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # kind -> layers: a slice needs
     # one of each kind (skippy.runtime.layer_kinds)
+    n_nextn: int = 0  # NextN (MTP) blocks after the trunk's n_layer (blk.{n_layer}.nextn.*)
+
+    @property
+    def n_block(self) -> int:
+        """Blocks in the file (llama.cpp's block_count): the trunk and the NextN blocks."""
+        return self.n_layer + self.n_nextn
 
 
 def read_model_info(path: Path) -> ModelInfo:
@@ -59,12 +70,16 @@ def read_model_info(path: Path) -> ModelInfo:
             raise ModelError(f"{path}: GGUF has no general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelError(f"{path}: {unsupported_message(arch)}")
-        n_layer = gguf.get(f"{arch}.block_count")
+        n_block = gguf.get(f"{arch}.block_count")
         n_embd = gguf.get(f"{arch}.embedding_length")
-        if not isinstance(n_layer, int) or not isinstance(n_embd, int):
+        if not isinstance(n_block, int) or not isinstance(n_embd, int):
             raise ModelError(f"{path}: missing {arch}.block_count or {arch}.embedding_length")
+        n_nextn = gguf.get(f"{arch}.nextn_predict_layers") or 0
+        if not isinstance(n_nextn, int) or not 0 <= n_nextn < n_block:
+            raise ModelError(f"{path}: {arch}.nextn_predict_layers {n_nextn!r} must be in [0, block_count {n_block})")
+        n_layer = n_block - n_nextn
         return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_embd=n_embd,
-                         required_layers=required_layers(gguf, arch, n_layer))
+                         required_layers=required_layers(gguf, arch, n_layer), n_nextn=n_nextn)
     finally:
         gguf.close()
 
@@ -121,9 +136,11 @@ def slice_path(digest: str, layer_start: int, layer_end: int, final: bool) -> Pa
 def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: list[bytes]) -> list[bytes]:
     """Metadata entries of the slice: copied raw, except block_count, per-layer arrays and the SWA pattern."""
     arch = info.architecture
-    swa = swa_pattern(gguf, arch, info.n_layer)
+    swa = swa_pattern(gguf, arch, info.n_block)
     slice_swa = None if swa is None else [swa[il] for il in layers]
     skip = {f"{arch}.block_count", f"{arch}.attention.sliding_window_pattern"}
+    if not any(il >= info.n_layer for il in layers):  # a non-final slice: no NextN block
+        skip.add(f"{arch}.nextn_predict_layers")
     if layers[0] > 0:  # token-embedding scales: a later stage's input is a hidden state, not tokens
         skip |= {f"{arch}.{key}" for key in FAMILIES[arch].token_input_keys}
     if slice_swa is not None and not any(slice_swa):
@@ -137,7 +154,7 @@ def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: l
         elem = gguf.array_type(key)
         if elem is not None and key.startswith(f"{arch}.") and elem in (BOOL, UINT32, 5, 6):
             values = gguf.get(key)
-            if isinstance(values, list) and len(values) == info.n_layer:
+            if isinstance(values, list) and len(values) == info.n_block:
                 # per-layer metadata follows the original layer indices
                 entries.append(pack_entry(key, ARRAY, [values[il] for il in layers], elem))
                 continue
@@ -162,8 +179,9 @@ def write_slice(
     info = read_model_info(source)
     check_range(info, layer_start, layer_end)
     digest = digest or file_digest(source)
-    stop = [] if final else [stop_block(info.required_layers, layer_start, layer_end)]
-    layers = list(range(layer_start, layer_end)) + stop
+    tail = list(range(info.n_layer, info.n_block)) if final else [
+        stop_block(info.required_layers, layer_start, layer_end)]  # the NextN blocks, or the stop block
+    layers = list(range(layer_start, layer_end)) + tail
     gguf = GGUFFile(source)
     by_block: dict[int, list[tuple[str, TensorInfo]]] = {}
     plan = []  # (new name, info, bytes): non-block tensors first, then owned blocks renumbered

@@ -43,6 +43,8 @@ class RuntimeSpec:
     prefix_entries: int = 0  # prefix cache entries (kv_cache.max_entries); 0 = no prefix cache
     prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = as many cells as the lanes
     deterministic: bool = False  # a row's result independent of its batch (skippy.runtime.lane_contexts)
+    mtp: str = "disabled"  # final stage: "integrated" (the slice's NextN block) | "external" | "disabled"
+    mtp_draft_model: str | Path | None = None  # "external": the MTP-only GGUF (skippy.runtime.mtp)
 
     @classmethod
     def from_stage_config(cls, config: StageConfig) -> RuntimeSpec:

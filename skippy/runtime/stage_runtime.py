@@ -35,6 +35,7 @@ from skippy.runtime.llama_api import (
     default_threads,
 )
 from skippy.runtime.llama_model import LlamaModel
+from skippy.runtime.mtp import MtpDrafter, open_drafter
 from skippy.runtime.prefix_cache import KvSequences, PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.resident import drop_mapped_pages
 from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax, token_logprob
@@ -63,8 +64,11 @@ class StageRuntime:
         self._last_window: dict[int, tuple[int, int]] = {}  # recurrent: session -> its last window's [start, end)
         if spec.deterministic:
             os.environ["GGML_CPU_TILED_MM"] = "0"  # K-quant tiles from 8 rows (tiled.cpp:1204); read once per process
+        # native MTP needs the shared trunk context it reads hidden states from: not under --deterministic
+        wants_mtp = self.is_final and spec.mtp != "disabled" and not spec.deterministic
         # deterministic: no repacked weights (their gemm and gemv kernels differ by row count)
-        self.model = LlamaModel(artifact.load_path, load=replace(spec.load, repack=False) if spec.deterministic else spec.load)
+        load = replace(spec.load, repack=False) if spec.deterministic else spec.load
+        self.model = LlamaModel(artifact.load_path, load=load, load_mtp=wants_mtp and spec.mtp == "integrated")
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         lanes_kv = spec.ctx_size * spec.lane_count
@@ -100,6 +104,13 @@ class StageRuntime:
         hook_args = (hook.callback, hook.user_data) if hook else ()
         self._shared = None if self.lanes else LlamaContext(self.model, self.params, *hook_args)
         self.kv: KvSequences = self.lanes or self.ctx
+        # native MTP drafting (skippy.runtime.mtp); `mtp_off` says why a final stage asked for it runs without
+        self.mtp: MtpDrafter | None = None
+        self.mtp_off = ""
+        if self.is_final and spec.mtp != "disabled" and spec.deterministic:
+            self.mtp_off = "native MTP off under --deterministic (it drafts from the shared trunk context)"
+        if wants_mtp:
+            self.mtp, self.mtp_off = open_drafter(spec, self.model, self.ctx, self.params)
         drop_mapped_pages(artifact.load_path)  # what this stage reads faults back in; the rest stays out of its RSS
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
@@ -183,6 +194,8 @@ class StageRuntime:
         self._last_window.pop(session_id, None)
         if lane is not None:
             self.kv.seq_rm(lane, 0)
+            if self.mtp is not None:
+                self.mtp.release(lane)
             self._free_lanes.append(lane)
         if self.prefix is not None:
             self.prefix.release(session_id)
@@ -275,6 +288,9 @@ class StageRuntime:
         batch = buf.build(n_rows, lanes, embd=embd)
         if self.is_final:
             self.ctx.decode(batch)
+            if self.mtp is not None and all(w.tokens is not None for w in windows):  # the rows' tokens came along
+                self.mtp.observe([(self._lanes[w.session_id], w.pos_start, w.tokens) for w in windows
+                                  if w.tokens is not None])
             return DecodeResult(hidden=None, output_rows=output_rows)
         hidden_out = np.empty((n_rows, self.n_embd), np.float32)
         assert self._capture_hook is not None
@@ -313,6 +329,13 @@ class StageRuntime:
             return biased_argmax(ctx.logits_row(row, self.n_vocab), chain.params.logit_bias)
         return chain.sample(ctx.ptr, row)
 
+    def mtp_draft(self, session_id: int, token: int, pos: int, n: int) -> tuple[int, ...]:
+        """Up to n native-MTP drafts after `token`, sampled for position `pos` ((): no MTP context here)."""
+        lane = self._lanes.get(session_id)
+        if self.mtp is None or lane is None or n <= 0:
+            return ()
+        return self.mtp.draft(lane, token, pos, min(n, MAX_DRAFT_TOKENS))
+
     def draws(self, session_id: int) -> int:
         """RNG draws the session's sampler has made (0: none, or greedy)."""
         chain = self._samplers.get(session_id)
@@ -331,6 +354,8 @@ class StageRuntime:
         for chain in self._samplers.values():
             chain.close()
         self._samplers.clear()
+        if self.mtp is not None:
+            self.mtp.close()
         if self.lanes is not None:
             self.lanes.close()
         if self._shared is not None:

@@ -10,6 +10,9 @@ sampler's state (penalties, RNG) advances once per returned token, as in plain d
 A chained verify window's first row guessed the previous window's last sample (`head`). The
 `Frontier` (per session: the position and token the next row must carry) tells whether the guess
 came true; if not the window is stale: nothing is sampled and it comes back empty.
+
+A window asking for native-MTP drafts (`mtp_draft_max`) gets them after its last sample, from the final
+stage's NextN block (`StageRuntime.mtp_draft`), in `SessionPrediction.mtp_draft`: no extra hop.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from skippy.protocol import SessionPrediction, TokenLogprob
+import numpy as np
+
+from skippy.protocol import SessionPrediction, TokenLogprob, Window
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.windows import DecodeResult, SessionWindow
 
@@ -30,6 +35,12 @@ class VerifySpec:
 
     draft: tuple[int, ...] = ()
     head: int | None = None
+    mtp_draft_max: int = 0  # native-MTP drafts wanted after the window's last sample
+
+
+def input_tokens(window: Window) -> np.ndarray | None:
+    """The rows' token ids when stage 0 sent them (native MTP at the final stage), else None."""
+    return np.asarray(window.input_tokens, np.int32) if len(window.input_tokens) == window.n_tokens else None
 
 
 def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeResult,
@@ -57,5 +68,7 @@ def predict(runtime: StageRuntime, windows: list[SessionWindow], result: DecodeR
                 break  # first mismatch (or the bonus token after a full accept): the window ends here
         last_row = w.outputs[len(tokens) - 1] if w.outputs else len(tokens) - 1
         frontier[w.session_id] = (w.pos_start + last_row + 1, tokens[-1])
-        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs), runtime.draws(w.session_id)))
+        mtp = runtime.mtp_draft(w.session_id, tokens[-1], w.pos_start + last_row + 1, spec.mtp_draft_max)
+        predictions.append(SessionPrediction(w.session_id, tuple(tokens), tuple(logprobs), runtime.draws(w.session_id),
+                                             mtp_draft=mtp))
     return tuple(predictions)

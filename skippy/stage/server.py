@@ -51,7 +51,7 @@ from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.windows import SessionWindow
 from skippy.stage.handshake import PROCESS_INCARNATION, check_upstream, greet_again, open_downstream, stage0_endpoint
 from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
-from skippy.stage.predict import VerifySpec
+from skippy.stage.predict import VerifySpec, input_tokens
 from skippy.stage.telemetry import StageTelemetry
 from skippy.stage.worker import INLINE_MAX_ROWS, RuntimeWorker
 from skippy.supervise import Supervisor
@@ -59,6 +59,7 @@ from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import PullQueue, PushQueue
 
 HEARTBEAT_INTERVAL_S = 0.5
+
 STOP_REPORT_TIMEOUT_S = 2.0
 
 
@@ -252,10 +253,10 @@ class StageServer:
         recv_at = time.time()
         sessions = tuple(w.session_id for w in batch.windows)
         fault_point("stage.batch")
-        windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs, None, w.restore, w.record, w.evict)
-                   for w in batch.windows]
+        windows = [SessionWindow(w.session_id, w.pos_start, w.n_tokens, w.outputs, input_tokens(w), w.restore, w.record,
+                                 w.evict) for w in batch.windows]
         try:
-            verify = [VerifySpec(w.draft, w.head) for w in batch.windows]
+            verify = [VerifySpec(w.draft, w.head, w.mtp_draft_max) for w in batch.windows]
             computed = await self.worker.compute(windows, batch.hidden, verify)
         except (RuntimeUsageError, RuntimeError) as exc:
             await self._report_failure(ErrorCode.BATCH_FAILED, str(exc), batch.batch_id, sessions)

@@ -7,7 +7,8 @@ and returns the tokens sampled per session. Batches carry their prefix cache ope
 evict, record), so the chain's own prefix cache (a RuntimeSpec with the same `prefix_entries`) makes
 the same cache decisions on the same batches. `greedy_with_margins` runs one prompt alone and also
 returns each step's top-2 logit margin, so a batched-vs-alone comparison can stop where the margin
-is too thin to be meaningful.
+is too thin to be meaningful. `mtp_greedy` decodes greedily verifying the final stage's native-MTP
+drafts (docs/mtp.md), for comparison with plain decoding.
 """
 
 from __future__ import annotations
@@ -139,3 +140,27 @@ def check_against_alone(got: Sequence[int], alone: Sequence[int], margins: Seque
                 return i, f"token {i}: batched {a} != alone {b} although the alone margin is {margins[i]:.3f}"
             return i, None
     return min(len(got), len(alone)), None
+
+
+def mtp_greedy(chain: LocalChain, prompt: Sequence[int], steps: int, n_draft: int,
+               session_id: int = 0) -> tuple[list[int], int, int]:
+    """Greedy decoding whose every window verifies the final stage's native-MTP drafts (skippy.runtime.mtp),
+    as a pipeline does: `[last, d1..dk]` with logits on every row. Returns (tokens, drafted, accepted)."""
+    final = chain.final
+    tokens = np.asarray(prompt, np.int32)
+    window = SessionWindow(session_id, 0, len(tokens), (len(tokens) - 1,), tokens)
+    out = list(predict(final, [window], DecodeResult(None, chain.decode([window])))[0].tokens)
+    pos, drafted, accepted = len(tokens), 0, 0
+    try:
+        while len(out) < steps:
+            drafts = final.mtp_draft(session_id, out[-1], pos, n_draft)
+            rows = np.asarray([out[-1], *drafts], np.int32)
+            window = SessionWindow(session_id, pos, len(rows), tuple(range(len(rows))), rows)
+            result = DecodeResult(None, chain.decode([window]))
+            got = predict(final, [window], result, [VerifySpec(draft=drafts)])[0].tokens
+            drafted, accepted = drafted + len(drafts), accepted + len(got) - 1
+            out += got
+            pos += len(got)
+    finally:
+        chain.release(session_id)
+    return out[:steps], drafted, accepted

@@ -42,6 +42,9 @@ class FamilySpec:
     metadata: tuple[tuple[str, Any], ...] = ()  # extra (key template, value): "{arch}." keys of the family
     output_norm: T = T.OUTPUT_NORM
     model_name: str = ""  # general.name when "tiny-FAMILY" would not do
+    swa_array: bool = False  # the sliding-window pattern written as a per-layer array (MiMo-V2 requires one)
+    nextn: int = 0  # NextN (MTP) blocks appended after the trunk: blk.{n_layer}.nextn.* (docs/mtp.md)
+    extra_tensors: tuple[T, ...] = ()  # tensors llama.cpp loads for the architecture that gguf-py does not list
 
 
 FAMILY_SPECS: dict[str, FamilySpec] = {
@@ -65,12 +68,19 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     # Cohere 2: LayerNorm without bias, parallel attention + FFN, sliding window (the real period is 4), logit scale.
     "cohere2": FamilySpec(50000.0, 1e-5, layer_norm=True, norms="parallel", sliding_window=32, swa_period=3,
                           metadata=((Keys.LLM.LOGIT_SCALE, 0.5),)),
+    # MTP: MiMo-V2's layout (fused QKV, a separate head, sliding-window layers by an explicit per-layer array)
+    # plus one NextN block, whose MTP graph llama.cpp builds (src/models/mimo2.cpp graph_mtp); docs/mtp.md.
+    "mimo2": FamilySpec(10000.0, 1e-5, tied_output=False, fused_qkv=True, sliding_window=32, swa_period=3,
+                        swa_array=True, nextn=1,
+                        metadata=((Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0),),  # llama.cpp requires the key
+                        extra_tensors=(T.ATTN_QKV, T.NEXTN_EH_PROJ, T.NEXTN_ENORM, T.NEXTN_HNORM)),
     # LFM2: short-convolution (recurrent) layers with an attention layer every third; head_count_kv 0 on conv layers.
     "lfm2": FamilySpec(1000000.0, 1e-5, qk_norm="head", attention_period=3, output_norm=T.TOKEN_EMBD_NORM,
                        metadata=((Keys.ShortConv.L_CACHE, 3),)),
 }
 
 FAMILIES: tuple[str, ...] = tuple(FAMILY_SPECS)
+FAMILY_ALIASES: dict[str, str] = {"mtp": "mimo2"}  # `tiny_models mtp OUT.gguf`: the family with a NextN block
 
 
 def is_attention_layer(spec: FamilySpec, il: int) -> bool:
@@ -142,9 +152,25 @@ def layer_tensors(spec: FamilySpec, il: int, n_embd: int, n_head: int, n_head_kv
     return out
 
 
+def nextn_tensors(spec: FamilySpec, il: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int) -> list[Tensor]:
+    """A NextN (MTP) block at index `il`: a trunk-shaped decoder block, then eh_proj (the concatenated token
+    embedding and hidden state, 2 * n_embd, projected to n_embd) and its two input norms."""
+    return layer_tensors(spec, il, n_embd, n_head, n_head_kv, n_ff) + [
+        (T.NEXTN_EH_PROJ, "weight", (n_embd, 2 * n_embd)), (T.NEXTN_ENORM, "weight", (n_embd,)),
+        (T.NEXTN_HNORM, "weight", (n_embd,))]
+
+
+def swa_layers(spec: FamilySpec, n_layer: int) -> list[bool]:
+    """Per block, whether it uses the sliding window (every swa_period-th is global; NextN blocks are global)."""
+    trunk = [il % spec.swa_period < spec.swa_period - 1 for il in range(n_layer)]
+    return trunk + [False] * spec.nextn
+
+
 def family_metadata(spec: FamilySpec, n_layer: int, n_head_kv: int, n_ff: int) -> list[tuple[str, Any]]:
     """(key template, value) of the family's hyperparameters beyond the common ones."""
     out = list(spec.metadata)
+    if spec.nextn:
+        out.append((Keys.LLM.NEXTN_PREDICT_LAYERS, spec.nextn))
     if spec.n_expert:
         out += [(Keys.LLM.EXPERT_COUNT, spec.n_expert), (Keys.LLM.EXPERT_USED_COUNT, 2),
                 (Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff // 2)]

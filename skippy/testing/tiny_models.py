@@ -30,10 +30,20 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
-from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
+from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
 from gguf.quants import quantize
 
-from skippy.testing.tiny_families import FAMILIES, FAMILY_SPECS, FamilySpec, Tensor, family_metadata, layer_tensors
+from skippy.testing.tiny_families import (
+    FAMILIES,
+    FAMILY_ALIASES,
+    FAMILY_SPECS,
+    FamilySpec,
+    Tensor,
+    family_metadata,
+    layer_tensors,
+    nextn_tensors,
+    swa_layers,
+)
 
 __all__ = ["BOS_ID", "EOS_ID", "FAMILIES", "UNK_ID", "tiny_model_path", "write_tiny_model"]
 
@@ -137,7 +147,7 @@ def _hyperparameters(w: GGUFWriter, spec: FamilySpec, n_layer: int, n_embd: int,
     head_dim = n_embd // n_head
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
+    w.add_block_count(n_layer + spec.nextn)  # llama.cpp counts NextN blocks in block_count
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     if not spec.attention_period:  # hybrids give it per layer (family_metadata)
@@ -152,7 +162,10 @@ def _hyperparameters(w: GGUFWriter, spec: FamilySpec, n_layer: int, n_embd: int,
         w.add_layer_norm_rms_eps(spec.norm_eps)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
-        w.add_sliding_window_pattern(spec.swa_period)
+        if spec.swa_array:
+            w.add_array(Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=w.arch), swa_layers(spec, n_layer))
+        else:
+            w.add_sliding_window_pattern(spec.swa_period)
     for key, value in family_metadata(spec, n_layer, n_head_kv, n_ff):
         _put(w, key.format(arch=w.arch), value)
 
@@ -176,15 +189,20 @@ def _tokenizer(w: GGUFWriter, tokens: list[str], scores: list[float], types: lis
 def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048, seed: int = 0,
                      tensor_type: str = "f32", vocab_seed: int = 0, n_extra_tokens: int = 0,
-                     fim: bool = False) -> Path:
+                     fim: bool = False, part: str = "full") -> Path:
     """Write a tiny random-weight ``family`` model to ``path`` and return ``path``.
 
     The same arguments always produce a byte-identical file.  ``vocab_seed`` and
     ``n_extra_tokens`` change the vocabulary (see ``_vocab``); at 0 every model
     shares one vocabulary, whatever its family, size or weight seed.  ``fim``
     appends fill-in-the-middle control tokens and declares them
-    (``tokenizer.ggml.fim_{pre,suf,mid}_token_id``), as a code model's GGUF does.
+    (``tokenizer.ggml.fim_{pre,suf,mid}_token_id``), as a code model's GGUF does.  A family with NextN
+    (MTP) blocks (``mtp``) writes ``part`` of them: "full" (trunk and NextN), "trunk" (the NextN block
+    left out, as llama.cpp's trunk-only GGUF) or "mtp" (the NextN block and the embedding/head tensors
+    alone, llama.cpp's MTP-only GGUF: an External draft sidecar); every part has the full file's bytes
+    for the tensors it holds.
     """
+    family = FAMILY_ALIASES.get(family, family)
     if family not in FAMILY_SPECS:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
     if tensor_type not in _TENSOR_TYPES:
@@ -194,6 +212,8 @@ def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int =
     if vocab_seed < 0 or n_extra_tokens < 0:
         raise ValueError("need vocab_seed >= 0 and n_extra_tokens >= 0")
     spec = FAMILY_SPECS[family]
+    if part not in PARTS or (part != "full" and not spec.nextn):
+        raise ValueError(f"part {part!r}: expected one of {PARTS}, and trunk/mtp only for a family with NextN blocks")
     qtype, file_type = _TENSOR_TYPES[tensor_type]
     arch = next(a for a, name in MODEL_ARCH_NAMES.items() if name == family)
     tokens, scores, types = _vocab(vocab_seed, n_extra_tokens)
@@ -220,9 +240,13 @@ def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int =
     named = [(t, TENSOR_NAMES[t], s, shape) for t, s, shape in globals_]
     named += [(t, TENSOR_NAMES[t].format(bid=i), s, shape) for i in range(n_layer)
               for t, s, shape in layer_tensors(spec, i, n_embd, n_head, n_head_kv, n_ff)]
+    named += [(t, TENSOR_NAMES[t].format(bid=i), s, shape) for i in range(n_layer, n_layer + spec.nextn)
+              for t, s, shape in nextn_tensors(spec, i, n_embd, n_head, n_head_kv, n_ff)]
     for tensor, name, suffix, shape in named:
-        assert tensor in MODEL_TENSORS[arch], f"{tensor.name} is not a {family} tensor"
-        data = _init(tensor, suffix, shape, n_embd, spec.output_norm, rng)
+        assert tensor in MODEL_TENSORS[arch] or tensor in spec.extra_tensors, f"{tensor.name} is not a {family} tensor"
+        data = _init(tensor, suffix, shape, n_embd, spec.output_norm, rng)  # drawn for every part: same bytes
+        if not _in_part(name, n_layer, part):
+            continue
         array, raw_dtype = _encode(data.astype(np.float32), qtype)
         w.add_tensor(f"{name}.{suffix}", array, raw_dtype=raw_dtype)
 
@@ -231,6 +255,17 @@ def write_tiny_model(family: str, path: Path, *, n_layer: int = 6, n_embd: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+PARTS = ("full", "trunk", "mtp")
+
+
+def _in_part(name: str, n_layer: int, part: str) -> bool:
+    """Whether tensor `name` belongs to `part` (see write_tiny_model): blocks below n_layer are the trunk."""
+    if part == "full" or not name.startswith("blk."):
+        return True
+    is_nextn = int(name.split(".")[1]) >= n_layer
+    return is_nextn == (part == "mtp")
 
 
 def tiny_model_path(family: str, cache_dir: Path, **kwargs: Any) -> Path:
@@ -245,6 +280,7 @@ def tiny_model_path(family: str, cache_dir: Path, **kwargs: Any) -> Path:
     if unknown:
         raise TypeError(f"unknown arguments: {sorted(unknown)}")
     full = {k: kwargs.get(k, p.default) for k, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    family = FAMILY_ALIASES.get(family, family)
     name = "-".join([f"tiny-{family}", f"v{_FORMAT_VERSION}", *(f"{k}{v}" for k, v in full.items())])
     cache_dir = Path(cache_dir)
     target = cache_dir / f"{name.replace('_', '')}.gguf"
@@ -265,13 +301,16 @@ def tiny_model_path(family: str, cache_dir: Path, **kwargs: Any) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """``python -m skippy.testing.tiny_models FAMILY OUT.gguf [--n-layer N]``."""
     parser = argparse.ArgumentParser(description="Write a tiny random-weight GGUF model.")
-    parser.add_argument("family", choices=FAMILIES)
+    parser.add_argument("family", choices=FAMILIES + tuple(FAMILY_ALIASES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--n-layer", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tensor-type", choices=tuple(_TENSOR_TYPES), default="f32")
+    parser.add_argument("--part", choices=PARTS, default="full",
+                        help="for a family with NextN blocks (mtp): trunk-only or MTP-only GGUF (docs/mtp.md)")
     args = parser.parse_args(argv)
-    write_tiny_model(args.family, args.out, n_layer=args.n_layer, seed=args.seed, tensor_type=args.tensor_type)
+    write_tiny_model(args.family, args.out, n_layer=args.n_layer, seed=args.seed, tensor_type=args.tensor_type,
+                     part=args.part)
     print(args.out)
 
 

@@ -132,12 +132,12 @@ def test_slice_command_writes_an_artifact_slice_that_loads(tiny_llama: Path, tmp
     assert np.array_equal(logits[0], logits[1])
 
 
-NATIVE_MTP = "native MTP drafting is not supported"
 UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the one-line refusal
-    "plan-native-mtp": (["--openai-speculative-config", "{mtp}"],
-                        f"--openai-speculative-config: {{mtp}} sets native_mtp.enabled; {NATIVE_MTP}"),
+    "mtp-and-ngram": (["--openai-speculative-config", "{mtp_ngram}"],
+                      "--openai-speculative-config: {mtp_ngram} sets native_mtp and an ngram proposer without an"
+                      " extension"),
     "native-mtp-draft": (["--openai-native-mtp-draft-model-path", "mtp.gguf"],
-                         f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}"),
+                         "--openai-native-mtp-draft-model-path needs native_mtp.enabled"),
     "draft-and-ngram": (["--openai-draft-model-path", "draft.gguf", "--openai-speculative-config", "{ngram}"],
                         "--openai-draft-model-path and the ngram proposer of {ngram} cannot both draft; pick one"),
     "window-alone": (["--openai-speculative-window", "4"],
@@ -147,6 +147,8 @@ UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the
 }
 PLANS = {
     "mtp": {"native_mtp": {"enabled": True, "max_draft_tokens": 2}},
+    "mtp_ngram": {"native_mtp": {"enabled": True}, "ngram": {"kind": "cache", "min_ngram": 1, "max_ngram": 4,
+                                                            "max_proposal_tokens": 4}},
     "ngram": {"ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 16}},
 }
 

@@ -27,7 +27,6 @@ SUFFIX = {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens
 CACHE = {"kind": "cache", "min_ngram": 1, "max_ngram": 4, "max_proposal_tokens": 6}
 MTP = {"enabled": True, "max_draft_tokens": 2}
 DRAFT = ["--openai-draft-model-path", "/models/draft.gguf"]
-NATIVE_MTP = "native MTP drafting is not supported: skippy's stage slices carry no MTP (nextn) layers"
 NEEDS_PROPOSER = "needs a proposer: --openai-draft-model-path, or an ngram section in --openai-speculative-config"
 
 
@@ -136,14 +135,24 @@ def test_accepted_suffix_plan_keeps_its_values(resolve: Resolve) -> None:
 CONFIG = "--openai-speculative-config: {plan} sets"
 WINDOW_MODE = "--openai-adaptive-speculative-window-mode"
 REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
-    "plan-native-mtp": ({"native_mtp": MTP}, [], f"{CONFIG} native_mtp.enabled; {NATIVE_MTP}"),
-    "plan-extension": (
-        {"native_mtp": MTP, "ngram": CACHE, "extension": {"max_tokens": 2}}, [],
-        f"{CONFIG} native_mtp.enabled, extension; {NATIVE_MTP}",
-    ),
     "native-mtp-draft-model": (
         None, ["--openai-native-mtp-draft-model-path", "/models/mtp.gguf"],
-        f"--openai-native-mtp-draft-model-path: {NATIVE_MTP}",
+        "--openai-native-mtp-draft-model-path needs native_mtp.enabled in --openai-speculative-config"
+        " (the speculative plan leaves native MTP off)",
+    ),
+    "native-mtp-and-draft-model": (
+        {"native_mtp": MTP}, DRAFT,
+        "--openai-draft-model-path and the native MTP drafts of {plan} cannot both draft; pick one",
+    ),
+    "native-mtp-and-ngram-without-extension": (
+        {"native_mtp": MTP, "ngram": CACHE}, [],
+        f"{CONFIG} native_mtp and an ngram proposer without an extension: the n-gram drafts only as the tail of"
+        " the MTP prefix (add extension.max_tokens)",
+    ),
+    "native-mtp-extension-of-suffix": (
+        {"native_mtp": MTP, "ngram": SUFFIX, "extension": {"max_tokens": 2}}, [],
+        "--openai-speculative-config: {plan} extends native MTP with ngram.kind 'suffix'; the extension tail is the"
+        " n-gram cache (kind 'cache')",
     ),
     "draft-and-ngram": (
         {"ngram": SUFFIX}, DRAFT,
@@ -205,15 +214,11 @@ def test_every_refusal_is_named_on_one_line(resolve: Resolve) -> None:
         "--openai-adaptive-speculative-window-mode", "simple",
         "--openai-draft-n-gpu-layers", "0",
     ]  # fmt: skip
-    options, _ = resolve({"native_mtp": MTP, "verify_window": {"pipeline_depth": 3}}, *flags)
+    options, _ = resolve({"native_mtp": MTP, "ngram": CACHE, "verify_window": {"pipeline_depth": 3}}, *flags)
     lines = unsupported_options(options)
     assert [line.split()[0].rstrip(":") for line in lines] == [  # the telemetry flags are supported (issue 12)
-        "--openai-speculative-config",  # native_mtp.enabled
-        "--openai-native-mtp-draft-model-path",
-        "--openai-speculative-window",
-        "--openai-adaptive-speculative-window",
-        "--openai-adaptive-speculative-window-mode",
-        "--openai-draft-n-gpu-layers",
+        "--openai-speculative-config",  # native_mtp with an ngram section but no extension (docs/mtp.md)
+        "--openai-draft-n-gpu-layers",  # native MTP runs no draft model
     ]
     with pytest.raises(ConfigError) as info:
         refuse_unsupported(options)

@@ -112,8 +112,12 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
     dest = write_slice(path, tmp_path / "s.gguf", start, end, final=final)
     src, sl = GGUFFile(path), GGUFFile(dest)
     try:
-        # + the stop block: a copy of the last layer, or of the kind of layer the slice lacks
-        owned = list(range(start, end)) + ([] if final else [stop_block(info.required_layers, start, end)])
+        # + the stop block: a copy of the last layer, or of the kind of layer the slice lacks; a final slice
+        # carries the NextN (MTP) blocks instead (mimo2), a non-final one drops them and their count
+        tail = list(range(info.n_layer, info.n_block)) if final else [stop_block(info.required_layers, start, end)]
+        owned = list(range(start, end)) + tail
+        nextn_key = f"{family}.nextn_predict_layers"
+        assert sl.get(nextn_key) == (src.get(nextn_key) if final else None)
         assert sl.get("skippy.slice.layer_start") == start
         assert sl.get("skippy.slice.layer_end") == end
         assert sl.get("skippy.slice.stop_block") is (not final)
@@ -126,7 +130,8 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
         dropped = {f"{family}.{key}" for key in FAMILIES_BY_ARCH[family].token_input_keys} if start else set()
         assert not dropped & set(sl.kv)  # token-embedding scales stay with stage 0
         for key in src.kv:  # everything else is copied unchanged
-            if key not in {f"{family}.block_count", pattern, f"{family}.attention.sliding_window", *per_layer, *dropped}:
+            if key not in {f"{family}.block_count", pattern, f"{family}.attention.sliding_window", *per_layer, *dropped,
+                           nextn_key}:
                 assert sl.raw_entry(key) == src.raw_entry(key), key
         for key in per_layer:  # cut to the slice's layers, by their original indices
             assert sl.get(key) == [src.get(key)[il] for il in owned]  # type: ignore[index]
@@ -144,7 +149,8 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
         if not FAMILY_SPECS[family].sliding_window:
             assert sl.get(pattern) is None
             return
-        swa = [il % 3 < 2 for il in owned]  # tiny gemma3 and cohere2: period 3, layers 2 and 5 global
+        swa = [il % 3 < 2 and il < info.n_layer for il in owned]  # tiny gemma3, cohere2, mimo2: period 3, layers 2
+        # and 5 global (and the NextN block)
         if any(swa):
             assert sl.get(pattern) == swa  # pinned to the ORIGINAL layer indices, stop block included
             assert sl.get(f"{family}.attention.sliding_window") == 32

@@ -99,3 +99,26 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["qwen2", str(out), "--n-layer", "2"])
     assert out.read_bytes() == write_tiny_model("qwen2", tmp_path / "api.gguf", n_layer=2).read_bytes()
     assert str(out) in capsys.readouterr().out
+
+
+def test_mtp_alias_parts_hold_the_full_files_bytes(tmp_path: Path) -> None:
+    """`mtp` is the mimo2 family with a NextN block: trunk-only and MTP-only parts split its tensors, byte for byte."""
+    from skippy.runtime.gguf_file import GGUFFile
+
+    parts = {part: write_tiny_model("mtp", tmp_path / f"{part}.gguf", part=part) for part in ("full", "trunk", "mtp")}
+    files = {part: GGUFFile(path) for part, path in parts.items()}
+    try:
+        tensors = {part: {t.name: bytes(f.tensor_bytes(t)) for t in f.tensors} for part, f in files.items()}
+        assert files["full"].get("general.architecture") == "mimo2"
+        assert files["full"].get("mimo2.block_count") == 7 and files["full"].get("mimo2.nextn_predict_layers") == 1
+        nextn = {name for name in tensors["full"] if name.startswith("blk.6.")}
+        assert "blk.6.nextn.eh_proj.weight" in nextn and not any(n.startswith("blk.6.") for n in tensors["trunk"])
+        assert {n for n in tensors["mtp"] if n.startswith("blk.")} == nextn
+        for part in ("trunk", "mtp"):
+            assert all(tensors["full"][name] == data for name, data in tensors[part].items())
+        assert set(tensors["trunk"]) | set(tensors["mtp"]) == set(tensors["full"])
+    finally:
+        for f in files.values():
+            f.close()
+    with pytest.raises(ValueError, match="part 'trunk'"):
+        write_tiny_model("llama", tmp_path / "x.gguf", part="trunk")

@@ -38,6 +38,12 @@ class SpeculationTotals:
     tail_rejects: int = 0
     stale_windows: int = 0  # chained windows discarded because the chain broke before them
     stale_rows: int = 0
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [proposed, accepted] draft tokens
+
+    def add_source(self, source: str, proposed: int, accepted: int) -> None:
+        counts = self.by_source.setdefault(source, [0, 0])
+        counts[0] += proposed
+        counts[1] += accepted
 
     def add(self, proposed: int, accepted: int) -> None:
         self.windows += 1
@@ -78,6 +84,7 @@ class Speculation:
         self.sessions: dict[int, SessionSpeculation] = {}
         self.totals = SpeculationTotals()
         self.hop_ms: float | None = None  # EWMA of the measured per-hop delay
+        self.mtp_draft_max = 0  # native MTP: drafts every window asks the final stage for (native_mtp.max_draft_tokens)
 
     def use_cost_model(self, cost_ms: list[float], hops: int, hop_ms: float) -> None:
         """Switch to the cost-model window once C(rows) is measured (hops per round trip, delay per hop)."""
@@ -154,6 +161,17 @@ class Speculation:
         spec = self.sessions.get(session_id)
         if spec is None:
             return
+        verified = getattr(spec.proposer, "verified", None)  # a native-MTP proposer's reject cooldown
+        if proposed > 0:  # draft tokens by source: a native-MTP prefix, then its n-gram tail (or the proposer's)
+            mtp = min(getattr(spec.proposer, "in_flight", 0), proposed)
+            accepted = returned - 1
+            if mtp:
+                self.totals.add_source("native_mtp", mtp, min(accepted, mtp))
+            if proposed > mtp:
+                tail = "ngram_extension" if mtp or verified is not None else self.name
+                self.totals.add_source(tail, proposed - mtp, max(0, accepted - mtp))
+        if verified is not None and proposed > 0:
+            verified(proposed, returned - 1)
         if proposed > 0:
             stop = len(committed) < returned  # a stop token or the length limit cut the window
             spec.stats.observe(proposed, returned - 1, k=max(spec.k, proposed), stop=stop)
@@ -162,6 +180,13 @@ class Speculation:
             spec.stats.observe_shadow(1, int(spec.shadow[0] == committed[0]))
             spec.shadow = []
         spec.proposer.extend(committed)
+
+    def receive_mtp(self, session_id: int, drafts: Sequence[int]) -> None:
+        """The final stage's native-MTP drafts after the session's last committed token (after `committed`)."""
+        spec = self.sessions.get(session_id)
+        receive = getattr(spec.proposer, "receive", None) if spec is not None else None
+        if receive is not None:
+            receive(drafts)
 
     def stale(self, session_id: int, rows: int) -> None:
         """A chained window of `rows` rows came back after its chain broke: computed for nothing."""

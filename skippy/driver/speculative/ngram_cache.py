@@ -104,16 +104,21 @@ class NgramCacheProposer(NgramHistory):
         return None
 
     def propose(self, max_tokens: int) -> list[int]:
+        return self.continue_draft([], max_tokens)
+
+    def continue_draft(self, prefix: list[int], max_tokens: int) -> list[int]:
+        """Up to max_tokens (and max_proposal_tokens) drafts after history + `prefix` (read-only: a native-MTP
+        prefix the composite plan extends, skippy.driver.speculative.native_mtp)."""
         budget = self.budget(max_tokens)
-        draft: list[int] = []
+        draft = list(prefix)
         if len(self.tokens) < MIN_HISTORY_TOKENS:
-            return draft
-        while len(draft) < budget:
+            return []
+        while len(draft) - len(prefix) < budget:
             token = self._next(draft)
             if token is None:
                 break
             draft.append(token)
-        return draft
+        return draft[len(prefix):]
 
 
 class NgramCacheProposerFactory(NgramProposerFactory):

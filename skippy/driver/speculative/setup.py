@@ -1,7 +1,8 @@
 """Stage 0's speculative decoding from its options: which proposer, which window policy, or none.
 
-- proposer: `--openai-draft-model-path` (a whole small GGUF sharing the target's vocabulary) or the
-  plan's `ngram` section (`kind` suffix | cache); both at once is refused, never silently resolved.
+- proposer: the plan's `native_mtp` (the final stage's NextN block drafts, with `extension` an n-gram cache
+  tail: skippy.driver.speculative.native_mtp), `--openai-draft-model-path` (a whole small GGUF sharing the
+  target's vocabulary) or the plan's `ngram` section (`kind` suffix | cache); two at once is refused.
   The suffix proposer also drafts across requests from `--openai-speculative-global-tokens` tokens of
   recent sessions (skippy.driver.speculative.global_suffix; 0: only the request's own).
 - window: `--openai-speculative-window K` fixes k (default: the plan's verify_window.max_tokens, or
@@ -17,13 +18,14 @@ Option combinations that cannot work are refused by `skippy.config.serving.unsup
 
 from __future__ import annotations
 
-from skippy.config import ServingOptions
+from skippy.config import MtpSource, ServingOptions, resolve_mtp_source
 from skippy.config.generation import AdaptiveWindowMode
 from skippy.config.speculative import NgramKind
 from skippy.driver.speculative import ProposerFactory
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.metrics import SpeculationCollector
+from skippy.driver.speculative.native_mtp import NativeMtpProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
@@ -44,7 +46,12 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
                  effective_strategy=plan.effective_strategy, source=spec.plan_path)
     factory: ProposerFactory
     ngram = plan.active_ngram
-    if spec.draft_model_path is not None:
+    mtp = resolve_mtp_source(options)
+    if plan.native_mtp.enabled and not plan.disabled and mtp is not MtpSource.DISABLED:
+        factory = NativeMtpProposerFactory(plan)  # drafts from the final stage's NextN block (docs/mtp.md)
+        log.info("native_mtp", mtp_source=mtp.value, max_draft_tokens=plan.native_mtp.max_draft_tokens,
+                 extension=plan.extension.max_tokens if plan.extension is not None else 0)
+    elif spec.draft_model_path is not None:
         from skippy.driver.speculative.draft_model import DraftModelProposerFactory
 
         n_gpu_layers = spec.draft_n_gpu_layers if spec.draft_n_gpu_layers is not None else options.config.n_gpu_layers
@@ -72,5 +79,7 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
     speculation = Speculation(factory, policy, max_k, depth=window.pipeline_depth, min_k=min_k,
                               runahead=window.runahead_max_tokens,
                               calibrate=spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST)
+    if isinstance(factory, NativeMtpProposerFactory):
+        speculation.mtp_draft_max = plan.native_mtp.max_draft_tokens
     current().attach(SpeculationCollector(speculation))
     return speculation
