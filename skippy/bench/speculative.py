@@ -46,7 +46,8 @@ from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.spec import RuntimeSpec
-from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
+from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import DownstreamLink, apply_wire
 from skippy.transport.queues import PullQueue

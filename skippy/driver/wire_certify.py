@@ -32,7 +32,7 @@ from skippy.log import get_logger
 from skippy.protocol import ConfigureSession, Predictions, SetWire, WireDtype, WireVerdict
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.sampling import SamplingParams
-from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS
+from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import DownstreamLink, apply_wire
 

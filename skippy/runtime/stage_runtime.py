@@ -30,20 +30,18 @@ from skippy.runtime.families import FAMILIES
 from skippy.runtime.lane_contexts import LaneContexts
 from skippy.runtime.llama_api import (
     BatchBuffers,
-    ContextParams,
     LlamaContext,
-    default_threads,
 )
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.mtp import MtpDrafter, open_drafter
 from skippy.runtime.prefix_cache import KvSequences, PrefixCache, keep_rows, kv_cell_bytes, with_missed
 from skippy.runtime.resident import drop_mapped_pages
-from skippy.runtime.sampling import SamplerChain, SamplingParams, biased_argmax, token_logprob
+from skippy.runtime.sampling import SamplingParams
+from skippy.runtime.session_samplers import SessionSamplers
 from skippy.runtime.slices import Progress
 from skippy.runtime.spec import RuntimeSpec, resolve_artifact
+from skippy.runtime.stage_params import MAX_DRAFT_TOKENS, context_params
 from skippy.runtime.windows import DecodeResult, SessionWindow
-
-MAX_DRAFT_TOKENS = 16  # longest speculative draft a verify window may carry (sizes the final stage's logits)
 
 
 class StageRuntime:
@@ -72,29 +70,7 @@ class StageRuntime:
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         lanes_kv = spec.ctx_size * spec.lane_count
-        n_ctx = lanes_kv * 2 if prefix_entries else lanes_kv  # cache entries get as many cells as the lanes
-        n_seq_max = spec.lane_count + prefix_entries
-        n_batch = spec.n_batch or min(2048, lanes_kv)
-        # llama.cpp sizes its compute and output buffers for n_outputs_max rows of n_vocab logits
-        # (512 rows of Gemma's 262k vocab would be 512 MiB), so keep it to what is asked for.
-        # llama.cpp also reserves at least one output row per sequence. A verify window of
-        # MAX_DRAFT_TOKENS drafts wants logits on all its rows, for every lane at once.
-        wanted = spec.n_outputs_max or (MAX_DRAFT_TOKENS + 1) * spec.lane_count if self.is_final else 1
-        n_outputs_max = max(min(wanted, n_batch), n_seq_max)
-        self.params = ContextParams(
-            n_ctx=n_ctx,
-            n_seq_max=n_seq_max,
-            n_batch=n_batch,
-            n_ubatch=spec.n_ubatch or min(512, n_batch),
-            n_threads=spec.n_threads or default_threads(),
-            n_outputs_max=n_outputs_max,
-            cache_type_k=spec.cache_type_k,
-            cache_type_v=spec.cache_type_v,
-            flash_attn_type="enabled" if spec.deterministic else spec.flash_attn_type,
-            offload_kqv=spec.kv_offload,
-            op_offload=spec.op_offload,
-            n_rs_seq=MAX_DRAFT_TOKENS if self.family.recurrent else 0,
-        )
+        self.params = context_params(spec, self.is_final, self.family.recurrent, prefix_entries)
         # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
@@ -115,7 +91,7 @@ class StageRuntime:
         self._buffers = BatchBuffers(self.params.n_batch, spec.lane_count)
         self._lanes: dict[int, int] = {}
         self._free_lanes = list(range(spec.lane_count - 1, -1, -1))
-        self._samplers: dict[int, SamplerChain] = {}
+        self._samplers = SessionSamplers(self.n_vocab, self.model.vocab)
         self.prefix: PrefixCache | None = None
         if prefix_entries:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
@@ -157,17 +133,7 @@ class StageRuntime:
                           draws: int = 0) -> None:
         """Set the sampler for a session (final stage); replaces any earlier one. A replayed session's
         `history` (committed tokens) and `draws` (RNG draws made) restore its state (`SamplerChain.restore`)."""
-        chain = SamplerChain(params, self.n_vocab, self.model.vocab)
-        if history or draws:
-            try:
-                chain.restore(history, draws)
-            except RuntimeUsageError:
-                chain.close()
-                raise
-        old = self._samplers.pop(session_id, None)
-        if old is not None:
-            old.close()
-        self._samplers[session_id] = chain
+        self._samplers.configure(session_id, params, history, draws)
 
     def trim_session(self, session_id: int, pos: int) -> None:
         """Drop the session's KV at positions >= pos."""
@@ -199,9 +165,7 @@ class StageRuntime:
             self._free_lanes.append(lane)
         if self.prefix is not None:
             self.prefix.release(session_id)
-        chain = self._samplers.pop(session_id, None)
-        if chain is not None:
-            chain.close()
+        self._samplers.release(session_id)
 
     # -- decode --------------------------------------------------------------------------------
     def _check_windows(self, windows: list[SessionWindow], hidden: np.ndarray | None) -> int:
@@ -321,13 +285,7 @@ class StageRuntime:
 
     def sample(self, session_id: int, batch_row: int) -> int:
         """Sample the session's next token from an output row of the last decode (final stage)."""
-        chain = self._samplers.get(session_id)
-        if chain is None:
-            chain = self._samplers[session_id] = SamplerChain(SamplingParams(), self.n_vocab)
-        ctx, row = self._output(batch_row)
-        if chain.params.plain_greedy:  # never under a grammar or penalties: their state advances with every sample
-            return biased_argmax(ctx.logits_row(row, self.n_vocab), chain.params.logit_bias)
-        return chain.sample(ctx.ptr, row)
+        return self._samplers.sample(session_id, *self._output(batch_row))
 
     def mtp_draft(self, session_id: int, token: int, pos: int, n: int) -> tuple[int, ...]:
         """Up to n native-MTP drafts after `token`, sampled for position `pos` ((): no MTP context here)."""
@@ -338,22 +296,14 @@ class StageRuntime:
 
     def draws(self, session_id: int) -> int:
         """RNG draws the session's sampler has made (0: none, or greedy)."""
-        chain = self._samplers.get(session_id)
-        return 0 if chain is None else chain.draws
+        return self._samplers.draws(session_id)
 
     def logprobs(self, session_id: int, batch_row: int, token: int) -> TokenLogprob | None:
         """log p(token) from the row's raw logits (log-softmax) and the top-n, if the session asked."""
-        chain = self._samplers.get(session_id)
-        n = None if chain is None else chain.params.top_logprobs
-        if n is None:
-            return None
-        ctx, row = self._output(batch_row)
-        return token_logprob(ctx.logits_row(row, self.n_vocab), token, n)
+        return self._samplers.logprobs(session_id, *self._output(batch_row), token)
 
     def close(self) -> None:
-        for chain in self._samplers.values():
-            chain.close()
-        self._samplers.clear()
+        self._samplers.close()
         if self.mtp is not None:
             self.mtp.close()
         if self.lanes is not None:

@@ -23,7 +23,7 @@ from skippy.driver.sequence import Sequence as SchedSequence
 from skippy.driver.speculative import Proposer, ProposerFactory
 from skippy.driver.speculative.window import CostModelWindow, WindowPolicy, WindowStats
 from skippy.protocol.stats import SpeculativeStats
-from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS
+from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
 
 
 @dataclass

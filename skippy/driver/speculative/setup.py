@@ -30,7 +30,8 @@ from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
 from skippy.log import get_logger
-from skippy.runtime.stage_runtime import MAX_DRAFT_TOKENS, StageRuntime
+from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
+from skippy.runtime.stage_runtime import StageRuntime
 from skippy.telemetry.process import current
 
 DEFAULT_WINDOW = 4  # the reference's --openai-speculative-window default
