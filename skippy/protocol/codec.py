@@ -34,12 +34,12 @@ from skippy.protocol.messages import (
     ErrorCode,
     Hello,
     Message,
+    MessageBase,
     Predictions,
     ProtocolError,
     Ready,
     StageIdentity,
     Window,
-    _Message,
 )
 from skippy.protocol.refusals import KIND_OF, fail, refusal
 
@@ -54,7 +54,7 @@ _F32 = np.dtype("<f4")
 # A batch's header: its fields but `hidden` (which travels as frame 1), as msgspec writes them.
 _BatchHeader = msgspec.defstruct(
     "_BatchHeader", [(f.name, f.type) for f in msgspec.structs.fields(Batch) if f.name not in ("hidden", "v")],
-    bases=(_Message,), tag=KIND_OF[Batch], frozen=True)
+    bases=(MessageBase,), tag=KIND_OF[Batch], frozen=True)
 
 
 def _numpy_scalar(value: Any) -> Any:

@@ -1,7 +1,8 @@
-"""Every message type between skippy processes: small frozen msgspec Structs, one per kind.
+"""Every message type between skippy processes: small frozen msgspec Structs, one per kind (the client ones
+in `skippy.protocol.requests`, the common ground in `skippy.protocol.base`; all re-exported here).
 
 Each field's type says what a peer may send: ``Annotated`` rules (`skippy.protocol.kinds`: ids and
-counts int64 >= 0, token ids and positions int32 >= 0, finite floats; the ``MAX_*`` lengths below;
+counts int64 >= 0, token ids and positions int32 >= 0, finite floats; the ``MAX_*`` lengths of `skippy.protocol.base`;
 the StrEnums), which msgspec checks while it decodes. A message class is tagged with its kind, the
 ``k`` of its header, and carries ``v``, the protocol version (a keyword field with this build's
 version as its default, so nobody passes it). Rules across fields (a window's outputs within its
@@ -11,51 +12,40 @@ multiparts and back: see the package docstring.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
 import msgspec
 import numpy as np
 from msgspec import Meta
 
+from skippy.protocol.base import (  # noqa: F401 - re-exported
+    MAX_HEADER_BYTES,
+    MAX_MTP_DRAFT,
+    MAX_RECORDS,
+    MAX_ROWS,
+    MAX_SESSIONS_PER_MESSAGE,
+    MAX_TIMINGS,
+    MAX_TOP_LOGPROBS,
+    MAX_WINDOWS,
+    PROTOCOL_VERSION,
+    Keys,
+    Logprobs,
+    MessageBase,
+    ProtocolError,
+    Sessions,
+    TokenLogprob,
+    Tokens,
+)
 from skippy.protocol.kinds import I31, U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype  # noqa: F401 - re-exported
-from skippy.protocol.stats import RequestStats
-
-# 2: Window.tokens, StageTiming.send_ms, Heartbeat.stage_index/sent_at gone
-# 3: prefix cache (Window.restore/record/evict, Batch/Predictions.missed, Ready.cache, ReleaseSessions.keep/evict):
-#    a peer that ignored a restore would compute on an empty KV, so older peers are refused
-# 4: Predictions.credit (an older stage 0 would never get that credit back)
-# 5: TokenEvents.stats typed (RequestStats), TokenEvents.sent_direct
-# 6: SessionPrediction.draws, ConfigureSession.history/draws (a session replayed after a later stage died: its
-#    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
-#    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
-# 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resubmitted with
-#    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them);
-#    Status.wire, SetWire.whole_chain (the activation wire format certified at startup)
-PROTOCOL_VERSION: Final = 7  # also the Literal of _Message.v
-MAX_HEADER_BYTES: Final = 1 << 20
-MAX_WINDOWS: Final = 1024
-MAX_ROWS: Final = 16384
-MAX_SESSIONS_PER_MESSAGE: Final = 1024
-MAX_TIMINGS: Final = 256
-MAX_RECORDS: Final = 64  # prefix cache entries one window records
-MAX_TOP_LOGPROBS: Final = 64
-MAX_MTP_DRAFT: Final = 16  # native-MTP drafts one window asks for (the runtime's MAX_DRAFT_TOKENS)
-
-Tokens: TypeAlias = Annotated[tuple[I31, ...], Meta(max_length=MAX_ROWS)]
-Sessions: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]
-Keys: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]  # prefix cache entries
-
-
-class ProtocolError(Exception):
-    """An invalid message; ``code`` is one of the first five ErrorCodes."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+from skippy.protocol.requests import (  # noqa: F401 - re-exported
+    Cancel,
+    PromptProgress,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    WireVerdict,
+)
 
 
 class StageIdentity(msgspec.Struct, frozen=True):
@@ -84,19 +74,13 @@ class PrefixRef(msgspec.Struct, frozen=True):
     n_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
 
 
-class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
-    """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
-
-    v: Literal[7] = PROTOCOL_VERSION
-
-
-class Hello(_Message, tag=MessageKind.HELLO.value, frozen=True):
+class Hello(MessageBase, tag=MessageKind.HELLO.value, frozen=True):
     """Upstream -> downstream at startup; ``reply_endpoint`` is where credits go."""
     sender: StageIdentity
     reply_endpoint: str
 
 
-class Ready(_Message, tag=MessageKind.READY.value, frozen=True):
+class Ready(MessageBase, tag=MessageKind.READY.value, frozen=True):
     """Downstream -> upstream: the Hello is accepted; ``cache`` is None when a stage from here on
     keeps no prefix cache (then stage 0 uses none)."""
     sender: StageIdentity
@@ -149,7 +133,7 @@ class StageTiming(msgspec.Struct, frozen=True):
 Timings: TypeAlias = Annotated[tuple[StageTiming, ...], Meta(max_length=MAX_TIMINGS)]
 
 
-class Batch(_Message, tag=MessageKind.BATCH.value, frozen=True, eq=False):
+class Batch(MessageBase, tag=MessageKind.BATCH.value, frozen=True, eq=False):
     """Rows from many sessions; ``hidden`` is float32 ``[n_rows, n_embd]`` (None into stage 0).
 
     ``wire_dtype`` is how ``hidden`` travels in frame 1 (decoded back to float32 on arrival); a
@@ -176,7 +160,7 @@ class Batch(_Message, tag=MessageKind.BATCH.value, frozen=True, eq=False):
                      == (other.batch_id, other.windows, other.timings, other.wire_dtype, other.missed))
 
 
-class ConfigureSession(_Message, tag=MessageKind.CONFIGURE.value, frozen=True):
+class ConfigureSession(MessageBase, tag=MessageKind.CONFIGURE.value, frozen=True):
     """Sampling settings for a session, sent once; ``sampling`` is ``SamplingParams.to_dict()``. A session
     replayed after a later stage died carries its sampler's state: ``history`` (the tokens committed so far,
     accepted into the chain: penalties, grammar) and ``draws`` (the RNG draws its dist sampler had made)."""
@@ -192,7 +176,7 @@ class KeptPrefix(msgspec.Struct, frozen=True):
     ref: PrefixRef
 
 
-class ReleaseSessions(_Message, tag=MessageKind.RELEASE.value, frozen=True):
+class ReleaseSessions(MessageBase, tag=MessageKind.RELEASE.value, frozen=True):
     """Forget these sessions (KV and sampler state); first drop the prefix cache entries ``evict``
     names, then keep each of ``keep`` (a conversation's next turn restores its reply too)."""
     session_ids: Sessions
@@ -200,20 +184,10 @@ class ReleaseSessions(_Message, tag=MessageKind.RELEASE.value, frozen=True):
     evict: Keys = ()
 
 
-class Credit(_Message, tag=MessageKind.CREDIT.value, frozen=True):
+class Credit(MessageBase, tag=MessageKind.CREDIT.value, frozen=True):
     """Receiver -> sender: batch ``batch_id`` was taken, one more may be sent."""
     batch_id: U63
     stage_id: str
-
-
-class TokenLogprob(msgspec.Struct, frozen=True):
-    """log p(token) under the model's logits, and the `top` most likely (token, logprob) pairs."""
-    token: I31
-    logprob: float  # any float: -inf for a token the sampler ruled out
-    top: Annotated[tuple[tuple[I31, float], ...], Meta(max_length=MAX_TOP_LOGPROBS)] = ()
-
-
-Logprobs: TypeAlias = Annotated[tuple[TokenLogprob, ...], Meta(max_length=MAX_ROWS)]
 
 
 class SessionPrediction(msgspec.Struct, frozen=True):
@@ -227,7 +201,7 @@ class SessionPrediction(msgspec.Struct, frozen=True):
     mtp_draft: Annotated[tuple[I31, ...], Meta(max_length=MAX_MTP_DRAFT)] = ()
 
 
-class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):
+class Predictions(MessageBase, tag=MessageKind.PREDICTIONS.value, frozen=True):
     """Final stage -> stage 0: the sampled tokens of a batch; ``missed`` as in Batch (a stage that
     dropped every window of a batch answers for it itself). ``credit``: the answering stage is stage 0's
     own downstream and returns the batch's credit here instead of in a Credit message of its own."""
@@ -238,7 +212,7 @@ class Predictions(_Message, tag=MessageKind.PREDICTIONS.value, frozen=True):
     credit: bool = False
 
 
-class ErrorReport(_Message, tag=MessageKind.ERROR.value, frozen=True):
+class ErrorReport(MessageBase, tag=MessageKind.ERROR.value, frozen=True):
     """A stage could not handle something; ``batch_id``/``session_ids`` say what, when known."""
     code: ErrorCode
     message: str
@@ -247,14 +221,14 @@ class ErrorReport(_Message, tag=MessageKind.ERROR.value, frozen=True):
     session_ids: Sessions = ()
 
 
-class Heartbeat(_Message, tag=MessageKind.HEARTBEAT.value, frozen=True):
+class Heartbeat(MessageBase, tag=MessageKind.HEARTBEAT.value, frozen=True):
     """Liveness: a PUSH queues silently toward a dead peer, so silence must be noticed. ``incarnation``
     names the sending process: another one means the stage restarted (its sessions are gone)."""
     stage_id: str
     incarnation: str = ""
 
 
-class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
+class SetWire(MessageBase, tag=MessageKind.WIRE.value, frozen=True):
     """Change the wire condition of a running stage's downstream link (scripts/wire-delay);
     ``activation_dtype`` None keeps the link's activation encoding. ``whole_chain``: set only
     ``activation_dtype``, on this stage's link and, forwarded, on every link below it (the delay
@@ -263,97 +237,6 @@ class SetWire(_Message, tag=MessageKind.WIRE.value, frozen=True):
     mbps: Finite | None = None
     activation_dtype: WireDtype | None = None
     whole_chain: bool = False
-
-
-class PromptProgress(msgspec.Struct, frozen=True):
-    """A prompt's prefill so far (llama-server's `prompt_progress`): ``processed`` of ``total`` positions have come
-    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission."""
-    total: U63
-    cache: U63
-    processed: U63
-    time_ms: Finite
-
-
-class Submit(_Message, tag=MessageKind.SUBMIT.value, frozen=True):
-    """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
-
-    ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
-    TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
-    copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
-    ``progress``: send PromptProgress events while the prompt prefills (``TokenEvents.progress``).
-
-    A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
-    has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
-    prompt's prefill chunks ended (TokenEvents.chunks), and ``draws``, the sampler's RNG draws after them;
-    stage 0 prefills them again as a replay does and continues from the next token.
-    """
-    request_id: str
-    prompt: Tokens
-    sampling: dict[str, Any]
-    max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
-    stop_tokens: Tokens = ()
-    events_to: str | None = None
-    history: Tokens = ()
-    chunks: Tokens = ()
-    draws: U63 = 0
-    progress: bool = False
-
-
-class Cancel(_Message, tag=MessageKind.CANCEL.value, frozen=True):
-    """Client -> stage 0: stop a request (its sessions are released on every stage)."""
-    request_id: str
-
-
-class TokenEvents(_Message, tag=MessageKind.TOKENS.value, frozen=True):
-    """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
-
-    ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
-    last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
-    of the final event of a request whose events went straight to its client (``Submit.events_to``):
-    how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
-    message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
-    them: Submit.chunks).
-    ``progress``: a prompt progress report (no tokens; Submit.progress).
-    """
-    request_id: str
-    tokens: Tokens
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    code: ErrorCode | None = None
-    logprobs: Logprobs = ()
-    stats: RequestStats | None = None
-    sent_direct: U63 | None = None
-    draws: U63 = 0
-    chunks: Tokens = ()
-    progress: PromptProgress | None = None
-
-
-class StatusQuery(_Message, tag=MessageKind.STATUS_QUERY.value, frozen=True):
-    """Client -> stage 0: is the pipeline up, and how loaded is it."""
-    nonce: U63
-
-
-class WireVerdict(msgspec.Struct, frozen=True):
-    """Stage 0's startup certification of the activation wire format (skippy.driver.wire_certify):
-    the format asked (f32 | f16 | q8 | auto), the one the links use, and per format tried its
-    final-stage argmax agreement with f32 over ``positions`` decisive calibration positions."""
-    asked: str
-    used: WireDtype
-    tried: tuple[tuple[WireDtype, float], ...] = ()
-    positions: U63 = 0
-    certified: bool = True  # False: served without certification (--no-activation-wire-certify, or one stage)
-
-
-class Status(_Message, tag=MessageKind.STATUS.value, frozen=True):
-    """Stage 0 -> client: pipeline readiness and load; ``wire``: the activation wire's verdict."""
-    nonce: U63
-    ready: bool
-    dead_stage: str | None
-    running: U63
-    waiting: U63
-    lane_count: U63
-    ctx_size: U63
-    wire: WireVerdict | None = None
 
 
 Message: TypeAlias = (

@@ -1,0 +1,107 @@
+"""Client <-> stage 0 (or the broker, which speaks the same): submit, cancel, token events, status.
+
+A `PipelineClient` (skippy.client) sends Submit, Cancel and StatusQuery; stage 0 and the broker answer with
+TokenEvents and Status. Stage-to-stage messages are `skippy.protocol.messages`'.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from skippy.protocol.base import Logprobs, MessageBase, Tokens
+from skippy.protocol.kinds import U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype
+from skippy.protocol.stats import RequestStats
+
+
+class PromptProgress(msgspec.Struct, frozen=True):
+    """A prompt's prefill so far (llama-server's `prompt_progress`): ``processed`` of ``total`` positions have come
+    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission."""
+    total: U63
+    cache: U63
+    processed: U63
+    time_ms: Finite
+
+
+class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
+    """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
+
+    ``events_to``: an ``ipc://`` endpoint (a PULL the client binds) where stage 0 pushes this request's
+    TokenEvents itself, final one included, instead of through the broker; the submitter still gets a
+    copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
+    ``progress``: send PromptProgress events while the prompt prefills (``TokenEvents.progress``).
+
+    A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
+    has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
+    prompt's prefill chunks ended (TokenEvents.chunks), and ``draws``, the sampler's RNG draws after them;
+    stage 0 prefills them again as a replay does and continues from the next token.
+    """
+    request_id: str
+    prompt: Tokens
+    sampling: dict[str, Any]
+    max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+    stop_tokens: Tokens = ()
+    events_to: str | None = None
+    history: Tokens = ()
+    chunks: Tokens = ()
+    draws: U63 = 0
+    progress: bool = False
+
+
+class Cancel(MessageBase, tag=MessageKind.CANCEL.value, frozen=True):
+    """Client -> stage 0: stop a request (its sessions are released on every stage)."""
+    request_id: str
+
+
+class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):
+    """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
+
+    ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
+    last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
+    of the final event of a request whose events went straight to its client (``Submit.events_to``):
+    how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
+    message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
+    them: Submit.chunks).
+    ``progress``: a prompt progress report (no tokens; Submit.progress).
+    """
+    request_id: str
+    tokens: Tokens
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    code: ErrorCode | None = None
+    logprobs: Logprobs = ()
+    stats: RequestStats | None = None
+    sent_direct: U63 | None = None
+    draws: U63 = 0
+    chunks: Tokens = ()
+    progress: PromptProgress | None = None
+
+
+class StatusQuery(MessageBase, tag=MessageKind.STATUS_QUERY.value, frozen=True):
+    """Client -> stage 0: is the pipeline up, and how loaded is it."""
+    nonce: U63
+
+
+class WireVerdict(msgspec.Struct, frozen=True):
+    """Stage 0's startup certification of the activation wire format (skippy.driver.wire_certify):
+    the format asked (f32 | f16 | q8 | auto), the one the links use, and per format tried its
+    final-stage argmax agreement with f32 over ``positions`` decisive calibration positions."""
+    asked: str
+    used: WireDtype
+    tried: tuple[tuple[WireDtype, float], ...] = ()
+    positions: U63 = 0
+    certified: bool = True  # False: served without certification (--no-activation-wire-certify, or one stage)
+
+
+class Status(MessageBase, tag=MessageKind.STATUS.value, frozen=True):
+    """Stage 0 -> client: pipeline readiness and load; ``wire``: the activation wire's verdict."""
+    nonce: U63
+    ready: bool
+    dead_stage: str | None
+    running: U63
+    waiting: U63
+    lane_count: U63
+    ctx_size: U63
+    wire: WireVerdict | None = None
