@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ class SpeculationTotals:
     tail_rejects: int = 0
     stale_windows: int = 0  # chained windows discarded because the chain broke before them
     stale_rows: int = 0
+    proposed_by_source: Counter[str] = field(default_factory=Counter)  # "own" | "global" | the proposer's name
+    accepted_by_source: Counter[str] = field(default_factory=Counter)
 
     def add(self, proposed: int, accepted: int) -> None:
         self.windows += 1
@@ -64,6 +67,7 @@ class SessionSpeculation:
     shadow: list[int] = field(default_factory=list)  # a draft not sent (k = 0), checked against plain decoding
     depth: int = 1  # verify windows in flight at once (the policy's choice, at most Speculation.depth)
     chained_rows: int = 0  # rows of chained windows sent (stale_rows of them came back stale)
+    source: str = ""  # where the latest proposal came from: a CrossRequestProposer's "own" | "global", else the name
 
 
 class Speculation:
@@ -130,6 +134,7 @@ class Speculation:
         want = spec.depth * (k + 1) - 1 if k > 0 else 1
         want = min(want, self.runahead) if self.runahead > 0 else want
         proposal = spec.proposer.propose(want)[:want]
+        spec.source = getattr(spec.proposer, "last_source", self.name)
         spec.proposer_us += (time.perf_counter() - start) * 1e6
         spec.proposer_calls += 1
         if len(proposal) < self.min_k:  # too short for a window (min_tokens): decode plainly, keep it as a shadow
@@ -180,6 +185,8 @@ class Speculation:
             stop = len(committed) < returned  # a stop token or the length limit cut the window
             spec.stats.observe(proposed, returned - 1, k=max(spec.k, proposed), stop=stop)
             self.totals.add(proposed, returned - 1)
+            self.totals.proposed_by_source[spec.source] += proposed
+            self.totals.accepted_by_source[spec.source] += returned - 1
         elif spec.shadow and committed:
             spec.stats.observe_shadow(1, int(spec.shadow[0] == committed[0]))
             spec.shadow = []
