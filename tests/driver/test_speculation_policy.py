@@ -75,3 +75,4 @@ def test_depth_two_while_chains_pay_one_once_they_come_back_stale() -> None:
     assert policy(FLAT, hop_ms=20.0, max_depth=1).depth(good, 4, 1, 0, 0) == 1  # the plan's ceiling
     assert policy(FLAT, hops=0).depth(good, 4, 1, 0, 0) == 1  # one stage: nothing to overlap
     assert p.depth(good, 0, 1, 0, 0) == 1
+    assert p.depth(good, 4, 2, chained_rows=0, stale_rows=0) == 1  # 2 sessions keep 2 stages busy already

@@ -14,8 +14,9 @@ Inputs, all measured:
     tau(k)  = 1 + sum_{j<k} P_j                        # tokens a window of k drafts commits
     rate(k) = tau(k) / (C(n(k+1)) + hops*hop_ms)        # tokens per ms per session
     k*      = argmax_k rate(k);  k = 0 when rate(k*)/rate(0) < MIN_GAIN
-    depth 2 when (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves a step T_step
-            when its predecessor is fully accepted, and costs its own rows when it is not
+    depth 2 when n < stages and (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves
+            a step T_step when its predecessor is fully accepted, and costs its own rows when it is not; with
+            n >= stages every stage already has work, so a chain only adds rows
 
 Before the pipeline's C(rows) is measured every row costs the same (C = 1, no wire): k is then the
 largest k whose gain is >= MIN_GAIN. While k = 0 the engine still drafts a shadow proposal, checked against
@@ -67,8 +68,8 @@ class SpeculationPolicy:
 
     def depth(self, stats: WindowStats, k: int, active_sessions: int, chained_rows: int, stale_rows: int) -> int:
         """Windows of this session in flight at once: 2 (up to max_depth) while chaining pays, else 1."""
-        if self.max_depth <= 1 or k <= 0 or self.cost is None or self.cost.hops == 0:
-            return 1
+        if self.max_depth <= 1 or k <= 0 or self.cost is None or active_sessions >= self.cost.hops:
+            return 1  # a chain overlaps a session's windows on idle stages: none idle once n >= the stages
         n = max(active_sessions, 1)
         full = 1.0
         for a in stats.position_alpha(k):  # P(all k drafts accepted): the prior of s before chains ran
