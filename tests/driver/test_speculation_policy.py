@@ -53,6 +53,7 @@ def test_compute_bound_rows_stop_speculation_unless_the_wire_dominates() -> None
     middling = stats_after([(4, 2)] * 6)
     assert policy(STEEP).choose(middling, 1) == 0  # each extra row costs as much as the token it may win
     assert policy(STEEP, hop_ms=200.0).choose(middling, 1) > 0  # a 20x slower wire hides the rows
+    assert policy(STEEP, hop_ms=200.0).choose(middling, 2) == 0  # 2 sessions on 2 stages: the wire is hidden
 
 
 def test_more_sessions_in_the_batch_never_raise_k() -> None:

@@ -12,7 +12,8 @@ Inputs, all measured:
 
     P_j     = prod_{i<=j} alpha_i                      # draft j is accepted
     tau(k)  = 1 + sum_{j<k} P_j                        # tokens a window of k drafts commits
-    rate(k) = tau(k) / (C(n(k+1)) + hops*hop_ms)        # tokens per ms per session
+    rate(k) = tau(k) / (C(n(k+1)) + w)                  # tokens per ms per session
+    w       = hops*hop_ms while n < stages, else 0      # n >= stages: other sessions' batches hide the wire
     k*      = argmax_k rate(k);  k = 0 when rate(k*)/rate(0) < MIN_GAIN
     depth 2 when n < stages and (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves
             a step T_step when its predecessor is fully accepted, and costs its own rows when it is not; with
@@ -50,18 +51,19 @@ class SpeculationPolicy:
             tau += p
         return tau
 
-    def step_ms(self, rows: int) -> float:
-        # T(rows) = C(rows) + hops * hop_ms; uncalibrated: every step costs 1
+    def step_ms(self, rows: int, sessions: int = 1) -> float:
+        # T(rows) = C(rows) + w; uncalibrated: every step costs 1
         if self.cost is None:
             return 1.0
-        return max(self.cost.cost(rows) + self.cost.hops * self.cost.hop_ms, 1e-9)
+        wire = self.cost.hops * self.cost.hop_ms if sessions < self.cost.hops else 0.0
+        return max(self.cost.cost(rows) + wire, 1e-9)
 
     def choose(self, stats: WindowStats, active_sessions: int) -> int:
         n = max(active_sessions, 1)
-        plain = 1.0 / self.step_ms(n)  # rate(0)
+        plain = 1.0 / self.step_ms(n, n)  # rate(0)
         best_k, best_rate = 0, plain
         for k in range(1, self.max_k + 1):
-            rate = self.expected_tokens(stats, k) / self.step_ms(n * (k + 1))
+            rate = self.expected_tokens(stats, k) / self.step_ms(n * (k + 1), n)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k if best_rate >= MIN_GAIN * plain else 0
@@ -76,6 +78,6 @@ class SpeculationPolicy:
             full *= a
         prior_rows = 2.0 * (k + 1)
         s = (stale_rows + (1.0 - full) * prior_rows) / (chained_rows + prior_rows)
-        step = self.step_ms(n * (k + 1))
-        extra = self.step_ms(2 * n * (k + 1)) - step  # the chained window's own rows
+        step = self.step_ms(n * (k + 1), n)
+        extra = self.step_ms(2 * n * (k + 1), n) - step  # the chained window's own rows
         return self.max_depth if (1.0 - s) * step > s * extra else 1
