@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
+from pipeline_helpers import Pipeline, generate_then_release, random_prompt, reference_generate, run, running_driver
 
 from skippy.config.generation import DEFAULT_POLICY_PLAN
 from skippy.driver.speculative.engine import Speculation
@@ -34,11 +34,7 @@ def test_a_repeated_sub_task_drafts_from_the_global_index_under_the_default_poli
 
     async def body() -> tuple[list[int], list[int]]:
         async with running_driver(pipe, speculation=speculation) as driver:
-            first, _ = await asyncio.wait_for(driver.submit(task, max_tokens=FIRST_TOKENS).collect(), 60)
-            for _ in range(1000):  # bounded poll: the first session's release submits it to the index
-                if not speculation.sessions:
-                    break
-                await asyncio.sleep(0.005)
+            first = await generate_then_release(driver, speculation, task, FIRST_TOKENS)
             before = dict(speculation.totals.accepted_by_source)
             assert before.get("global", 0) == 0  # nothing was in the index during the first request
             resumed = task + first[:DONE_BEFORE]
