@@ -3,9 +3,7 @@
 Before stage 0 serves requests, it sends windows of 1..max_rows rows (logits on every row, as a
 verify window has) through the real pipeline on a reserved session, and reads each stage's compute
 ms from the timings the batch collects on its way. C(rows) is the median over `repeats` sweeps of
-the summed compute (for the speculation policy also at a few batch sizes up to lane_count x (max_k + 1)
-rows, the batches that n sessions' windows make: C(rows) beyond max_k + 1 is then interpolated between
-measured points, not extrapolated); the wire's share (hops x delay) is measured live, not here, so a changed wire
+the summed compute; the wire's share (hops x delay) is measured live, not here, so a changed wire
 condition does not make the table stale. The reserved session is released on every stage after.
 Calibration is given the parts it drives, not the driver: the `BatchLauncher` (whose `round_trip`
 hands each sweep's predictions back here rather than to the driver), the serving options, the
@@ -15,7 +13,6 @@ vocabulary size and a callable that releases sessions on every stage.
 from __future__ import annotations
 
 import asyncio
-import statistics
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -26,14 +23,12 @@ from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.policy import SpeculationPolicy
 from skippy.driver.speculative.window import calibrate_cost
 from skippy.log import get_logger
 from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions count up from 1)
-MAX_BATCH_ROWS = 256  # the largest batch the policy's table measures
 
 Release = Callable[[tuple[int, ...]], Awaitable[None]]  # forget these sessions on every stage
 
@@ -48,45 +43,22 @@ async def calibrate_speculation(speculation: Speculation, launcher: BatchLaunche
                                 n_vocab: int, release: Release) -> None:
     """Give the cost-model verify window its decode cost table and the pipeline's hops."""
     cost = await calibrate_rows(launcher, options.prefill, n_vocab, release, speculation.max_k + 1)
-    table: dict[int, float] = dict(enumerate(cost))
-    batch: dict[int, float] = {}
-    if isinstance(speculation.policy, SpeculationPolicy):
-        window = speculation.max_k + 1
-        sizes = sorted({min(window * n, MAX_BATCH_ROWS) for n in (2, 4, 8, 16, options.config.lane_count)
-                        if n <= options.config.lane_count and window * n > window})
-        batch = await measure_rows(launcher, options.prefill, n_vocab, release, sizes)
-        table.update(batch)
     topology = options.topology
     n_stages = len(topology.stages) if topology else 1 + (launcher.downstream is not None)
     hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
-    speculation.use_cost_model(table, hops, options.wire.delay_ms)
+    speculation.use_cost_model(cost, hops, options.wire.delay_ms)
     get_logger().info("window_cost_calibrated", cost_ms=[round(c, 2) for c in cost[1:]], hops=hops,
-                      hop_ms=options.wire.delay_ms, batch_cost_ms={r: round(c, 2) for r, c in batch.items()})
+                      hop_ms=options.wire.delay_ms)
 
 
 async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
                          max_rows: int, repeats: int = 3, timeout_s: float = 60.0) -> list[float]:
     """[0.0, C(1), .., C(max_rows)]: ms the stages spend computing one decode of that many rows."""
-    measured = await _sweeps(launcher, prefill, n_vocab, release, list(range(1, max_rows + 1)), repeats, timeout_s)
-    samples = iter(measured)
-    return calibrate_cost(lambda _rows: next(samples), max_rows, repeats)
-
-
-async def measure_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
-                       sizes: list[int], repeats: int = 3, timeout_s: float = 60.0) -> dict[int, float]:
-    """{rows: C(rows)} for the given row counts (the median of `repeats` interleaved sweeps)."""
-    measured = await _sweeps(launcher, prefill, n_vocab, release, sizes, repeats, timeout_s)
-    return {rows: statistics.median(measured[i::len(sizes)]) for i, rows in enumerate(sizes)} if sizes else {}
-
-
-async def _sweeps(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
-                  sizes: list[int], repeats: int, timeout_s: float) -> list[float]:
-    """The summed compute ms of one all-logits decode per row count, `repeats` sweeps over `sizes` in turn."""
     seq = calibration_sequence(prefill)
     measured: list[float] = []
     try:
         for _ in range(repeats):  # the sweep order calibrate_cost uses, measured ahead (the pipeline is async)
-            for rows in sizes:
+            for rows in range(1, max_rows + 1):
                 tokens = np.arange(rows, dtype=np.int32) % max(n_vocab, 1)
                 window = PlannedWindow(seq, 0, tokens, tuple(range(rows)))
                 try:
@@ -96,4 +68,5 @@ async def _sweeps(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab
                 measured.append(sum(t.compute_ms for t in msg.timings))
     finally:
         await release((CALIBRATION_SESSION,))
-    return measured
+    samples = iter(measured)
+    return calibrate_cost(lambda _rows: next(samples), max_rows, repeats)

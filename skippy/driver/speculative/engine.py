@@ -86,7 +86,7 @@ class Speculation:
         self.totals = SpeculationTotals()
         self.hop_ms: float | None = None  # EWMA of the measured per-hop delay
 
-    def use_cost_model(self, cost_ms: list[float] | dict[int, float], hops: int, hop_ms: float) -> None:
+    def use_cost_model(self, cost_ms: list[float], hops: int, hop_ms: float) -> None:
         """Switch to the cost-model window once C(rows) is measured (hops per round trip, delay per hop)."""
         self.hop_ms = hop_ms
         cost = CostModelWindow(cost_ms, hop_ms, hops, self.max_k)
