@@ -77,3 +77,10 @@ def test_depth_two_while_chains_pay_one_once_they_come_back_stale() -> None:
     assert policy(FLAT, hops=0).depth(good, 4, 1, 0, 0) == 1  # one stage: nothing to overlap
     assert p.depth(good, 0, 1, 0, 0) == 1
     assert p.depth(good, 4, 2, chained_rows=0, stale_rows=0) == 1  # 2 sessions keep 2 stages busy already
+
+
+def test_no_speculation_beyond_the_rows_calibration_measured() -> None:
+    good = stats_after([(8, 8)] * 6)
+    p = policy([0.0] + [10.0] * 9)  # measured up to 9 rows (max_k + 1), as startup calibration does
+    assert p.choose(good, 1) == 8 and p.choose(good, 2) == 3  # 2 x 4 rows <= 9
+    assert p.choose(good, 8) == 0  # 8 x 2 rows: beyond the table, not priced on a guess

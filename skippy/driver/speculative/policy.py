@@ -14,7 +14,10 @@ Inputs, all measured:
     tau(k)  = 1 + sum_{j<k} P_j                        # tokens a window of k drafts commits
     rate(k) = tau(k) / (C(n(k+1)) + w)                  # tokens per ms per session
     w       = hops*hop_ms while n < stages, else 0      # n >= stages: other sessions' batches hide the wire
-    k*      = argmax_k rate(k);  k = 0 when rate(k*)/rate(0) < MIN_GAIN
+    k*      = argmax_k rate(k) over k with n(k+1) <= R;  k = 0 when rate(k*)/rate(0) < MIN_GAIN
+    R       = the most rows calibration measured (max_k + 1): C beyond it is extrapolated, and measured
+              batches of several sessions cost far more than that (docs/bench-speculative.md), so the
+              policy does not speculate on a guess
     depth 2 when n < stages and (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves
             a step T_step when its predecessor is fully accepted, and costs its own rows when it is not; with
             n >= stages every stage already has work, so a chain only adds rows
@@ -62,7 +65,8 @@ class SpeculationPolicy:
         n = max(active_sessions, 1)
         plain = 1.0 / self.step_ms(n, n)  # rate(0)
         best_k, best_rate = 0, plain
-        for k in range(1, self.max_k + 1):
+        measured = self.cost.measured_rows if self.cost is not None else n * (self.max_k + 1)
+        for k in range(1, min(self.max_k, measured // n - 1) + 1):  # n(k+1) <= R
             rate = self.expected_tokens(stats, k) / self.step_ms(n * (k + 1), n)
             if rate > best_rate:
                 best_k, best_rate = k, rate

@@ -212,6 +212,11 @@ class CostModelWindow:
         self._table: dict[int, float] = {}
         self.hop_ms, self.hops, self.max_k = hop_ms, hops, max_k
 
+    @property
+    def measured_rows(self) -> int:
+        """The most rows the table measured (beyond it C is extrapolated)."""
+        return self._rows[-1]
+
     def cost(self, rows: int) -> float:
         """C(rows) in ms: measured, interpolated, or extrapolated as in the class docstring."""
         if rows not in self._table:
