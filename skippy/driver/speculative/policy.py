@@ -15,9 +15,10 @@ Inputs, all measured:
     rate(k) = tau(k) / (C(n(k+1)) + w)                  # tokens per ms per session
     w       = hops*hop_ms while n < stages, else 0      # n >= stages: other sessions' batches hide the wire
     k*      = argmax_k rate(k) over k with n(k+1) <= R;  k = 0 when rate(k*)/rate(0) < MIN_GAIN
-    R       = the most rows calibration measured (max_k + 1): C beyond it is extrapolated, and measured
-              batches of several sessions cost far more than that (docs/bench-speculative.md), so the
-              policy does not speculate on a guess
+    R       = the most rows calibration measured (max_k + 1): beyond it C is a guess, and pricing several
+              sessions' windows with an extrapolated (or one-sequence, batch-size) table lost 0.35-0.78x
+              at c = 8 in this session's bench (docs/bench-speculative.md), so the policy does not
+              speculate on a guess
     depth 2 when n < stages and (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves
             a step T_step when its predecessor is fully accepted, and costs its own rows when it is not; with
             n >= stages every stage already has work, so a chain only adds rows
