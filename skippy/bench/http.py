@@ -1,8 +1,9 @@
 """`skippy bench http`: `skippy up` against llama-cpp-python's OpenAI server and llama.cpp's own `llama-server`,
 over HTTP, in one run.
 
-skippy runs twice side by side: plain (`skippy`) and with speculative decoding (`skippy-spec`: the
-README's suffix plan, SPECULATIVE_PLAN, with the cost-model window; `--no-speculative` leaves it out).
+skippy runs twice side by side: plain (`skippy`: `skippy up --no-speculative`) and with speculative
+decoding (`skippy-spec`: default `skippy up`, the per-session speculation policy; this bench's
+`--no-speculative` leaves it out).
 The peer `llama-server-spec` is llama-server with its own n-gram drafting (`--spec-type ngram-simple`).
 
 Same GGUF, same streamed /v1/completions requests (fixed ~64-token prompt, temperature 0, fixed
@@ -45,6 +46,7 @@ from skippy.bench.http_servers import (
     stop,
 )
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
+from skippy.config.generation import DEFAULT_POLICY_PLAN
 from skippy.runtime.models import BENCH_MODEL, BENCH_MODEL_HELP, resolve_model_path
 
 LLAMA_CPP_PYTHON_REQ = "llama-cpp-python[server]==0.3.36"
@@ -87,9 +89,8 @@ def vocab_facts(model: Path) -> tuple[list[int], int]:
 
 PEERS = ("llama-cpp-python", "llama-server", "llama-server-spec")
 DEFAULT_PEERS = PEERS[:2]
-# the README's n-gram suffix plan; skippy-spec runs it with --openai-adaptive-speculative-window
-SPECULATIVE_PLAN = {"ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 16, "max_proposal_tokens": 16},
-                    "verify_window": {"min_tokens": 1, "max_tokens": 16}}
+SPECULATIVE_PLAN = DEFAULT_POLICY_PLAN.to_dict()  # what skippy-spec (default `skippy up`) runs
+OWN_PLAN_FLAGS = ("--openai-speculative-config", "--openai-draft-model-path")  # --skippy-flags choosing for both
 
 
 def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> Server:
@@ -100,15 +101,13 @@ def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> 
 
 
 def _skippy_starters(args: argparse.Namespace, tmp: Path, lanes: int) -> list[Callable[[], Server]]:
-    """skippy up plain, and (unless --no-speculative) skippy up with SPECULATIVE_PLAN."""
+    """skippy up --no-speculative, and (unless this bench's --no-speculative) default skippy up (the policy)."""
     flags = shlex.split(args.skippy_flags)
-    starters = [lambda: start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, flags)]
+    plain = flags if any(f in OWN_PLAN_FLAGS for f in flags) else [*flags, "--no-speculative"]
+    starters = [lambda: start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, plain)]
     if args.speculative:
-        plan = tmp / "speculative-plan.json"
-        plan.write_text(json.dumps(SPECULATIVE_PLAN))
-        spec_flags = ["--openai-speculative-config", str(plan), "--openai-adaptive-speculative-window"]
-        starters.append(lambda: start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes,
-                                             [*flags, *spec_flags], name="skippy-spec"))
+        starters.append(lambda: start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes, flags,
+                                             name="skippy-spec"))
     return starters
 
 
@@ -151,7 +150,8 @@ def run_http_bench(args: argparse.Namespace) -> int:
         finally:
             codes = {s.name: stop(s) for s in servers}
             print(f"bench: stopped {codes}", file=sys.stderr)
-    spec = f"; skippy-spec: the same with {json.dumps(SPECULATIVE_PLAN)}, adaptive window" if args.speculative else ""
+    spec = (f"; skippy-spec: the same with speculation on (default: the policy over {json.dumps(SPECULATIVE_PLAN)})"
+            if args.speculative else "")
     header = (f"model {model.name}; skippy: 2 stages split at {args.split}, {lanes} lanes, generation concurrency"
               f" {lanes}, each stage on all {threads} CPUs{', ' + args.skippy_flags if args.skippy_flags else ''}"
               f"{spec};"
@@ -186,7 +186,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"servers to compare against, some of {','.join(PEERS)} (default {','.join(DEFAULT_PEERS)})")
     p.add_argument("--no-speculative", dest="speculative", action="store_false",
-                   help="leave out skippy-spec (skippy up with the README's speculative plan)")
+                   help="leave out skippy-spec (default skippy up: the speculation policy)")
     p.add_argument("--skippy-flags", default="", help="more flags for skippy up, e.g. '--no-prefix-cache'")
     p.add_argument("--unique-prompts", action="store_true", help="prefix each prompt with a counter (no prefix cache)")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-http.json and bench-http.png go")

@@ -19,7 +19,7 @@ __all__ = ["ABBREV", "OURS", "TARGETS", "cpu_by_role", "cpu_total", "pairs", "pl
 # speculative variant is held to its plain one's targets
 TARGETS = {"llama-cpp-python": {1: 0.85, 8: 2.5}, "llama-server": {1: 0.9, 8: 0.85},
            "llama-server-spec": {1: 0.9, 8: 0.85}}
-OURS = ("skippy", "skippy-spec")  # skippy up plain, and with speculative decoding (http.SPECULATIVE_PLAN)
+OURS = ("skippy", "skippy-spec")  # skippy up --no-speculative, and default skippy up (the speculation policy)
 ABBREV = {"skippy": "sk", "skippy-spec": "sk+s", "llama-cpp-python": "ll", "llama-server": "ls", "llama-server-spec": "ls+s"}
 
 

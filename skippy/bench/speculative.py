@@ -2,11 +2,13 @@
 
 Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this process, as in
 `skippy bench pipeline`, so the bench can switch the driver's speculation between waves of requests:
-none (plain), the suffix proposer with a fixed window of k = 8, and the suffix proposer with the
-cost-model window (C(rows) calibrated through the pipeline when the driver starts, the hop delay
-followed live). Every cell (workload x delay per hop x concurrency) runs its waves mode after mode on
-the same prompts, so machine noise hits the modes alike, and checks each greedy speculative output
-against the plain one.
+none (plain, what `--no-speculative` runs), and the default of `skippy up` (the policy: the suffix
+proposer with the cross-request index under SpeculationPolicy, C(rows) calibrated through the pipeline when
+the driver starts, the hop delay followed live; its index emptied before every cell, so no cell drafts from
+another cell's requests). llama-server with and without its n-gram drafting is HTTP-only: compare it with
+`skippy bench http --peers llama-server,llama-server-spec`. Every cell (workload x delay per hop x
+concurrency) runs its waves mode after mode on the same prompts, so machine noise hits the modes alike,
+and checks each greedy speculative output against the plain one.
 
 The wire delay conditions both hops of a round trip. The forward hop (stage 0 -> stage 1) is stage
 0's downstream link (SetWire). The return hop: stage 1 sends predictions and heartbeats to stage 0's
@@ -31,14 +33,22 @@ from pathlib import Path
 import zmq.asyncio
 
 from skippy.bench.http import DOCS, ensure_matplotlib
-from skippy.bench.speculative_load import ModeResult, Prompt, divergence_margin, prose_prompts, reemission_prompts, run_wave
+from skippy.bench.speculative_load import (
+    ModeResult,
+    Prompt,
+    divergence_margin,
+    prose_prompts,
+    reemission_prompts,
+    run_wave,
+    subtask_prompts,
+)
 from skippy.bench.speculative_report import Cell, write_report
 from skippy.config import WireCondition, parse_serving_args
-from skippy.config.speculative import NgramConfig, NgramKind
+from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, DEFAULT_POLICY_PLAN
 from skippy.driver.driver import Driver
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.suffix import SuffixProposerFactory
-from skippy.driver.speculative.window import CostModelWindow, FixedWindow, SimpleAdaptiveWindow
+from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
+from skippy.driver.speculative.policy import SpeculationPolicy
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.log import configure_logging
 from skippy.protocol import SetWire, decode
@@ -52,13 +62,13 @@ from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import DownstreamLink, apply_wire
 from skippy.transport.queues import PullQueue
 
-FIXED_K = 8
-MODES = ("plain", f"fixed k={FIXED_K}", "cost model")
+MODES = ("plain", "policy")
 
 
-def suffix_factory() -> SuffixProposerFactory:
-    return SuffixProposerFactory(NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=16,
-                                             max_proposal_tokens=MAX_DRAFT_TOKENS))
+def policy_factory() -> GlobalSuffixProposerFactory:
+    """The default plan's proposer with an empty cross-request index."""
+    assert DEFAULT_POLICY_PLAN.ngram is not None
+    return GlobalSuffixProposerFactory(DEFAULT_POLICY_PLAN.ngram, DEFAULT_GLOBAL_TOKENS)
 
 
 class ReturnRelay:
@@ -104,9 +114,14 @@ class Bench:
     async def cell(self, workload: str, delay_ms: float, concurrency: int, prompts: list[Prompt],
                    max_tokens: int | None = None) -> Cell:
         results = {mode: ModeResult() for mode in MODES}
+        for spec in self.modes.values():  # an empty cross-request index: drafts only from this cell's requests
+            if spec is not None:
+                spec.release(list(spec.sessions))
+                spec.factory.close()
+                spec.factory = policy_factory()
         for start in range(0, len(prompts), concurrency):
             self.waves += 1  # mode after mode on the same prompts, the order rotating from wave to wave
-            for mode in MODES[self.waves % 3:] + MODES[:self.waves % 3]:
+            for mode in MODES[self.waves % len(MODES):] + MODES[:self.waves % len(MODES)]:
                 spec = self.use(mode)
                 before = replace(spec.totals) if spec is not None else None
                 wave = await run_wave(self.driver, prompts[start:start + concurrency], max_tokens or self.max_tokens,
@@ -128,19 +143,18 @@ async def running_bench(directory: Path, model: Path, split: int, lanes: int, ct
         assert options.topology is not None
         relay = ReturnRelay(ctx, options.topology.first().endpoint, driver_endpoint)
         runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
-        cost = Speculation(suffix_factory(), SimpleAdaptiveWindow(4, 1, MAX_DRAFT_TOKENS), MAX_DRAFT_TOKENS,
-                           calibrate=True)
-        fixed = Speculation(suffix_factory(), FixedWindow(FIXED_K), MAX_DRAFT_TOKENS)
-        driver = Driver(options, runtime, speculation=cost)  # calibrates C(rows) at start
-        bench = Bench(driver, relay, dict(zip(MODES, (None, fixed, cost))), stop, max_tokens)
+        window = DEFAULT_POLICY_PLAN.verify_window  # what build_speculation makes of the default plan
+        policy = Speculation(policy_factory(), SpeculationPolicy(window.max_tokens, max_depth=window.pipeline_depth),
+                             window.max_tokens, depth=window.pipeline_depth, min_k=window.min_tokens, calibrate=True)
+        driver = Driver(options, runtime, speculation=policy)  # calibrates C(rows) at start
+        bench = Bench(driver, relay, dict(zip(MODES, (None, policy))), stop, max_tokens)
         try:
             await driver.start()
             yield bench
         finally:
             bench.use("plain")
             await driver.close()
-            fixed.close()
-            cost.close()
+            policy.close()
             runtime.close()
             relay.close()
             ctx.term()
@@ -154,18 +168,22 @@ async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) ->
     need = {c: -(-n // c) * c for c, n in need.items()}
     code = reemission_prompts(tokenizer, max(need.values()), max_prompt)
     prose = prose_prompts(tokenizer, max(need.values()))
+    subtasks = {c: subtask_prompts(tokenizer, 2 * c * -(-args.requests // (2 * c)), c, max_prompt) for c in levels}
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp:
         async with running_bench(Path(tmp), model, args.split, max(levels) + 2, args.ctx_size,
                                  tokenizer.eog_tokens(), args.max_tokens) as bench:
             policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
-            calibrated = [policy.cost(r) for r in range(1, MAX_DRAFT_TOKENS + 2)] if isinstance(policy, CostModelWindow) else []
+            cost = policy.cost if isinstance(policy, SpeculationPolicy) else None
+            calibrated = [cost.cost(r) for r in range(1, cost.max_k + 2)] if cost is not None else []
             for delay in delays:
                 bench.set_delay(delay)
                 await bench.cell("warm-up", delay, 1, code[-1:], max_tokens=24)  # every mode once; the cost model sees the delay
-                for workload, prompts in (("re-emission", code), ("prose", prose)):
+                for workload in ("re-emission", "sub-tasks", "prose"):
                     for c in levels:
-                        cell = await bench.cell(workload, delay, c, prompts[:need[c]])
+                        prompts = subtasks[c] if workload == "sub-tasks" else (code if workload == "re-emission"
+                                                                               else prose)[:need[c]]
+                        cell = await bench.cell(workload, delay, c, prompts)
                         cell.load = os.getloadavg()[0]
                         print(cell.line(), file=sys.stderr, flush=True)
                         cells.append(cell)
@@ -204,12 +222,13 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
 
 
 def add_to(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("speculative", help="plain vs speculative decoding, 2 stages, by delay and concurrency")
+    p = kinds.add_parser("speculative", help="plain vs the default speculation policy, 2 stages, by workload, delay"
+                         " and concurrency")
     p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
     p.add_argument("--split", type=int, default=9)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests", type=int, default=4, help="requests per cell at least (whole waves of c)")
-    p.add_argument("--concurrency", default="1,4,8", help="requests in flight, comma separated")
+    p.add_argument("--concurrency", default="1,4,8,16", help="requests in flight, comma separated")
     p.add_argument("--delays-ms", default="0,20", help="wire delay per hop (both hops), comma separated")
     p.add_argument("--ctx-size", type=int, default=1024, help="context per lane")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")

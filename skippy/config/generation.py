@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from skippy.config.errors import ConfigError
 from skippy.config.schema import ConfigModel, SignedInt
 from skippy.config.serving_args import FlagReader
-from skippy.config.speculative import DISABLED, NgramKind, SpeculativeDecodeConfig
+from skippy.config.speculative import (
+    DISABLED,
+    NgramConfig,
+    NgramKind,
+    SpeculativeDecodeConfig,
+    VerifyWindowConfig,
+)
 
 __all__ = [
     "PrefillChunkOptions",
@@ -30,9 +36,19 @@ __all__ = [
     "resolve_speculative",
     "speculative_problems",
     "DEFAULT_GLOBAL_TOKENS",
+    "DEFAULT_POLICY_PLAN",
+    "NO_SPECULATIVE_FLAG",
 ]
 
 DEFAULT_GLOBAL_TOKENS = 65536  # --openai-speculative-global-tokens: ~14-26 MB of index at stage 0
+NO_SPECULATIVE_FLAG = "--no-speculative"
+# what stage 0 runs when no plan, no draft model and no --no-speculative is given: the suffix proposer (with
+# the cross-request index) under the per-session policy (skippy.driver.speculative.policy), k <= 8, depth <= 2
+DEFAULT_POLICY_PLAN = SpeculativeDecodeConfig(
+    requested_strategy="auto", effective_strategy="policy",
+    ngram=NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=16, max_proposal_tokens=16),
+    verify_window=VerifyWindowConfig(min_tokens=1, max_tokens=8, pipeline_depth=2),
+)
 
 class PrefillChunkPolicy(enum.StrEnum):
     FIXED = "fixed"
@@ -89,6 +105,8 @@ class SpeculativeOptions(ConfigModel):
     native_mtp_draft_model_path: str | None = None
     global_tokens: int = DEFAULT_GLOBAL_TOKENS  # --openai-speculative-global-tokens (suffix proposer only)
     global_tokens_given: bool = False
+    policy: bool = False  # the default plan under the per-session policy (no plan, draft model or --no-speculative)
+    no_speculative: bool = False  # --no-speculative: plain decoding, whatever else is given
 
 
 def resolve_prefill(flags: FlagReader) -> PrefillChunkOptions:
@@ -138,8 +156,13 @@ def resolve_speculative(flags: FlagReader) -> SpeculativeOptions:
         )
     plan_path = flags.text("--openai-speculative-config")
     draft_layers = flags.optional_integer("--openai-draft-n-gpu-layers", minimum=None)
+    off = flags.switch(NO_SPECULATIVE_FLAG)
+    policy = plan_path is None and draft_model_path is None and not off
     return SpeculativeOptions(
-        plan=SpeculativeDecodeConfig.load(plan_path) if plan_path else SpeculativeDecodeConfig(),
+        plan=SpeculativeDecodeConfig.load(plan_path) if plan_path else DEFAULT_POLICY_PLAN if policy
+        else SpeculativeDecodeConfig(),
+        policy=policy,
+        no_speculative=off,
         plan_path=plan_path,
         draft_model_path=draft_model_path,
         speculative_window=window,
@@ -179,8 +202,11 @@ def _native_mtp_problems(spec: SpeculativeOptions, source: str) -> list[str]:
 
 def speculative_problems(spec: SpeculativeOptions) -> list[str]:
     """One line per speculative option that cannot work as given (empty when all can)."""
-    plan, source = spec.plan, spec.plan_path or "the speculative plan"
+    plan, source = spec.plan, spec.plan_path or ("the default plan" if spec.policy else "the speculative plan")
     lines = _native_mtp_problems(spec, source)
+    if spec.no_speculative and (spec.plan_path is not None or spec.draft_model_path is not None):
+        given = "--openai-speculative-config" if spec.plan_path is not None else "--openai-draft-model-path"
+        lines.append(f"{NO_SPECULATIVE_FLAG} turns speculation off, but {given} asks for it; drop one")
     mtp = plan.native_mtp.enabled and not plan.disabled
     ngram = plan.active_ngram
     if spec.draft_model_path is not None and ngram is not None and not mtp:
@@ -193,6 +219,7 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
         lines.append(f"{GLOBAL_TOKENS_FLAG} needs the suffix proposer (ngram.kind 'suffix' in {source})")
     if spec.draft_model_path is None and ngram is None and not mtp:
         off = f" ({source} sets effective_strategy '{DISABLED}')" if plan.ngram is not None else ""
+        off = f" ({NO_SPECULATIVE_FLAG} turns speculation off)" if spec.no_speculative else off
         needs = {
             "--openai-speculative-window": spec.speculative_window is not None,
             "--openai-adaptive-speculative-window": spec.adaptive_speculative_window,

@@ -94,7 +94,9 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)", _0),
     ("--openai-resume-timeout-s", "SECS", "a request paused by a later stage's death fails if the stage is not"
      " back within this (default 60)", _0),
-    ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file", _0),
+    ("--openai-speculative-config", "PATH", "SpeculativeDecodeConfig JSON file (default: the suffix proposer"
+     " under the per-session speculation policy)", _0),
+    ("--no-speculative", None, "decode plainly: no speculative decoding (default: on, the per-session policy)", _0),
     ("--openai-draft-model-path", "PATH", "standalone draft model GGUF (same vocabulary as the target)", _0),
     ("--openai-speculative-window", "N", "draft tokens per verify window (default: the plan's max, or 4)", _0),
     ("--openai-adaptive-speculative-window", None, "adapt the window per session (cost model by default)", _0),

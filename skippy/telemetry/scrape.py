@@ -7,6 +7,9 @@ computes rates between two polls); gauges are as read.
 Each stage's utilisation comes from its own `skippy_stage_compute_seconds` when its process is
 scraped, else from the driver's view of it (`skippy_pipeline_stage_compute_seconds_total`). The
 adapter's request count leaves out the dashboard's own routes (its page polls every second).
+Speculation: each running session's k and alpha (stage 0's `skippy_speculative_session_*`), and the
+adapter's llama-server counters: verify windows and accepted drafts per position (rate = accepted at
+position i / windows).
 """
 
 from __future__ import annotations
@@ -111,6 +114,17 @@ def _wire(samples: Sequence[Sample]) -> dict[str, Any] | None:
     return {**info, "agreement": agreement}
 
 
+def _speculation(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Running sessions' k and alpha (by session id) and the accepted drafts per position since startup."""
+    alpha = {s.labels["session"]: s.value for s in samples if s.name == "skippy_speculative_session_alpha"}
+    sessions = [{"session": s.labels["session"], "k": s.value, "alpha": alpha.get(s.labels["session"], 0.0)}
+                for s in samples if s.name == "skippy_speculative_session_k"]
+    per_pos = {int(s.labels["position"]): s.value for s in samples
+               if s.name == "skippy_spec_decode_num_accepted_tokens_per_pos_total" and "position" in s.labels}
+    return {"sessions": sessions, "drafts": _total(samples, "skippy_spec_decode_num_drafts_total"),
+            "accepted_per_pos": [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []}
+
+
 def summarise(processes: Sequence[tuple[str, str, list[Sample] | None]]) -> dict[str, Any]:
     """The dashboard's numbers from every process's samples: (process, URL, samples or None when down)."""
     samples = [s for _name, _url, got in processes for s in (got or [])]
@@ -124,4 +138,5 @@ def summarise(processes: Sequence[tuple[str, str, list[Sample] | None]]) -> dict
         "stages": _stages(samples),
         "telemetry": _fields(samples, TELEMETRY),
         "wire": _wire(samples),
+        "speculation": _speculation(samples),
     }

@@ -140,7 +140,7 @@ UNSUPPORTED = {  # flags ({name} is the path of PLANS[name]) -> the start of the
                          "--openai-native-mtp-draft-model-path needs native_mtp.enabled"),
     "draft-and-ngram": (["--openai-draft-model-path", "draft.gguf", "--openai-speculative-config", "{ngram}"],
                         "--openai-draft-model-path and the ngram proposer of {ngram} cannot both draft; pick one"),
-    "window-alone": (["--openai-speculative-window", "4"],
+    "window-alone": (["--no-speculative", "--openai-speculative-window", "4"],
                      "--openai-speculative-window needs a proposer: --openai-draft-model-path"),
     "mode-without-adaptive": (["--openai-draft-model-path", "draft.gguf", "--openai-adaptive-speculative-window-mode", "simple"],
                               "--openai-adaptive-speculative-window-mode needs --openai-adaptive-speculative-window"),

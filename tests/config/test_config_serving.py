@@ -22,6 +22,7 @@ from skippy.config import (
     parse_serving_args,
     resolve_serving_options,
 )
+from skippy.config.generation import DEFAULT_POLICY_PLAN
 
 
 def test_defaults_without_openai(serve: Serve) -> None:
@@ -38,7 +39,7 @@ def test_defaults_without_openai(serve: Serve) -> None:
     assert options.telemetry_queue_capacity == 1024
     assert options.metrics_otlp_grpc is None
     assert options.prefill == PrefillChunkOptions()
-    assert options.speculative == SpeculativeOptions()
+    assert options.speculative == SpeculativeOptions(plan=DEFAULT_POLICY_PLAN, policy=True)  # on by default
     assert options.openai is None
     assert options.native_mtp_enabled is True
 
@@ -165,6 +166,7 @@ def test_resolver_accepts_typed_namespace_values(write_json, stage_dict: dict[st
 def test_options_dump_to_json_ready_dict(serve: Serve) -> None:
     data = serve(*OPENAI).to_dict()
     assert data["prefill"]["policy"] == "adaptive-ramp"
-    assert data["speculative"]["plan"]["effective_strategy"] == "disabled"
+    assert data["speculative"]["plan"]["effective_strategy"] == "policy"
+    assert serve(*OPENAI, "--no-speculative").to_dict()["speculative"]["plan"]["effective_strategy"] == "disabled"
     assert data["telemetry_level"] == "summary"
     assert StageConfig.from_dict(data["config"]).lane_count == 4

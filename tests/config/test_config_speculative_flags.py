@@ -18,7 +18,8 @@ from skippy.config import (
     refuse_unsupported,
     unsupported_options,
 )
-from skippy.config.generation import AdaptiveWindowMode, speculative_problems
+from skippy.config.generation import DEFAULT_POLICY_PLAN, AdaptiveWindowMode, speculative_problems
+from skippy.config.speculative import NgramConfig
 
 Plan = dict[str, Any] | None
 Resolve = Callable[..., tuple[ServingOptions, str]]  # resolve(plan, *flags) -> (options, plan path or "")
@@ -73,6 +74,16 @@ def test_adaptive_mode_defaults_to_cost_and_is_not_given(serve: Serve) -> None:
 
 def test_window_zero_without_draft_model_resolves(serve: Serve) -> None:
     assert serve("--openai-speculative-window", "0").speculative.speculative_window == 0
+
+
+def test_speculation_is_on_by_default_and_off_with_no_speculative(serve: Serve, write_json) -> None:
+    spec = serve().speculative
+    assert spec.policy and spec.plan == DEFAULT_POLICY_PLAN and spec.plan.active_ngram is not None
+    off = serve(OFF).speculative
+    assert (off.policy, off.no_speculative, off.plan.active_ngram) == (False, True, None)
+    assert speculative_problems(off) == []
+    planned = serve("--openai-speculative-config", str(write_json("p.json", {"ngram": SUFFIX}))).speculative
+    assert not planned.policy and planned.plan.ngram == NgramConfig(**SUFFIX)
 
 
 def test_invalid_plan_is_rejected_with_its_path(serve: Serve, write_json) -> None:
@@ -133,6 +144,8 @@ def test_accepted_suffix_plan_keeps_its_values(resolve: Resolve) -> None:
 
 
 CONFIG = "--openai-speculative-config: {plan} sets"
+OFF = "--no-speculative"
+NEEDS_OFF = f"{NEEDS_PROPOSER} ({OFF} turns speculation off)"
 WINDOW_MODE = "--openai-adaptive-speculative-window-mode"
 REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
     "native-mtp-draft-model": (
@@ -158,17 +171,22 @@ REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
         {"ngram": SUFFIX}, DRAFT,
         "--openai-draft-model-path and the ngram proposer of {plan} cannot both draft; pick one",
     ),
-    "window-alone": (None, ["--openai-speculative-window", "4"], f"--openai-speculative-window {NEEDS_PROPOSER}"),
-    "window-zero-alone": (None, ["--openai-speculative-window", "0"], f"--openai-speculative-window {NEEDS_PROPOSER}"),
+    "window-alone": (None, ["--no-speculative", "--openai-speculative-window", "4"], f"--openai-speculative-window {NEEDS_OFF}"),
+    "window-zero-alone": (
+        None, ["--no-speculative", "--openai-speculative-window", "0"], f"--openai-speculative-window {NEEDS_OFF}",
+    ),
     "window-plan-without-ngram": (
         {"verify_window": {"max_tokens": 8}}, ["--openai-speculative-window", "4"],
         f"--openai-speculative-window {NEEDS_PROPOSER}",
     ),
     "adaptive-alone": (
-        None, ["--openai-adaptive-speculative-window"], f"--openai-adaptive-speculative-window {NEEDS_PROPOSER}",
+        None, [OFF, "--openai-adaptive-speculative-window"],
+        f"--openai-adaptive-speculative-window {NEEDS_OFF}",
     ),
-    "mode-alone": (None, [WINDOW_MODE, "simple"], f"{WINDOW_MODE} {NEEDS_PROPOSER}"),
-    "draft-layers-alone": (None, ["--openai-draft-n-gpu-layers", "0"], f"--openai-draft-n-gpu-layers {NEEDS_PROPOSER}"),
+    "mode-alone": (None, ["--no-speculative", WINDOW_MODE, "simple"], f"{WINDOW_MODE} {NEEDS_OFF}"),
+    "draft-layers-alone": (
+        None, ["--no-speculative", "--openai-draft-n-gpu-layers", "0"], f"--openai-draft-n-gpu-layers {NEEDS_OFF}",
+    ),
     "strategy-without-ngram": (
         {"effective_strategy": "ngram-cache"}, [],
         f"{CONFIG} effective_strategy 'ngram-cache' but no proposer (an ngram section)",
@@ -182,6 +200,16 @@ REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
     "draft-layers-with-ngram": (
         {"ngram": SUFFIX}, ["--openai-draft-n-gpu-layers", "0"],
         "--openai-draft-n-gpu-layers needs --openai-draft-model-path: the ngram proposer of {plan} runs no model",
+    ),
+    "no-speculative-with-plan": (
+        {"ngram": SUFFIX}, [OFF], f"{OFF} turns speculation off, but --openai-speculative-config asks for it; drop one",
+    ),
+    "no-speculative-with-draft-model": (
+        None, [OFF, *DRAFT], f"{OFF} turns speculation off, but --openai-draft-model-path asks for it; drop one",
+    ),
+    "default-window-zero": (
+        None, ["--openai-speculative-window", "0"],
+        "--openai-speculative-window must be > 0 with the ngram proposer of the default plan, got 0",
     ),
     "window-zero-with-ngram": (
         {"ngram": CACHE}, ["--openai-speculative-window", "0"],

@@ -44,7 +44,8 @@ def test_mtp_drafts_are_proposed_while_they_continue_the_history() -> None:
     spec = speculation.sessions[0]
     spec.proposer.extend([99])  # committed without a new reply: the pending drafts no longer continue it
     assert speculation.draft(0, 16, 1) == ([], 0)
-    assert speculation.totals.by_source == {"native_mtp": [2, 2]}
+    totals = speculation.totals
+    assert (totals.proposed_by_source, totals.accepted_by_source) == ({"native_mtp": 2}, {"native_mtp": 2})
 
 
 def test_min_draft_tokens_drops_shorter_mtp_drafts() -> None:
@@ -60,7 +61,9 @@ def test_composite_plan_extends_the_mtp_prefix_with_an_ngram_tail() -> None:
     step(speculation, [5], (6,))  # history ... 8 5; MTP says 6
     assert step(speculation, [6, 7, 8, 5, 1], ()) == [6, 7, 8, 5]  # MTP prefix 6 + the cache's 7 8 5 (max 3)
     # the first window's tail (5 6 7 from the cache, nothing from MTP yet) was rejected at once: 3 + 3 sent
-    assert speculation.totals.by_source == {"native_mtp": [1, 1], "ngram_extension": [6, 3]}
+    totals = speculation.totals
+    assert totals.proposed_by_source == {"native_mtp": 1, "ngram_extension": 6}
+    assert totals.accepted_by_source == {"native_mtp": 1, "ngram_extension": 3}
 
 
 def test_reject_cooldown_tokens_keep_mtp_drafts_off_after_a_rejection() -> None:

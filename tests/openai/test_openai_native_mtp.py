@@ -46,7 +46,7 @@ def complete(server: Any) -> Any:
 
 def by_source(server: Any) -> dict[str, float]:
     stage0 = scrape(dict(read_targets(server.run_dir / TARGETS_FILE))["stage0"], timeout_s=10.0) or []
-    return {s.labels["source"]: s.value for s in stage0 if s.name == "skippy_speculative_draft_tokens_by_source_total"}
+    return {s.labels["source"]: s.value for s in stage0 if s.name == "skippy_speculative_source_proposed_tokens_total"}
 
 
 @pytest.fixture(scope="module")

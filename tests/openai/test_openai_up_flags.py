@@ -43,22 +43,37 @@ def test_up_hands_each_flag_to_its_owner(start_up: Callable[..., Any], tiny_llam
         client.close()
         assert reply.usage is not None and reply.usage.prompt_tokens > 10
         assert reply.usage.completion_tokens == 7  # --openai-default-max-tokens, not the default 16
+        events = list(read_events(server.run_dir / "stage0.log"))
+    # no speculative flag: the default plan under the per-session policy, C(rows) calibrated at startup
+    policy = [e for e in events if e.get("event") == "speculation_policy"]
+    assert [(e["proposer"], e["max_k"], e["max_depth"]) for e in policy] == [("suffix", 8, 2)]
+    assert [len(e["cost_ms"]) for e in events if e.get("event") == "window_cost_calibrated"] == [9]
+    done = [e for e in events if e.get("event") == "request_done"]
+    assert done[-1]["speculative"]["proposer"] == "suffix" and done[-1]["speculative"]["proposer_calls"] > 0
 
 
 def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[..., Any], tiny_llama: Path,
                                                              tmp_path: Path) -> None:
     """A suffix plan with the calibrated cost-model window: stage 0 measures C(rows) through the real
-    pipeline at startup, and greedy output through the OpenAI client equals plain decoding's."""
+    pipeline at startup, and greedy output through the OpenAI client equals plain decoding's
+    (`--no-speculative`: nothing drafts at all)."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"requested_strategy": "ngram", "effective_strategy": "ngram-suffix",
                                 "ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 8},
                                 "verify_window": {"min_tokens": 1, "max_tokens": 8}}))
     prompt = "one two three four five one two three four five one two three four"
-    with start_up("up-plain", tiny_llama) as server:
+    with start_up("up-plain", tiny_llama, "--no-speculative") as server:
         client = server.client()
         plain = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=12,
                                           extra_body={"ignore_eos": True})
         client.close()
+        events = list(read_events(server.run_dir / "stage0.log"))
+        plain_metrics = server.request("GET", "/metrics").body.decode()
+    # --no-speculative: no proposer, no calibration, no draft in the reply or the metrics
+    assert not [e for e in events if e.get("event") in ("speculation_policy", "window_cost_calibrated")]
+    assert [e["speculative"] for e in events if e.get("event") == "request_done"] == [None]
+    assert ((plain.model_extra or {}).get("timings") or {}).get("draft_n", 0) == 0
+    assert "skippy_spec_decode_num_draft_tokens_total 0.0" in plain_metrics
     with start_up("up-spec", tiny_llama, "--openai-speculative-config", str(plan), "--openai-speculative-window", "8",
                   "--openai-adaptive-speculative-window") as server:
         calibrated = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "window_cost_calibrated"]

@@ -138,6 +138,17 @@ async def running_driver(pipe: Pipeline, *flags: str, max_iterations: int | None
             runtime.close()
 
 
+async def generate_then_release(driver: Driver, speculation: Speculation, prompt: Sequence[int],
+                                max_tokens: int) -> list[int]:
+    """One request's tokens, once its session is released (a global suffix index then holds it)."""
+    tokens, _ = await asyncio.wait_for(driver.submit(list(prompt), max_tokens=max_tokens).collect(), 60)
+    for _ in range(1000):  # bounded poll: the session's release submits it to the index
+        if not speculation.sessions:
+            break
+        await asyncio.sleep(0.005)
+    return list(tokens)
+
+
 @dataclass
 class Result:
     session_id: int

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
+from pipeline_helpers import (
+    Pipeline,
+    generate_then_release,
+    random_prompt,
+    reference_generate,
+    run,
+    running_driver,
+)
 
 from skippy.config.speculative import NgramConfig, NgramKind
 from skippy.driver.speculative.draft_model import DraftModelProposerFactory
@@ -272,11 +279,7 @@ def test_a_repeated_request_drafts_from_the_global_index_and_stays_exact(
 
     async def body() -> tuple[list[int], list[int], list, float]:
         async with running_driver(pipe, speculation=speculation) as driver:
-            first, _ = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60)
-            for _ in range(1000):  # bounded poll: the first session's release submits it to the index
-                if not speculation.sessions:
-                    break
-                await asyncio.sleep(0.005)
+            first = await generate_then_release(driver, speculation, prompt, MAX_TOKENS)
             from_index = factory.index.registry.get_sample_value("skippy_speculative_global_proposed_tokens_total")
             second, _ = await asyncio.wait_for(driver.submit(prompt, max_tokens=MAX_TOKENS).collect(), 60)
             return first, second, list(driver.recorder), from_index or 0.0

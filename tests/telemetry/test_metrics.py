@@ -164,5 +164,20 @@ def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
     assert [p["up"] for p in summary["processes"]] == [True, True, False]
 
 
+def test_summary_shows_each_sessions_k_and_acceptance_per_draft_position() -> None:
+    stage0 = ('# TYPE skippy_speculative_session_k gauge\nskippy_speculative_session_k{session="7"} 4\n'
+              'skippy_speculative_session_k{session="9"} 0\n'
+              '# TYPE skippy_speculative_session_alpha gauge\nskippy_speculative_session_alpha{session="7"} 0.8\n'
+              'skippy_speculative_session_alpha{session="9"} 0.1\n')
+    adapter = ('# TYPE skippy_spec_decode_num_drafts counter\nskippy_spec_decode_num_drafts_total 10\n'
+               '# TYPE skippy_spec_decode_num_accepted_tokens_per_pos counter\n'
+               'skippy_spec_decode_num_accepted_tokens_per_pos_total{position="0"} 8\n'
+               'skippy_spec_decode_num_accepted_tokens_per_pos_total{position="2"} 3\n')
+    spec = summarise([("adapter", "a", parse(adapter)), ("stage0", "s0", parse(stage0))])["speculation"]
+    assert spec["sessions"] == [{"session": "7", "k": 4, "alpha": 0.8}, {"session": "9", "k": 0, "alpha": 0.1}]
+    assert (spec["drafts"], spec["accepted_per_pos"]) == (10, [8, 0, 3])
+    assert summarise([])["speculation"] == {"sessions": [], "drafts": 0, "accepted_per_pos": []}
+
+
 def test_scrape_of_a_process_that_does_not_answer_is_none() -> None:
     assert scrape("http://127.0.0.1:9/metrics", timeout_s=2.0) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence as SchedSequence
 from skippy.driver.speculative import Proposer, ProposerFactory
+from skippy.driver.speculative.policy import SpeculationPolicy
 from skippy.driver.speculative.window import CostModelWindow, WindowPolicy, WindowStats
 from skippy.protocol.stats import SpeculativeStats
 from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
@@ -38,12 +40,12 @@ class SpeculationTotals:
     tail_rejects: int = 0
     stale_windows: int = 0  # chained windows discarded because the chain broke before them
     stale_rows: int = 0
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [proposed, accepted] draft tokens
+    proposed_by_source: Counter[str] = field(default_factory=Counter)  # "own" | "global" | native_mtp | ...
+    accepted_by_source: Counter[str] = field(default_factory=Counter)
 
     def add_source(self, source: str, proposed: int, accepted: int) -> None:
-        counts = self.by_source.setdefault(source, [0, 0])
-        counts[0] += proposed
-        counts[1] += accepted
+        self.proposed_by_source[source] += proposed
+        self.accepted_by_source[source] += accepted
 
     def add(self, proposed: int, accepted: int) -> None:
         self.windows += 1
@@ -67,6 +69,9 @@ class SessionSpeculation:
     stale_windows: int = 0
     stale_rows: int = 0
     shadow: list[int] = field(default_factory=list)  # a draft not sent (k = 0), checked against plain decoding
+    depth: int = 1  # verify windows in flight at once (the policy's choice, at most Speculation.depth)
+    chained_rows: int = 0  # rows of chained windows sent (stale_rows of them came back stale)
+    source: str = ""  # where the latest proposal came from: a CrossRequestProposer's "own" | "global", else the name
 
 
 class Speculation:
@@ -89,7 +94,11 @@ class Speculation:
     def use_cost_model(self, cost_ms: list[float], hops: int, hop_ms: float) -> None:
         """Switch to the cost-model window once C(rows) is measured (hops per round trip, delay per hop)."""
         self.hop_ms = hop_ms
-        self.policy = CostModelWindow(cost_ms, hop_ms, hops, self.max_k)
+        cost = CostModelWindow(cost_ms, hop_ms, hops, self.max_k)
+        if isinstance(self.policy, SpeculationPolicy):
+            self.policy.cost = cost
+        else:
+            self.policy = cost
 
     def observe_hops(self, hop_ms: Sequence[float]) -> None:
         """Per-hop delays measured on a batch's way through the stages; the cost model follows them."""
@@ -97,8 +106,9 @@ class Speculation:
             return
         mean = sum(hop_ms) / len(hop_ms)
         self.hop_ms = mean if self.hop_ms is None else 0.8 * self.hop_ms + 0.2 * mean
-        if isinstance(self.policy, CostModelWindow):
-            self.policy.hop_ms = max(self.hop_ms, 0.0)
+        cost = self.policy.cost if isinstance(self.policy, SpeculationPolicy) else self.policy
+        if isinstance(cost, CostModelWindow):
+            cost.hop_ms = max(self.hop_ms, 0.0)
 
     @property
     def name(self) -> str:
@@ -123,11 +133,13 @@ class Speculation:
         k = min(self.policy.choose(spec.stats, active_sessions), self.max_k)
         k = max(k, self.min_k) if k > 0 else 0
         k = k if k <= budget - 1 else 0
+        spec.depth = self._depth(spec, k, active_sessions)
         start = time.perf_counter()
         # k = 0: plain decoding this step, but a one-token shadow draft keeps alpha honest
-        want = self.depth * (k + 1) - 1 if k > 0 else 1
+        want = spec.depth * (k + 1) - 1 if k > 0 else 1
         want = min(want, self.runahead) if self.runahead > 0 else want
         proposal = spec.proposer.propose(want)[:want]
+        spec.source = getattr(spec.proposer, "last_source", self.name)
         spec.proposer_us += (time.perf_counter() - start) * 1e6
         spec.proposer_calls += 1
         if len(proposal) < self.min_k:  # too short for a window (min_tokens): decode plainly, keep it as a shadow
@@ -136,19 +148,32 @@ class Speculation:
         spec.shadow = proposal if k <= 0 else []
         return (proposal, k) if k > 0 else ([], 0)
 
+    def _depth(self, spec: SessionSpeculation, k: int, active_sessions: int) -> int:
+        """The session's pipeline depth: the policy's (from its share of stale rows), else the plan's."""
+        if isinstance(self.policy, SpeculationPolicy):
+            return min(self.depth, self.policy.depth(spec.stats, k, active_sessions, spec.chained_rows, spec.stale_rows))
+        return self.depth
+
+    def _session_depth(self, session_id: int) -> int:
+        spec = self.sessions.get(session_id)
+        return spec.depth if spec is not None else self.depth
+
     def window_drafts(self, seq: SchedSequence, proposal: list[int], k: int, rows_left: int) -> list[int]:
         """This window's drafts out of `proposal`; the rest waits in `seq.chain` for chained windows."""
         this = proposal[: max(0, min(k, rows_left - 1))]
-        seq.chain = proposal[len(this):] if self.depth > 1 and this else []
+        seq.chain = proposal[len(this):] if self._session_depth(seq.session_id) > 1 and this else []
         seq.chain_pos, seq.chain_k = seq.length + 1 + len(this), k
         return this
 
     def chained(self, seq: SchedSequence, rows_left: int) -> PlannedWindow | None:
         """The next window of a session with windows in flight: `[guessed bonus, next k drafts]` at the
         chain's position, or None (depth reached, nothing proposed, no room)."""
-        if seq.in_flight >= self.depth or not seq.chain or rows_left < 1:
+        if seq.in_flight >= self._session_depth(seq.session_id) or not seq.chain or rows_left < 1:
             return None
         k = max(0, min(seq.chain_k, rows_left - 1, len(seq.chain) - 1))
+        spec = self.sessions.get(seq.session_id)
+        if spec is not None:
+            spec.chained_rows += 1 + k
         head, draft, rest = seq.chain[0], tuple(seq.chain[1 : 1 + k]), seq.chain[1 + k :]
         window = PlannedWindow(seq, seq.chain_pos, np.array([head, *draft], np.int32), tuple(range(1 + k)), draft,
                                head, seq.epoch, rest[0] if rest else None, seq.attempt)
@@ -168,7 +193,7 @@ class Speculation:
             if mtp:
                 self.totals.add_source("native_mtp", mtp, min(accepted, mtp))
             if proposed > mtp:
-                tail = "ngram_extension" if mtp or verified is not None else self.name
+                tail = "ngram_extension" if mtp or verified is not None else spec.source
                 self.totals.add_source(tail, proposed - mtp, max(0, accepted - mtp))
         if verified is not None and proposed > 0:
             verified(proposed, returned - 1)
@@ -202,9 +227,10 @@ class Speculation:
         spec = self.sessions.get(session_id)
         if spec is None:
             return None
-        summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(spec.stats).items()}
+        summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(spec.stats).items()
+                   if not k.startswith("pos_")}  # the decayed per-position counts stay internal
         summary.update(proposer=self.name, proposer_calls=spec.proposer_calls, stale_windows=spec.stale_windows,
-                       stale_rows=spec.stale_rows,
+                       stale_rows=spec.stale_rows, depth=spec.depth,
                        proposer_us_per_call=round(spec.proposer_us / max(1, spec.proposer_calls), 1))
         global_drafts = getattr(spec.proposer, "global_drafts", None)  # a CrossRequestProposer's
         if global_drafts is not None:

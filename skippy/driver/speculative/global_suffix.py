@@ -165,15 +165,18 @@ class CrossRequestProposer:
     def __init__(self, own: NgramHistory, index: GlobalSuffixIndex) -> None:
         self.own, self.index = own, index
         self.global_drafts = 0  # proposals that came from the index
+        self.last_source = "own"  # where the latest proposal came from: "own" (this session's history) | "global"
 
     def extend(self, tokens: Sequence[int]) -> None:
         self.own.extend(tokens)
 
     def propose(self, max_tokens: int) -> list[int]:
         draft = self.own.propose(max_tokens)
+        self.last_source = "own"
         if draft or max_tokens <= 0:
             return draft
         draft = self.index.propose(self.own.tokens, max_tokens)
+        self.last_source = "global" if draft else "own"
         self.global_drafts += bool(draft)
         return draft
 

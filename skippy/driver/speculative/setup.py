@@ -9,6 +9,10 @@
   4); with `--openai-adaptive-speculative-window` k moves within [verify_window.min_tokens, K]:
   the cost model (C(rows) calibrated through the pipeline at startup, the hop delay measured) or,
   with `--openai-adaptive-speculative-window-mode simple`, the reference's grow/shrink rule.
+- default (no plan, no draft model, no `--no-speculative`): the suffix proposer of
+  config.generation.DEFAULT_POLICY_PLAN under `SpeculationPolicy` (skippy.driver.speculative.policy), which
+  picks k and the pipeline depth per session from C(rows) calibrated at startup;
+  `--openai-adaptive-speculative-window` picks one of the window policies above instead.
 - plan fields: `effective_strategy` "disabled" means no proposer at all (logged when an ngram section is
   then unused); `verify_window.min_tokens` is the fewest drafts a verify window carries (a shorter
   proposal decodes plainly this step); `pipeline_depth` windows of a session in flight, holding at most
@@ -27,6 +31,7 @@ from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.metrics import SpeculationCollector
 from skippy.driver.speculative.native_mtp import NativeMtpProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
+from skippy.driver.speculative.policy import SpeculationPolicy
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import FixedWindow, SimpleAdaptiveWindow, WindowPolicy
 from skippy.log import get_logger
@@ -77,9 +82,13 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
     policy: WindowPolicy = FixedWindow(max_k)
     if spec.adaptive_speculative_window:
         policy = SimpleAdaptiveWindow(start=min(DEFAULT_WINDOW, max_k), min_k=min_k, max_k=max_k)
+    elif spec.policy:
+        policy = SpeculationPolicy(max_k, max_depth=window.pipeline_depth)
+        log.info("speculation_policy", proposer=factory.name, max_k=max_k, max_depth=window.pipeline_depth,
+                 global_tokens=spec.global_tokens)
+    calibrate = spec.policy or spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST
     speculation = Speculation(factory, policy, max_k, depth=window.pipeline_depth, min_k=min_k,
-                              runahead=window.runahead_max_tokens,
-                              calibrate=spec.adaptive_speculative_window and spec.adaptive_mode is AdaptiveWindowMode.COST)
+                              runahead=window.runahead_max_tokens, calibrate=calibrate)
     if isinstance(factory, NativeMtpProposerFactory):
         speculation.mtp_draft_max = plan.native_mtp.max_draft_tokens
     current().attach(SpeculationCollector(speculation))

@@ -58,6 +58,8 @@ class WindowStats:
     last_accepted: int = 0
     last_stop: bool = False
     accepted_per_pos: list[int] = field(default_factory=list)  # [i]: windows whose draft i was accepted
+    pos_accepted: list[float] = field(default_factory=list)  # [i]: draft i accepted, decayed per window
+    pos_tested: list[float] = field(default_factory=list)  # [i]: draft i tested (drafts 0..i-1 accepted), decayed
 
     def observe(self, proposed: int, accepted: int, *, k: int | None = None, stop: bool = False) -> None:
         """A window came back: `proposed` drafts sent, the first `accepted` of them accepted. `k` is the
@@ -90,12 +92,28 @@ class WindowStats:
         self.k_last = k
         self.last_proposed, self.last_accepted, self.last_stop = proposed, accepted, stop
         self._update_alpha(accepted, accepted + rejected)
+        self._update_positions(accepted, accepted + rejected)
 
     def observe_shadow(self, proposed: int, accepted: int) -> None:
         """A draft that was not sent (k was 0), checked against what plain decoding then committed: moves
         alpha only, so a policy that stopped speculating can start again once drafts match."""
         _check(proposed, accepted)
         self._update_alpha(accepted, accepted + (accepted < proposed))
+        self._update_positions(accepted, accepted + (accepted < proposed))
+
+    def position_alpha(self, k: int) -> list[float]:
+        """alpha_0..alpha_{k-1}: P(draft i accepted | drafts before it accepted), each the decayed counts at
+        position i shrunk towards alpha: (A_i + W * alpha) / (T_i + W), W = PRIOR_WEIGHT."""
+        acc, tested = self.pos_accepted, self.pos_tested
+        return [((acc[i] if i < len(acc) else 0.0) + PRIOR_WEIGHT * self.alpha)
+                / ((tested[i] if i < len(tested) else 0.0) + PRIOR_WEIGHT) for i in range(k)]
+
+    def _update_positions(self, accepted: int, tested: int) -> None:
+        # A_i <- DECAY*A_i + [i < accepted];  T_i <- DECAY*T_i + [i < tested]
+        for counts, hits in ((self.pos_accepted, accepted), (self.pos_tested, tested)):
+            counts.extend([0.0] * (tested - len(counts)))
+            for i in range(len(counts)):
+                counts[i] = DECAY * counts[i] + (i < hits)
 
     def _update_alpha(self, accepted: int, tested: int) -> None:
         s = DECAY * self.alpha * self.weight + accepted  # S: accepted drafts, decayed
@@ -193,6 +211,11 @@ class CostModelWindow:
         self._slope = (self._ms[-1] - self._ms[0]) / span if span else 0.0
         self._table: dict[int, float] = {}
         self.hop_ms, self.hops, self.max_k = hop_ms, hops, max_k
+
+    @property
+    def measured_rows(self) -> int:
+        """The most rows the table measured (beyond it C is extrapolated)."""
+        return self._rows[-1]
 
     def cost(self, rows: int) -> float:
         """C(rows) in ms: measured, interpolated, or extrapolated as in the class docstring."""

@@ -110,6 +110,23 @@ function renderWire(wire) {
   $("wire-detail").textContent = `asked ${wire.asked}${wire.certified === "true" ? "" : " (uncertified)"}${tried ? ` · ${tried}` : ""}`;
 }
 
+// the policy's current k and alpha per running session; acceptance per draft position since startup
+function renderSpeculation(spec) {
+  if (!spec) return;
+  const perPos = spec.drafts > 0 ? spec.accepted_per_pos.map((n, i) => `${i}: ${fmt(100 * n / spec.drafts, 0)}%`) : [];
+  $("spec-per-pos").textContent = perPos.length ? perPos.join(" · ") : "–";
+  const body = $("spec-sessions").querySelector("tbody");
+  body.replaceChildren(...spec.sessions.map((s) => {
+    const row = document.createElement("tr");
+    for (const text of [s.session, String(s.k), fmt(s.alpha, 2)]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.appendChild(cell);
+    }
+    return row;
+  }));
+}
+
 function render(data) {
   const dt = previous ? data.time - previous.time : 0;
   const a = data.adapter, pa = previous && previous.adapter;
@@ -130,6 +147,7 @@ function render(data) {
   $("completion-tokens").textContent = String(a.completion_tokens);
   $("dropped").textContent = String(data.telemetry.dropped);
   renderWire(data.wire);
+  renderSpeculation(data.speculation);
   push(history.toks, toks);
   push(history.inFlight, d ? d.in_flight : 0);
   push(history.queue, queue);
