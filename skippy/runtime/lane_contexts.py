@@ -101,7 +101,7 @@ class LaneContexts:
             if ctx.seq_pos_max(0) >= w.pos_start:
                 ctx.seq_rm(0, w.pos_start)  # positions are authoritative
             part = None if hidden is None else hidden[row:row + w.n_tokens]
-            captured = self._decode_window(ctx, w, part, n_embd)
+            captured = self._decode_window(ctx, w, part, n_embd, is_final)
             if hidden_out is not None and captured is not None:
                 hidden_out[row:row + w.n_tokens] = captured[:w.n_tokens]
             rows = [row + o for o in w.outputs] if is_final else []
@@ -111,13 +111,14 @@ class LaneContexts:
         return DecodeResult(hidden=hidden_out, output_rows=output_rows)
 
     def _decode_window(self, ctx: LlamaContext, w: SessionWindow, hidden: np.ndarray | None,
-                       n_embd: int) -> np.ndarray | None:
+                       n_embd: int, is_final: bool) -> np.ndarray | None:
         pad = int(w.n_tokens % self.n_ubatch == 1 and w.pos_start + w.n_tokens > SPLIT_KV_SAFE)
         n = w.n_tokens + pad
         buf = self._buffers
         buf.pos[:n] = np.arange(w.pos_start, w.pos_start + n, dtype=np.int32)
         buf.logits[:n] = 0
-        buf.logits[list(w.outputs)] = 1
+        if is_final:  # a non-final stage keeps no logits (its context reserves one output row)
+            buf.logits[list(w.outputs)] = 1
         embd = None
         if w.tokens is not None:
             buf.token[:w.n_tokens] = w.tokens

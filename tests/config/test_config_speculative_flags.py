@@ -151,7 +151,7 @@ REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
     "native-mtp-draft-model": (
         None, ["--openai-native-mtp-draft-model-path", "/models/mtp.gguf"],
         "--openai-native-mtp-draft-model-path needs native_mtp.enabled in --openai-speculative-config"
-        " (the speculative plan leaves native MTP off)",
+        " (the default plan leaves native MTP off)",
     ),
     "native-mtp-and-draft-model": (
         {"native_mtp": MTP}, DRAFT,

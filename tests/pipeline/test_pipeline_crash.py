@@ -59,7 +59,9 @@ def test_driver_task_failure_fails_the_request_and_exits_nonzero(
 
 def test_link_send_failure_at_stage0_fails_the_request_and_exits_nonzero(
         tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline]) -> None:
-    pipe = make_pipeline(tiny_model("llama"), [3], include_stage0=True, env={"SKIPPY_FAULT": "link.batch"})
+    # no speculation: its startup calibration would send the first Batch, and the fault would stop stage 0 before ready
+    pipe = make_pipeline(tiny_model("llama"), [3], include_stage0=True, env={"SKIPPY_FAULT": "link.batch"},
+                         stage_flags=("--no-speculative",))
     reason, error, code = _request_through_stage0(pipe)
     assert (reason, code) == ("error", ErrorCode.PIPELINE_FAILED)
     assert error is not None and "sending Batch to" in error and "link.batch" in error

@@ -7,7 +7,8 @@ context's differences these settings remove are measured by scripts/batch-invari
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,3 +83,16 @@ def test_a_prefix_cache_restore_gives_the_same_bits(det: tuple[StageRuntime, lis
     _prefill(runtime, prompts, range(5, 6))  # another session takes the lane and cells first
     restored = _rows(runtime, [_window(5, len(prompt) - 1, prompt[-1:] + prompts[2][:3], restore=ref)])[0]
     assert all(np.array_equal(a, b) for a, b in zip(fresh, restored, strict=True))
+
+
+def test_a_first_stage_takes_a_verify_window_with_more_outputs_than_lanes(tiny_model: Callable[..., Path]) -> None:
+    """A non-final stage keeps no logits: a window's outputs (here 5 rows on a 1-lane stage, whose contexts
+    reserve 1 output row) are the final stage's to produce (llama.cpp asserts n_outputs <= n_outputs_max)."""
+    runtime = StageRuntime(RuntimeSpec(model_path=tiny_model("llama"), layer_start=0, layer_end=3, lane_count=1,
+                                       ctx_size=64, deterministic=True))
+    try:
+        result = runtime.decode([_window(1, 0, [5, 6, 7, 8, 9])])
+        assert result.hidden is not None and result.hidden.shape == (5, runtime.n_embd)
+        assert result.output_rows == [[]]
+    finally:
+        runtime.close()
