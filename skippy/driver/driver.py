@@ -8,11 +8,10 @@ downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which ca
 `submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
 `cancel(request_id)`. A finished request's session is released on every stage. When a later stage dies
 the requests in flight pause and replay once it is back (`Replays`, skippy.driver.replay); new requests
-wait at stage 0 meanwhile (nobody is admitted), within the same deadline. At most
-`max_waiting` requests wait for a lane (default: `default_max_waiting`, the admission queue's capacity, at
-least lane_count so that one broker's requests always fit); past it `submit` raises `QueueFull`
-(ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total` and logged once per
-episode (`waiting_full`, then `waiting_full_ended` with the count).
+wait at stage 0 meanwhile (nobody is admitted), within the same deadline. `submit` checks a request with
+skippy.driver.submission: at most `max_waiting` requests wait for a lane (default: `default_max_waiting`, the
+admission queue's capacity, at least lane_count so that one broker's requests always fit); past it `submit`
+raises `QueueFull` (ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total`.
 Every loop runs under a `Supervisor`: if one raises, the live requests fail with the cause and the
 owning process exits nonzero.
 """
@@ -26,7 +25,7 @@ import uuid
 import numpy as np
 import zmq.asyncio
 
-from skippy.config import ServingOptions, default_queue_capacity, prompt_length_error
+from skippy.config import ServingOptions
 from skippy.config.affinity import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
 from skippy.driver.calibrate import calibrate_speculation
@@ -39,6 +38,7 @@ from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
 from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
+from skippy.driver.submission import WaitingRoom, check_submission, default_max_waiting
 from skippy.driver.telemetry import DriverTelemetry
 from skippy.driver.wire_certify import calibration_prompt, certify_wire, set_chain_wire, verdict_fields
 from skippy.faults import fault_point
@@ -58,7 +58,7 @@ from skippy.protocol import (
     decode,
 )
 from skippy.protocol.stats import RequestStats
-from skippy.request_events import PipelineUnavailable, QueueFull, RequestHandle
+from skippy.request_events import PipelineUnavailable, RequestHandle
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
@@ -67,15 +67,7 @@ from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
 from skippy.transport.curve_guard import guard_of
-from skippy.transport.overflow import Overflows
 from skippy.transport.queues import PullQueue
-
-
-def default_max_waiting(options: ServingOptions, lane_count: int) -> int:
-    """Requests waiting for a lane at stage 0 at most: its OpenAI front's queue capacity, else the default one
-    for `lane_count` lanes (clamp(8 x lanes, 16, 256)); at least `lane_count`."""
-    capacity = options.openai.admission.queue_capacity if options.openai is not None else None
-    return max(lane_count, capacity if capacity is not None else default_queue_capacity(lane_count))
 
 
 class Driver:
@@ -113,8 +105,8 @@ class Driver:
         self.telemetry = DriverTelemetry(self.identity, self.table, self.launcher, lambda: self.max_iterations,
                                          lanes=runtime.spec.lane_count, n_batch=runtime.params.n_batch,
                                          link_guard=lambda: guard_of(self.ctx))
-        self.max_waiting = max_waiting or default_max_waiting(options, runtime.spec.lane_count)
-        self.waiting_full = Overflows("waiting_full", self.log, self.telemetry.waiting_refused.inc)
+        self.waiting_room = WaitingRoom(max_waiting or default_max_waiting(options, runtime.spec.lane_count), self.log,
+                                        self.telemetry.waiting_refused.inc)
         self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.finish, self._enqueue,
                                options.resume_timeout_s)
 
@@ -187,21 +179,9 @@ class Driver:
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         tokens = np.asarray(prompt, np.int32)
-        unfit = prompt_length_error(len(tokens), self.runtime.spec.ctx_size)
-        if unfit is not None:
-            raise RuntimeUsageError(unfit.message)
-        if max_tokens < 1:
-            raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
-        if resumed is not None and len(resumed.history) >= max_tokens:
-            raise RuntimeUsageError(f"history: {len(resumed.history)} tokens, but max_tokens is {max_tokens}")
         request_id = request_id or uuid.uuid4().hex
-        if self.table.get(request_id) is not None:
-            raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
-        if len(self.table.waiting) >= self.max_waiting:
-            self.waiting_full.refused("waiting", max_waiting=self.max_waiting, request_id=request_id)
-            raise QueueFull(f"stage 0 queue full: {len(self.table.waiting)} requests waiting for a lane"
-                            f" (at most {self.max_waiting})")
-        self.waiting_full.ok("waiting", max_waiting=self.max_waiting)
+        check_submission(self.table, self.runtime.spec.ctx_size, len(tokens), max_tokens, resumed, request_id)
+        self.waiting_room.enter(len(self.table.waiting), request_id)
         handle = RequestHandle(request_id)
         seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
                        ChunkPlanner(self.prefill), handle, progress=progress)
@@ -258,19 +238,11 @@ class Driver:
             await self._wakeup.wait()
 
     async def _drafter(self, max_decode: int, decoding: int) -> Drafter | None:
-        """Drafts for the sessions the next plan can decode; the plan trims each to the rows its budget has
-        left. A draft model runs llama.cpp, so its drafts are made in the runtime thread; n-gram drafts
-        (microseconds) on the loop: the hand-off cost stage 0 a thread round trip on every step."""
         if self.speculation is None:
             return None
         ready = [s.session_id for s in self.table.running
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
-        if not ready:
-            return None
-        speculation, budget = self.speculation, self.runtime.params.n_batch
-        drafts = (await self.worker.call(speculation.draft_all, ready, budget, decoding) if speculation.factory.runs_llama
-                  else speculation.draft_all(ready, budget, decoding))
-        return lambda seq, rows_left: speculation.window_drafts(seq, *drafts.get(seq.session_id, ([], 0)), rows_left)
+        return await self.speculation.drafter(ready, self.runtime.params.n_batch, decoding, self.worker.call)
 
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:

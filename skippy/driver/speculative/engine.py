@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from skippy.driver.scheduler import PlannedWindow
+from skippy.driver.scheduler import Drafter, PlannedWindow
 from skippy.driver.sequence import Sequence as SchedSequence
 from skippy.driver.speculative import Proposer, ProposerFactory
 from skippy.driver.speculative.policy import SpeculationPolicy
@@ -157,6 +157,22 @@ class Speculation:
     def _session_depth(self, session_id: int) -> int:
         spec = self.sessions.get(session_id)
         return spec.depth if spec is not None else self.depth
+
+    async def drafter(self, ready: list[int], budget: int, decoding: int,
+                      in_runtime: Callable[..., Awaitable[Any]]) -> Drafter | None:
+        """Drafts for the `ready` sessions the next plan can decode; the plan trims each to the rows its budget
+        has left. A draft model runs llama.cpp, so its drafts are made in the runtime thread (`in_runtime`);
+        n-gram drafts (microseconds) on the loop: the hand-off cost stage 0 a thread round trip on every step."""
+        if not ready:
+            return None
+        drafts: dict[int, tuple[list[int], int]] = (
+            await in_runtime(self.draft_all, ready, budget, decoding) if self.factory.runs_llama
+            else self.draft_all(ready, budget, decoding))
+
+        def window(seq: SchedSequence, rows_left: int) -> list[int]:
+            proposal, k = drafts.get(seq.session_id, ([], 0))
+            return self.window_drafts(seq, proposal, k, rows_left)
+        return window
 
     def window_drafts(self, seq: SchedSequence, proposal: list[int], k: int, rows_left: int) -> list[int]:
         """This window's drafts out of `proposal`; the rest waits in `seq.chain` for chained windows."""
