@@ -2,12 +2,15 @@
 those cores, with the planner's prediction next to each measurement, in one run.
 
     scripts/bench-plan [--stage-cpus 0,1] [--levels 1,4,16] [--rounds 2] [--even] [--delay-ms 20] [--model M]
+    scripts/netns-hosts up 3 --delay-ms 20 && scripts/bench-plan --netns skippy --stage-cpus 0,1,0 --levels 1,4
 
 Servers, started together and swept level by level in turn (skippy.bench.http_load): `skippy-plan`
 (`skippy up --stage-cpus LIST` without `--split`: the plan's split, each stage pinned to its CPU set),
 with `--even` also `skippy-even` (the layers halved, the same pinning), and `llama-server` pinned to the
 first CPU set with as many threads (`--parallel` = the lane count). `--delay-ms` delays each of
-skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. For each level: the plan's
+skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. `--netns PREFIX` puts the stages on
+that namespace set's hosts instead (`skippy up --netns`, one stage per host, plain TCP links carrying the
+set's delay both ways; the plan reads the set's conditions). For each level: the plan's
 predicted TPOT and tok/s, the measured ones (p50 TPOT of the streams, aggregate tok/s over the level's
 wall time, which also counts TTFT), measured / predicted, skippy / llama-server and each server's CPU ms per token
 (skippy.bench.cpu_time: where the work goes, steadier than tok/s on a shared machine); the planner's
@@ -32,7 +35,9 @@ from skippy.bench.http_load import Server, sweep
 from skippy.bench.http_report import cpu_by_role, cpu_total
 from skippy.bench.http_servers import start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary
-from skippy.plan.hosts import hosts_from_flags
+from skippy.cli.plan import netns_hosts
+from skippy.config.errors import ConfigError
+from skippy.plan.hosts import Host, hosts_from_flags
 from skippy.plan.memory import ServingShape
 from skippy.plan.plan import Plan, make_plan
 from skippy.runtime.models import resolve_model_path
@@ -61,19 +66,33 @@ def stage_compute_lines(plan: Plan, levels: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def hosts_and_flags(args: argparse.Namespace, concurrency: int) -> tuple[list[Host], list[str]]:
+    """The hosts the prediction is for and the `skippy up` flags serving the same split on them. Loopback hosts,
+    one per CPU set, `--delay-ms` on each forward hop (`--downstream-wire-delay-ms`; predictions return to stage 0
+    undelayed); or, with `--netns PREFIX`, the hosts of that namespace set, one stage in each, on plain TCP links
+    whose conditions are the set's (every hop delayed, the return to stage 0 included)."""
+    pin = ["--stage-cpus", args.stage_cpus, "--plan-concurrency", str(concurrency)]
+    if args.netns:
+        if args.delay_ms or args.even:
+            raise ConfigError("bench plan --netns: the set's links carry the delay (scripts/netns-hosts up N"
+                              " --delay-ms D) and --even has no place on them; drop --delay-ms / --even")
+        return netns_hosts(args.netns, args.stage_cpus), [*pin, "--netns", args.netns, "--insecure-links"]
+    hosts = hosts_from_flags(args.stage_cpus, delay_ms=args.delay_ms)
+    hosts[-1] = dataclasses.replace(hosts[-1], delay_ms=0.0)
+    return hosts, [*pin, *(["--downstream-wire-delay-ms", str(args.delay_ms)] if args.delay_ms else [])]
+
+
 def run_plan_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
     lanes = max(16, *levels)
     sets = args.stage_cpus.split(",")
-    hosts = hosts_from_flags(args.stage_cpus, delay_ms=args.delay_ms)  # the delay is on forward hops only:
-    hosts[-1] = dataclasses.replace(hosts[-1], delay_ms=0.0)  # predictions return to stage 0 undelayed
+    hosts, flags = hosts_and_flags(args, max(levels))
     plan = make_plan(model, hosts, ServingShape(lanes, 512, True), max(levels), stages=len(sets))
     print(plan.report(levels), file=sys.stderr)
     binary = ensure_llama_server_binary()
     banned, _ = vocab_facts(model)
     first = sets[0].replace("+", ",")
-    flags = ["--stage-cpus", args.stage_cpus, *(["--downstream-wire-delay-ms", str(args.delay_ms)] if args.delay_ms else [])]
     load_before = os.getloadavg()[0]
     servers: list[Server] = []
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -121,5 +140,8 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of each of skippy's hops")
     p.add_argument("--even", action="store_true", help="also skippy with the layers halved")
+    p.add_argument("--netns", default=None, metavar="PREFIX",
+                   help="the stages on the hosts of this namespace set (scripts/netns-hosts up N), one per host, over"
+                        " its links; --stage-cpus pairs a CPU set with each host")
     p.add_argument("--json", default=None, help="write the tables and every level here")
     p.set_defaults(run=run_plan_bench)

@@ -26,7 +26,7 @@ from skippy.plan.plan import LEVELS, Plan, make_plan
 from skippy.plan.write import write_plan
 from skippy.runtime.models import model_id_for, resolve_model_path
 
-__all__ = ["add_host_arguments", "hosts_given", "plan_for", "register"]
+__all__ = ["add_host_arguments", "hosts_given", "netns_hosts", "plan_for", "register"]
 
 
 def add_host_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,9 @@ def hosts_given(args: argparse.Namespace) -> bool:
     return bool(args.hosts or args.netns or getattr(args, "stage_cpus", None))
 
 
-def _netns_hosts(prefix: str, stage_cpus: str | None) -> list[Host]:
+def netns_hosts(prefix: str, stage_cpus: str | None) -> list[Host]:
+    """The hosts of namespace host set `prefix`: its addresses, link conditions and memory budget, paired in order
+    with the CPU sets of `stage_cpus` ("0,1")."""
     from skippy.netns import load  # noqa: PLC0415
 
     found = load(prefix)
@@ -68,7 +70,7 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
             raise ConfigError("--hosts names each host's CPUs and memory; drop --stage-cpus / --host-mem-mb")
         return load_hosts(args.hosts)
     if args.netns:
-        return _netns_hosts(args.netns, stage_cpus)
+        return netns_hosts(args.netns, stage_cpus)
     return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms, args.link_mbps)
 
 
