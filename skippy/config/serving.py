@@ -283,7 +283,19 @@ def unsupported_options(options: ServingOptions) -> list[str]:
     beyond loopback without --insecure-links (empty: all fine)."""
     insecure = insecure_problem(options.topology, options.bind_addr, options.insecure_links)
     return (speculative_problems(options.speculative) + prefill_problems(options.prefill)
-            + ([insecure] if insecure else []))
+            + deterministic_problems(options) + ([insecure] if insecure else []))
+
+
+def deterministic_problems(options: ServingOptions) -> list[str]:
+    """`--deterministic` with a plan that asks for native MTP drafts: refused, since the MTP head drafts from
+    the shared trunk context that deterministic mode replaces by one context per lane (docs/deterministic.md)."""
+    spec = options.speculative
+    if not options.config.deterministic or not spec.plan.native_mtp.enabled or spec.plan.disabled:
+        return []
+    source = spec.plan_path or "the speculative plan"
+    return [f"--deterministic and the native MTP drafts of {source} cannot be combined: native MTP drafts from the"
+            " shared trunk context that --deterministic replaces by one context per lane; drop one"
+            " (docs/deterministic.md)"]
 
 
 def refuse_unsupported(options: ServingOptions) -> None:

@@ -9,7 +9,8 @@ import pytest
 from config_helpers import Serve, ServeError
 
 from skippy.config import ConfigError, StageConfig
-from tests.config.conftest import make_stage_dict
+from skippy.config.serving import unsupported_options
+from tests.config.conftest import WriteJson, make_stage_dict
 
 
 def test_the_flag_sets_the_config_field(serve: Serve) -> None:
@@ -32,3 +33,11 @@ def test_what_cannot_be_deterministic_is_refused(serve: Serve, serve_error: Serv
 def test_a_config_file_with_deterministic_is_checked_too() -> None:
     with pytest.raises(ConfigError, match="field 'flash_attn_type' 'disabled' cannot be deterministic"):
         StageConfig.from_dict(make_stage_dict(deterministic=True, flash_attn_type="disabled"))
+
+
+def test_native_mtp_drafts_with_deterministic_are_refused_in_one_line(serve: Serve, write_json: WriteJson) -> None:
+    plan = str(write_json("mtp.json", {"native_mtp": {"enabled": True, "max_draft_tokens": 2}}))
+    assert unsupported_options(serve("--openai-speculative-config", plan)) == []  # either alone serves
+    assert unsupported_options(serve("--deterministic")) == []
+    lines = unsupported_options(serve("--deterministic", "--openai-speculative-config", plan))
+    assert len(lines) == 1 and lines[0].startswith(f"--deterministic and the native MTP drafts of {plan} cannot be")
