@@ -35,9 +35,8 @@ from skippy.bench.http_load import Server, sweep
 from skippy.bench.http_report import cpu_by_role, cpu_total
 from skippy.bench.http_servers import start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary
-from skippy.cli.plan import netns_hosts
 from skippy.config.errors import ConfigError
-from skippy.plan.hosts import Host, hosts_from_flags
+from skippy.plan.hosts import Host, hosts_from_flags, netns_hosts
 from skippy.plan.memory import ServingShape
 from skippy.plan.plan import Plan, make_plan
 from skippy.runtime.models import resolve_model_path

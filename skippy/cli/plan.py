@@ -20,13 +20,13 @@ from pathlib import Path
 
 from skippy.config.errors import ConfigError
 from skippy.launcher import default_kv_cache
-from skippy.plan.hosts import Host, hosts_from_flags, load_hosts
+from skippy.plan.hosts import Host, hosts_from_flags, load_hosts, netns_hosts
 from skippy.plan.memory import ServingShape
 from skippy.plan.plan import LEVELS, Plan, make_plan
 from skippy.plan.write import write_plan
 from skippy.runtime.models import model_id_for, resolve_model_path
 
-__all__ = ["add_host_arguments", "hosts_given", "netns_hosts", "plan_for", "register"]
+__all__ = ["add_host_arguments", "hosts_given", "plan_for", "register"]
 
 
 def add_host_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,22 +43,6 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
 
 def hosts_given(args: argparse.Namespace) -> bool:
     return bool(args.hosts or args.netns or getattr(args, "stage_cpus", None))
-
-
-def netns_hosts(prefix: str, stage_cpus: str | None) -> list[Host]:
-    """The hosts of namespace host set `prefix`: its addresses, link conditions and memory budget, paired in order
-    with the CPU sets of `stage_cpus` ("0,1")."""
-    from skippy.netns import load  # noqa: PLC0415
-
-    found = load(prefix)
-    if found is None:
-        raise ConfigError(f"--netns {prefix}: no such host set is up (scripts/netns-hosts up N --prefix {prefix})")
-    cpus = [part.replace("+", ",") for part in stage_cpus.split(",")] if stage_cpus else []
-    if cpus and len(cpus) != found.count:
-        raise ConfigError(f"--stage-cpus gives {len(cpus)} CPU sets for the {found.count} hosts of {prefix}")
-    c = found.conditions
-    return [Host(name=ns, address=address, cpus=cpus[i] if cpus else None, mem_mb=found.mem_mb,
-                 delay_ms=c.delay_ms, mbps=c.rate_mbit) for i, (ns, address) in enumerate(found.hosts)]
 
 
 def _hosts(args: argparse.Namespace) -> list[Host]:

@@ -9,7 +9,8 @@ its stage pinned to it; default: every CPU); `speed` how many times as fast as t
 MODEL --out FILE` there); `mem_mb` its memory budget (default: unlimited); `delay_ms` and `mbps` the
 one-way delay and rate of what it sends. The order is the pipeline's: stage 0 on the first host used.
 `hosts_from_flags` makes the same from `--stage-cpus 0,1` (one host per CPU set, on loopback) and
-`--host-mem-mb`, `--link-delay-ms`, `--link-mbps`.
+`--host-mem-mb`, `--link-delay-ms`, `--link-mbps`; `netns_hosts` from a namespace host set
+(`scripts/netns-hosts up`, `--netns PREFIX`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from skippy.config.errors import ConfigError
 
-__all__ = ["Host", "hosts_from_flags", "load_hosts"]
+__all__ = ["Host", "hosts_from_flags", "load_hosts", "netns_hosts"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,27 @@ def load_hosts(path: Path) -> list[Host]:
 def hosts_from_flags(stage_cpus: str | None, mem_mb: float | None = None, delay_ms: float = 0.0,
                      mbps: float | None = None) -> list[Host]:
     """One loopback host per `--stage-cpus` entry ("0,1", "0-1,2+3"); one unpinned host without it."""
-    sets = [part.replace("+", ",") for part in stage_cpus.split(",")] if stage_cpus else [None]
+    sets: list[str | None] = [*_cpu_sets(stage_cpus)] or [None]
     return [Host(name=f"cpus{cpus}" if cpus else "host", cpus=cpus, mem_mb=mem_mb, delay_ms=delay_ms, mbps=mbps)
             for cpus in sets]
+
+
+def _cpu_sets(stage_cpus: str | None) -> list[str]:
+    """`--stage-cpus` "0-1,2+3" -> ["0-1", "2,3"] (one CPU set per stage); [] without it."""
+    return [part.replace("+", ",") for part in stage_cpus.split(",")] if stage_cpus else []
+
+
+def netns_hosts(prefix: str, stage_cpus: str | None) -> list[Host]:
+    """The hosts of namespace host set `prefix`: its addresses, link conditions and memory budget, paired in order
+    with the CPU sets of `stage_cpus` ("0,1")."""
+    from skippy.netns import load  # noqa: PLC0415
+
+    found = load(prefix)
+    if found is None:
+        raise ConfigError(f"--netns {prefix}: no such host set is up (scripts/netns-hosts up N --prefix {prefix})")
+    cpus = _cpu_sets(stage_cpus)
+    if cpus and len(cpus) != found.count:
+        raise ConfigError(f"--stage-cpus gives {len(cpus)} CPU sets for the {found.count} hosts of {prefix}")
+    c = found.conditions
+    return [Host(name=ns, address=address, cpus=cpus[i] if cpus else None, mem_mb=found.mem_mb,
+                 delay_ms=c.delay_ms, mbps=c.rate_mbit) for i, (ns, address) in enumerate(found.hosts)]
