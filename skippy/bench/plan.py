@@ -70,7 +70,8 @@ def hosts_and_flags(args: argparse.Namespace, concurrency: int) -> tuple[list[Ho
     one per CPU set, `--delay-ms` on each forward hop (`--downstream-wire-delay-ms`; predictions return to stage 0
     undelayed); or, with `--netns PREFIX`, the hosts of that namespace set, one stage in each, on plain TCP links
     whose conditions are the set's (every hop delayed, the return to stage 0 included)."""
-    pin = ["--stage-cpus", args.stage_cpus, "--plan-concurrency", str(concurrency)]
+    pin = ["--stage-cpus", args.stage_cpus, "--plan-concurrency", str(concurrency),
+           *(["--no-speculative"] if args.plain else [])]
     if args.netns:
         if args.delay_ms or args.even:
             raise ConfigError("bench plan --netns: the set's links carry the delay (scripts/netns-hosts up N"
@@ -142,5 +143,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--netns", default=None, metavar="PREFIX",
                    help="the stages on the hosts of this namespace set (scripts/netns-hosts up N), one per host, over"
                         " its links; --stage-cpus pairs a CPU set with each host")
+    p.add_argument("--plain", action="store_true",
+                   help="skippy with --no-speculative: plain decoding, what the cost model predicts (for validating it)")
     p.add_argument("--json", default=None, help="write the tables and every level here")
     p.set_defaults(run=run_plan_bench)

@@ -4,11 +4,16 @@
 llama.cpp build, or measures it in a child process pinned to `cpus` (`python -m skippy.plan.calibrate`;
 its llama.cpp threads follow the pinned CPUs, and this process is left as it was). The child loads
 three slices with real llama.cpp: layers [0, L-1) (A) and [0, 1) (B), each without the head, and
-[L-1, L) with it (C). Each decode has `rows` sessions of one row each at position 64, as decode steps
-at that concurrency have (the final stage also samples each row, greedy, as plain decoding does);
-medians of 5 after a warm-up. Then per layer = (A - B) / (L - 2), spread over the layers by their
+[L-1, L) with it (C). Each decode has `rows` sessions of one row each at position POSITION (128), as
+decode steps at that concurrency have (the final stage also samples each row, greedy, as plain decoding
+does), and the KV holds as many sessions again (a serving stage's prefix-cache entries); medians of at
+least 5, more until MIN_TIMED_S of decoding per row count is timed (so a burst of other work or a clock
+change does not decide the table), after a warm-up. Then per layer = (A - B) / (L - 2), spread over the layers by their
 weight bytes, the head = C - one layer, the embedding = B - one layer. Cached as JSON under
-`<cache dir>/plan/` (`$SKIPPY_CACHE_DIR` or ~/.cache/skippy).
+`<cache dir>/plan/` (`$SKIPPY_CACHE_DIR` or ~/.cache/skippy), keyed by the model's digest, the CPU set, the
+llama.cpp build and this machine (`machine_fingerprint`: CPU model and flags, and the boot): a cache dir
+carried to another machine, or kept across a reboot onto other hardware, is measured again (seen: a table
+from an earlier machine 1.4x too fast for the one serving, and every prediction off by as much).
 """
 
 from __future__ import annotations
@@ -31,15 +36,33 @@ from skippy.plan.memory import read_model_facts
 from skippy.runtime.errors import ModelError
 from skippy.runtime.slices import file_digest, slice_cache_dir
 
-__all__ = ["calibrated_costs", "cost_cache_path", "measure_costs"]
+__all__ = ["calibrated_costs", "cost_cache_path", "machine_fingerprint", "measure_costs"]
 
-POSITION = 64  # the context each timed row decodes at
+# the context each timed row decodes at: a chat turn's (the benches' ~75-token prompt and half of 64-128
+# generated tokens). Attention over it is a fifth of a SmolLM2 layer's decode cost at 8 rows (measured:
+# at position 64 every prediction at c=16 was 15% too fast)
+POSITION = 128
 REPEATS = 5
+METHOD = 2  # how the table is measured (part of the cache key): 2 = the KV holding prefix-cache-like sessions
+MIN_TIMED_S = 0.3  # per row count: keep repeating until this much decoding is timed (REPEATS at least)
+
+
+def machine_fingerprint() -> str:
+    """What the cost table depends on beyond the model and the CPU set: the CPU model and flags, and the boot
+    (a VM started again may land on other hardware under the same name)."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return ""
+    cpu = sorted({line for line in read("/proc/cpuinfo").splitlines() if line.startswith(("model name", "flags"))})
+    return hashlib.sha256("\n".join([*cpu, read("/proc/sys/kernel/random/boot_id").strip()]).encode()).hexdigest()[:16]
 
 
 def cost_cache_path(model: Path, cpus: str) -> Path:
     build = metadata.version("llama-cpp-python")
-    key = hashlib.sha256(f"{file_digest(model)}:{cpus}:{build}:{ROWS}:{POSITION}".encode()).hexdigest()[:20]
+    what = f"{file_digest(model)}:{cpus}:{build}:{ROWS}:{POSITION}:{METHOD}:{machine_fingerprint()}"
+    key = hashlib.sha256(what.encode()).hexdigest()[:20]
     return slice_cache_dir().parent / "plan" / f"{model.stem[:40]}-cpus{cpus.replace(',', '_')}-{key}.json"
 
 
@@ -67,8 +90,8 @@ def _timed(runtime: object, rows: int, first: bool, final: bool, n_embd: int) ->
     windows = [SessionWindow(s, POSITION, 1, (0,) if final else (),
                              np.array([(1000 + s) % n_vocab], np.int32) if first else None) for s in range(rows)]
     hidden = None if first else np.full((rows, n_embd), 0.01, np.float32)
-    times = []
-    for _ in range(REPEATS + 1):
+    times: list[float] = []
+    while len(times) < REPEATS + 1 or sum(times[1:]) < MIN_TIMED_S * 1e3:
         start = time.perf_counter()
         runtime.decode(windows, hidden)  # type: ignore[attr-defined]
         if final:
@@ -85,11 +108,14 @@ def _runtime_ms(model: Path, start: int, end: int, final: bool) -> list[float]:
     from skippy.runtime.windows import SessionWindow  # noqa: PLC0415
 
     first = start == 0
-    runtime = StageRuntime(RuntimeSpec(model, start, end, ctx_size=POSITION + 8, lane_count=max(ROWS)))
+    # twice the sessions timed: a serving stage's KV also holds prefix-cache entries about as long as its lanes'
+    # sessions, and attention runs over every occupied cell (llama.cpp's n_kv; measured +10% at 8 rows)
+    held = 2 * max(ROWS)
+    runtime = StageRuntime(RuntimeSpec(model, start, end, ctx_size=POSITION + 8, lane_count=held))
     try:
         if final != runtime.is_final:
             raise ModelError(f"calibration slice [{start}, {end}) of {model.name}: final is {runtime.is_final}")
-        for s in range(max(ROWS)):  # every session holds POSITION positions, as a running request does
+        for s in range(held):  # every session holds POSITION positions, as a running request does
             tokens = (np.arange(POSITION, dtype=np.int32) + 100) % runtime.n_vocab if first else None
             hidden = None if first else np.full((POSITION, runtime.n_embd), 0.01, np.float32)
             runtime.decode([SessionWindow(s, 0, POSITION, (), tokens)], hidden)

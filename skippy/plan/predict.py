@@ -4,7 +4,9 @@ With S stages on S hosts, stage 0 keeps m = min(S, c) micro-batches in flight (o
 driver does), each of b = ceil(c / m) decode rows. A round gives every session one token; it lasts
 the longer of one micro-batch's trip (every stage's compute, every forward hop: software, the sender's
 link delay, the activations over its rate; the return hop with stage 0's postprocess) and the busiest
-resource's work (m batches on the slowest stage, or on the slowest link). One stage alone is its
+resource's work (m batches on the slowest stage, or on the slowest link; stages whose hosts stand for overlapping
+CPU sets of this machine, as 3 stages on `--stage-cpus 0,1,0`, are one resource: their work adds up). One stage
+alone is its
 compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
 prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G prefill rows to every decode
 row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
@@ -17,10 +19,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from skippy.config.affinity import parse_cpu_list
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
-__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "stage_compute_ms", "transfer_ms"]
+__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "shared_cores", "stage_compute_ms",
+           "transfer_ms"]
 
 WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
 
@@ -55,15 +59,33 @@ def hop_ms(host: Host, rows: float, n_embd: int, overheads: Overheads) -> float:
     return overheads.hop_ms + host.delay_ms + transfer_ms(host, rows, n_embd)
 
 
+def shared_cores(hosts: Sequence[Host], *, same_address: bool = False) -> list[list[int]]:
+    """The stages (indexes) computing on the same cores: hosts whose CPU sets of this machine overlap share them;
+    a host without a CPU set is a machine of its own. `same_address`: only hosts at one address are grouped, as
+    the driver counts its micro-batches (one per group, skippy.config.affinity.stage_groups)."""
+    groups: list[tuple[set[int], list[int]]] = []
+    for index, host in enumerate(hosts):
+        cpus = set(parse_cpu_list(host.cpus)) if host.cpus else None
+        merged = [g for g in groups if cpus is not None and g[0] & cpus
+                  and not (same_address and any(hosts[i].address != host.address for i in g[1]))]
+        for group in merged:
+            groups.remove(group)
+        groups.append((set().union(cpus or set(), *(g[0] for g in merged)),
+                       sorted([index, *(i for g in merged for i in g[1])])))
+    return [members for _, members in groups]
+
+
 def round_ms(stage_ms: Sequence[float], hops: Sequence[float], transfers: Sequence[float], back_ms: float,
-             in_flight: int) -> float:
-    """A round: the longer of one micro-batch's trip and the busiest stage's or link's work."""
+             in_flight: int, cores: Sequence[Sequence[int]] | None = None) -> float:
+    """A round: the longer of one micro-batch's trip and the busiest cores' or link's work (`cores`: the stages
+    sharing cores, shared_cores; default each stage its own)."""
     trip = sum(stage_ms) + sum(hops) + back_ms
-    return max(trip, in_flight * max(stage_ms), in_flight * max(transfers, default=0.0))
+    busiest = max(sum(stage_ms[i] for i in group) for group in cores) if cores else max(stage_ms)
+    return max(trip, in_flight * busiest, in_flight * max(transfers, default=0.0))
 
 
 def micro_batches(n_stages: int, concurrency: int) -> tuple[int, int]:
-    """(micro-batches in flight, decode rows in each)."""
+    """(micro-batches in flight, decode rows in each), for `n_stages` groups of stages not sharing cores."""
     in_flight = min(n_stages, concurrency)
     return in_flight, math.ceil(concurrency / in_flight)
 
@@ -75,12 +97,13 @@ def stage_compute_ms(stage: StageCost, rows: int, prefill_ratio: float, overhead
 
 def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS,
             prefill_ratio: float = 0.0) -> Prediction:
-    in_flight, rows = micro_batches(len(stages), concurrency)
+    in_flight, rows = micro_batches(len(shared_cores([s.host for s in stages], same_address=True)), concurrency)
     ms = tuple(stage_compute_ms(s, rows, prefill_ratio, overheads) for s in stages)
     if len(stages) == 1:
         total = ms[0] + overheads.step_ms
     else:
         hops = [hop_ms(s.host, rows, n_embd, overheads) for s in stages[:-1]]
         transfers = [transfer_ms(s.host, rows, n_embd) for s in stages[:-1]]
-        total = round_ms(ms, hops, transfers, overheads.return_ms + stages[-1].host.delay_ms, in_flight)
+        total = round_ms(ms, hops, transfers, overheads.return_ms + stages[-1].host.delay_ms, in_flight,
+                         shared_cores([s.host for s in stages]))
     return Prediction(concurrency, total, concurrency * 1e3 / total, ms, rows, in_flight)

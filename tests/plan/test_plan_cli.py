@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from skippy.plan import calibrate
 from skippy.plan.calibrate import calibrated_costs, cost_cache_path
 from skippy.plan.costs import ROWS
 
@@ -47,6 +48,13 @@ def test_calibration_measures_every_part_once_per_cpu_set(model: Path, skippy_ca
     stamp = path.stat().st_mtime_ns
     assert calibrated_costs(model, str(CPUS[0])) == costs and path.stat().st_mtime_ns == stamp  # cached
     assert cost_cache_path(model, "all") != path
+
+
+def test_a_table_measured_on_another_machine_is_not_used(model: Path, skippy_cache_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    here = cost_cache_path(model, str(CPUS[0]))
+    monkeypatch.setattr(calibrate, "machine_fingerprint", lambda: "another-machine")
+    assert cost_cache_path(model, str(CPUS[0])) != here
 
 
 def test_plan_writes_a_topology_that_check_config_accepts(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
