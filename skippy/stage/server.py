@@ -53,7 +53,7 @@ from skippy.stage.handshake import PROCESS_INCARNATION, check_upstream, greet_ag
 from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
 from skippy.stage.predict import VerifySpec, input_tokens
 from skippy.stage.telemetry import StageTelemetry
-from skippy.stage.worker import INLINE_MAX_ROWS, RuntimeWorker
+from skippy.stage.worker import RuntimeWorker
 from skippy.supervise import Supervisor
 from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import PullQueue, PushQueue
@@ -217,7 +217,7 @@ class StageServer:
         the work loop: it computes inline and its forward cannot wait for a credit (which this loop must
         be free to receive)."""
         credits = self.downstream.credits.stats if self.downstream is not None else None
-        return (not self.working and self.work.empty() and batch.n_rows <= INLINE_MAX_ROWS and self.worker.idle()
+        return (not self.working and self.work.empty() and self.worker.runs_inline(batch.n_rows)
                 and (credits is None or credits.outstanding < credits.limit))
 
     async def _work_loop(self) -> None:

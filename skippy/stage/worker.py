@@ -4,11 +4,14 @@ llama.cpp calls block, so each stage process (stage 0's driver included) runs th
 thread, in submission order, while its event loop keeps moving frames. `compute` is a stage's
 work on a batch: run its layers; at the final stage, sample every output row.
 
-A decode-sized batch (at most INLINE_MAX_ROWS rows) runs on the event loop's own thread when the
-runtime thread is idle: handing it over and back costs two thread wake-ups per stage and token, a
-noticeable share of a token (and the compute itself ran faster on the loop's thread; measured:
-docs/measurements.md, 'Runtime-thread hand-off').
-Bigger batches (prefill chunks) go to the runtime thread so the loop keeps serving while they run.
+A decode-sized batch (at most INLINE_MAX_ROWS rows, expected to take at most INLINE_MAX_MS by the ms per
+row measured so far) runs on the event loop's own thread when the runtime thread is idle: handing it over
+and back costs two thread wake-ups per stage and token, a noticeable share of a token (and the compute
+itself ran faster on the loop's thread; measured: docs/measurements.md, 'Runtime-thread hand-off'). After
+it the loop yields once, so what arrived meanwhile (status polls, token events) is served before the next
+step. Bigger or slower batches (prefill chunks; a whole model on one slow core, 25 ms a row, where inline
+steps back to back starved the loop: tokens came in one burst at the end and the broker, hearing no status
+for 2 s, gave the pipeline up) go to the runtime thread so the loop keeps serving while they run.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from skippy.stage.predict import Frontier, VerifySpec, predict
 P = ParamSpec("P")
 R = TypeVar("R")
 
-INLINE_MAX_ROWS = 32  # a batch this small blocks the loop for a few ms at most (decode, short verify windows)
+INLINE_MAX_ROWS = 32  # a batch this small may run inline (decode, short verify windows)...
+INLINE_MAX_MS = 50.0  # ...if it is expected to block the loop this long at most
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class RuntimeWorker:
         self.frontier: Frontier = {}  # final stage: each session's next input (chained windows check it)
         self._queued = 0  # calls submitted to the runtime thread and not yet finished there
         self._queued_lock = threading.Lock()
+        self.ms_per_row = 0.0  # the last batch's compute per row (what an inline batch is expected to take)
 
     async def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run `fn(*args, **kwargs)` in the runtime thread."""
@@ -71,11 +76,21 @@ class RuntimeWorker:
                       verify: Sequence[VerifySpec] = ()) -> Computed:
         """Run the layers; at the final stage sample every window (verify windows as `verify` says)."""
         started_at, start = time.time(), time.perf_counter()
-        if sum(w.n_tokens for w in windows) <= INLINE_MAX_ROWS and self.idle():
+        rows = sum(w.n_tokens for w in windows)
+        inline = self.runs_inline(rows)
+        if inline:
             out, predictions, missed = self._compute(windows, hidden, verify)
         else:
             out, predictions, missed = await self.call(self._compute, windows, hidden, verify)
-        return Computed(out, predictions, started_at, (time.perf_counter() - start) * 1e3, missed)
+        ms = (time.perf_counter() - start) * 1e3
+        self.ms_per_row = ms / max(1, rows)
+        if inline:
+            await asyncio.sleep(0)  # serve what arrived while the loop computed
+        return Computed(out, predictions, started_at, ms, missed)
+
+    def runs_inline(self, rows: int) -> bool:
+        """A batch of `rows` may compute on the loop's thread: small, expected to be short, nothing queued."""
+        return rows <= INLINE_MAX_ROWS and rows * self.ms_per_row <= INLINE_MAX_MS and self.idle()
 
     def idle(self) -> bool:
         """Nothing queued for the runtime thread: only the loop submits, so it stays idle while we run."""
