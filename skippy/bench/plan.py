@@ -2,7 +2,7 @@
 those cores, with the planner's prediction next to each measurement, in one run.
 
     scripts/bench-plan [--stage-cpus 0,1] [--levels 1,4,16] [--rounds 2] [--even] [--delay-ms 20] [--model M]
-    scripts/netns-hosts up 3 --delay-ms 20 && scripts/bench-plan --netns skippy --stage-cpus 0,1,0 --levels 1,4
+    scripts/netns-hosts up 3 --delay-ms 20 && scripts/bench-plan --netns skippy --stage-cpus 0,1,0 --plain
 
 Servers, started together and swept level by level in turn (skippy.bench.http_load): `skippy-plan`
 (`skippy up --stage-cpus LIST` without `--split`: the plan's split, each stage pinned to its CPU set),
@@ -14,7 +14,10 @@ set's delay both ways; the plan reads the set's conditions). For each level: the
 predicted TPOT and tok/s, the measured ones (p50 TPOT of the streams, aggregate tok/s over the level's
 wall time, which also counts TTFT), measured / predicted, skippy / llama-server and each server's CPU ms per token
 (skippy.bench.cpu_time: where the work goes, steadier than tok/s on a shared machine); the planner's
-one-host prediction sits next to llama-server's measurement. Writes nothing unless `--json PATH`.
+one-host prediction sits next to llama-server's measurement. The cost tables are calibrated again at the
+start (`--cached-costs`: the cached ones), so the prediction is of the machine as it is now; `--plain` runs
+skippy with `--no-speculative` (plain decoding, what the model predicts; the validation table in
+docs/plan.md). Writes nothing unless `--json PATH`.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ def run_plan_bench(args: argparse.Namespace) -> int:
     lanes = max(16, *levels)
     sets = args.stage_cpus.split(",")
     hosts, flags = hosts_and_flags(args, max(levels))
-    plan = make_plan(model, hosts, ServingShape(lanes, 512, True), max(levels), stages=len(sets))
+    # calibrated now, just before the runs it predicts: on a shared VM the speed of a core moved by 30-50%
+    # within an hour (a cached table from earlier predicted 25 ms a token where 16 ms was measured)
+    plan = make_plan(model, hosts, ServingShape(lanes, 512, True), max(levels), stages=len(sets),
+                     refresh=not args.cached_costs)
     print(plan.report(levels), file=sys.stderr)
     binary = ensure_llama_server_binary()
     banned, _ = vocab_facts(model)
@@ -143,6 +149,8 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--netns", default=None, metavar="PREFIX",
                    help="the stages on the hosts of this namespace set (scripts/netns-hosts up N), one per host, over"
                         " its links; --stage-cpus pairs a CPU set with each host")
+    p.add_argument("--cached-costs", action="store_true",
+                   help="predict from the cached cost tables (default: calibrate again, just before the runs)")
     p.add_argument("--plain", action="store_true",
                    help="skippy with --no-speculative: plain decoding, what the cost model predicts (for validating it)")
     p.add_argument("--json", default=None, help="write the tables and every level here")

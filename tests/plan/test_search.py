@@ -19,7 +19,7 @@ from skippy.plan.costs import ComputeCosts, Overheads, interpolate
 from skippy.plan.hosts import Host
 from skippy.plan.memory import MIB, ModelFacts, stage_memory
 from skippy.plan.plan import Plan
-from skippy.plan.predict import StageCost, predict
+from skippy.plan.predict import StageCost, predict, shared_cores
 from skippy.plan.search import best_splits
 
 
@@ -141,3 +141,21 @@ def test_bench_plan_sets_each_stages_predicted_compute_beside_its_cpu_time() -> 
     _, line = stage_compute_lines(plan, [level])
     assert line.split("; ") == [f"  c=16  stage0 {per_token[0]:.2f} / {2 * per_token[0]:.2f} (2.00x)",
                                 f"stage1 {per_token[1]:.2f} / -"]
+
+
+def test_stages_on_one_cpu_set_add_up_and_share_the_micro_batches() -> None:
+    table = costs()
+    ranges = [(0, 4), (4, 8), (8, N_LAYER)]
+
+    def round_for(cpus: list[str], addresses: list[str]) -> tuple[float, int]:
+        stages = [StageCost(Host(f"h{i}", address=a, cpus=c), table, *r)
+                  for i, (c, a, r) in enumerate(zip(cpus, addresses, ranges))]
+        p = predict(stages, 16, facts().n_embd)
+        return p.tpot_ms, p.in_flight
+
+    own, own_batches = round_for(["0", "1", "2"], ["127.0.0.1"] * 3)
+    shared, shared_batches = round_for(["0", "1", "0"], ["127.0.0.1"] * 3)
+    apart, apart_batches = round_for(["0", "1", "0"], ["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    assert (own_batches, shared_batches, apart_batches) == (3, 2, 3)  # as the driver counts them (stage_groups)
+    assert shared > own and apart > own  # CPU 0 computes stage 0 and stage 2 both
+    assert shared_cores([Host("a", cpus="0-1"), Host("b", cpus="1"), Host("c", cpus="2"), Host("d")]) == [[0, 1], [2], [3]]
