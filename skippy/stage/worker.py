@@ -4,14 +4,16 @@ llama.cpp calls block, so each stage process (stage 0's driver included) runs th
 thread, in submission order, while its event loop keeps moving frames. `compute` is a stage's
 work on a batch: run its layers; at the final stage, sample every output row.
 
-A decode-sized batch (at most INLINE_MAX_ROWS rows, expected to take at most INLINE_MAX_MS by the ms per
-row measured so far) runs on the event loop's own thread when the runtime thread is idle: handing it over
+A decode-sized batch (at most INLINE_MAX_ROWS rows, and expected to take at most INLINE_MAX_MS by the ms
+per row measured so far) runs on the event loop's own thread when the runtime thread is idle: handing it over
 and back costs two thread wake-ups per stage and token, a noticeable share of a token (and the compute
 itself ran faster on the loop's thread; measured: docs/measurements.md, 'Runtime-thread hand-off'). After
 it the loop yields once, so what arrived meanwhile (status polls, token events) is served before the next
-step. Bigger or slower batches (prefill chunks; a whole model on one slow core, 25 ms a row, where inline
-steps back to back starved the loop: tokens came in one burst at the end and the broker, hearing no status
-for 2 s, gave the pipeline up) go to the runtime thread so the loop keeps serving while they run.
+step (a whole model on one slow core, 25 ms a row, ran inline steps back to back without yielding: tokens
+came in one burst at the end and the broker, hearing no status for 2 s, gave the pipeline up). Bigger or
+much slower batches (prefill chunks) go to the runtime thread so the loop keeps serving while they run.
+The runtime thread is not the default for every slow decode: a second thread calling llama.cpp costs its
+own malloc arena and OpenMP team (+48 MiB of a Gemma final stage's RSS, measured in tests/netns).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 INLINE_MAX_ROWS = 32  # a batch this small may run inline (decode, short verify windows)...
-INLINE_MAX_MS = 50.0  # ...if it is expected to block the loop this long at most
+INLINE_MAX_MS = 500.0  # ...if it is expected to block the loop this long at most (the broker's status timeout is 2 s)
 
 
 @dataclass(frozen=True)
