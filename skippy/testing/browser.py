@@ -57,10 +57,11 @@ def headless_chromium(width: int = 1280, height: int = 1100) -> Iterator[Any]:
 
 
 def text_of(driver: Any, element_id: str) -> str:
-    """The visible text of the element with `element_id`."""
-    from selenium.webdriver.common.by import By
-
-    return str(driver.find_element(By.ID, element_id).text)
+    """The visible text of the element with `element_id` ('' while there is none), read in one step in the page:
+    the page rebuilds some elements on every refresh, and a found element read afterwards can be a replaced one
+    (seen in CI: StaleElementReferenceException on a stage's utilisation under load)."""
+    script = "const e = document.getElementById(arguments[0]); return e ? e.innerText : '';"
+    return str(driver.execute_script(script, element_id))
 
 
 @contextmanager
