@@ -85,16 +85,21 @@ def hosts_and_flags(args: argparse.Namespace, concurrency: int) -> tuple[list[Ho
     return hosts, [*pin, *(["--downstream-wire-delay-ms", str(args.delay_ms)] if args.delay_ms else [])]
 
 
+def predicted_plan(args: argparse.Namespace, model: Path, hosts: list[Host], lanes: int, concurrency: int) -> Plan:
+    """The plan the bench serves and predicts, one stage per CPU set. Calibrated now, just before the runs it
+    predicts (unless --cached-costs): on a shared VM the speed of a core moved by 30-50% within an hour (a
+    cached table from earlier predicted 25 ms a token where 16 ms was measured)."""
+    return make_plan(model, hosts, ServingShape(lanes, 512, True), concurrency, stages=len(args.stage_cpus.split(",")),
+                     refresh=not args.cached_costs)
+
+
 def run_plan_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
     lanes = max(16, *levels)
     sets = args.stage_cpus.split(",")
     hosts, flags = hosts_and_flags(args, max(levels))
-    # calibrated now, just before the runs it predicts: on a shared VM the speed of a core moved by 30-50%
-    # within an hour (a cached table from earlier predicted 25 ms a token where 16 ms was measured)
-    plan = make_plan(model, hosts, ServingShape(lanes, 512, True), max(levels), stages=len(sets),
-                     refresh=not args.cached_costs)
+    plan = predicted_plan(args, model, hosts, lanes, max(levels))
     print(plan.report(levels), file=sys.stderr)
     binary = ensure_llama_server_binary()
     banned, _ = vocab_facts(model)

@@ -4,10 +4,9 @@ With S stages on S hosts, stage 0 keeps m = min(S, c) micro-batches in flight (o
 driver does), each of b = ceil(c / m) decode rows. A round gives every session one token; it lasts
 the longer of one micro-batch's trip (every stage's compute, every forward hop: software, the sender's
 link delay, the activations over its rate; the return hop with stage 0's postprocess) and the busiest
-resource's work (m batches on the slowest stage, or on the slowest link; stages whose hosts stand for overlapping
-CPU sets of this machine, as 3 stages on `--stage-cpus 0,1,0`, are one resource: their work adds up). One stage
-alone is its
-compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
+resource's work (m batches on the slowest stage, or on the slowest link; stages whose hosts stand for
+overlapping CPU sets of this machine, as 3 stages on `--stage-cpus 0,1,0`, are one resource: their work adds
+up). One stage alone is its compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
 prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G prefill rows to every decode
 row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
 decode rows go through the head).

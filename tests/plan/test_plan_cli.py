@@ -7,6 +7,7 @@ below what the model needs is refused naming it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from skippy.bench.plan import add_to, predicted_plan
 from skippy.plan import calibrate
 from skippy.plan.calibrate import calibrated_costs, cost_cache_path
 from skippy.plan.costs import ROWS
+from skippy.plan.hosts import hosts_from_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai"))
 from up_helpers import launch_up  # noqa: E402  (tests/openai is not a package)
@@ -90,3 +93,18 @@ def test_up_with_stage_cpus_and_no_split_serves_the_plan(model: Path, skippy_cac
     assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in err
     topology = json.loads((tmp_path / "run" / "topology" / "topology.json").read_text())
     assert len(topology["stages"]) == 2 and topology["topology_id"] == "plan"
+
+
+def test_bench_plan_calibrates_again_unless_told_to_use_the_cached_tables(model: Path, skippy_cache_dir: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_to(parser.add_subparsers())
+    path = cost_cache_path(model, str(CPUS[0]))
+    hosts = hosts_from_flags(str(CPUS[0]))
+
+    def stamp_after(*flags: str) -> int:
+        predicted_plan(parser.parse_args(["plan", "--stage-cpus", str(CPUS[0]), *flags]), model, hosts, 2, 2)
+        return path.stat().st_mtime_ns
+
+    first = stamp_after("--cached-costs")  # measured once if not cached yet
+    assert stamp_after("--cached-costs") == first  # the cached table
+    assert stamp_after() != first  # measured again, just before the runs
