@@ -97,19 +97,21 @@ def start_llama_cpp_python(model: Path, log_path: Path, threads: int) -> Server:
     return _start_http("llama-cpp-python", cmd, port, log_path, "/v1/models")
 
 
-def llama_server_args(parallel: int, threads: int, speculative: bool = False) -> list[str]:
-    """llama-server's flags besides model and address: N slots of LLAMA_SERVER_SLOT_CTX tokens, `threads` threads;
+def llama_server_args(parallel: int, threads: int, speculative: bool = False,
+                      slot_ctx: int = LLAMA_SERVER_SLOT_CTX) -> list[str]:
+    """llama-server's flags besides model and address: N slots of `slot_ctx` tokens, `threads` threads;
     `speculative`: its own n-gram drafting from the context (`--spec-type ngram-simple`, no draft model)."""
-    return ["--parallel", str(parallel), "-c", str(parallel * LLAMA_SERVER_SLOT_CTX), "-t", str(threads),
+    return ["--parallel", str(parallel), "-c", str(parallel * slot_ctx), "-t", str(threads),
             "-tb", str(threads), *(["--spec-type", "ngram-simple"] if speculative else [])]
 
 
 def start_llama_server(binary: Path, model: Path, log_path: Path, parallel: int, threads: int,
-                       speculative: bool = False, cpus: str | None = None) -> Server:
+                       speculative: bool = False, cpus: str | None = None,
+                       slot_ctx: int = LLAMA_SERVER_SLOT_CTX) -> Server:
     """llama.cpp's llama-server (continuous batching over `parallel` slots); `cpus`: pinned there (taskset)."""
     port = _free_port()
     cmd = [*(["taskset", "-c", cpus] if cpus else []), str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           *llama_server_args(parallel, threads, speculative)]
+           *llama_server_args(parallel, threads, speculative, slot_ctx)]
     return _start_http(log_path.stem, cmd, port, log_path, "/health")
 
 

@@ -5,10 +5,10 @@ Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this p
 none (plain, what `--no-speculative` runs), and the default of `skippy up` (the policy: the suffix
 proposer with the cross-request index under SpeculationPolicy, C(rows) calibrated through the pipeline when
 the driver starts, the hop delay followed live; its index emptied before every cell, so no cell drafts from
-another cell's requests). llama-server with and without its n-gram drafting is HTTP-only: compare it with
-`skippy bench http --peers llama-server,llama-server-spec`. Every cell (workload x delay per hop x
-concurrency) runs its waves mode after mode on the same prompts, so machine noise hits the modes alike,
-and checks each greedy speculative output against the plain one.
+another cell's requests); in the 0 ms cells also llama-server with and without its own n-gram drafting
+(skippy.bench.speculative_peers, `--peers`). Every cell (workload x delay per hop x concurrency) runs its
+waves mode after mode on the same prompts, so machine noise hits the modes alike, and checks each greedy
+output against the plain one.
 
 The wire delay conditions both hops of a round trip. The forward hop (stage 0 -> stage 1) is stage
 0's downstream link (SetWire). The return hop: stage 1 sends predictions and heartbeats to stage 0's
@@ -27,12 +27,13 @@ import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import zmq.asyncio
 
 from skippy.bench.http import DOCS, ensure_matplotlib
+from skippy.bench.http_load import Server
 from skippy.bench.speculative_load import (
     ModeResult,
     Prompt,
@@ -42,6 +43,7 @@ from skippy.bench.speculative_load import (
     run_wave,
     subtask_prompts,
 )
+from skippy.bench.speculative_peers import PEERS, parse_peers, peer_facts, peer_wave, running_peers
 from skippy.bench.speculative_report import Cell, write_report
 from skippy.config import WireCondition, parse_serving_args
 from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, DEFAULT_POLICY_PLAN
@@ -63,6 +65,15 @@ from skippy.stage.links import DownstreamLink, apply_wire
 from skippy.transport.queues import PullQueue
 
 MODES = ("plain", "policy")
+WORKLOADS = ("re-emission", "sub-tasks", "prose")
+
+
+def _workloads(text: str) -> str:
+    unknown = [w for w in text.split(",") if w not in WORKLOADS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workload {', '.join(repr(w) for w in unknown)}: choose from"
+                                         f" {', '.join(WORKLOADS)}")
+    return text
 
 
 def policy_factory() -> GlobalSuffixProposerFactory:
@@ -99,6 +110,7 @@ class Bench:
     stop: frozenset[int]
     max_tokens: int
     waves: int = 0
+    peers: dict[str, Server] = field(default_factory=dict)  # llama-servers, in the 0 ms cells (one host, no hop)
 
     def set_delay(self, delay_ms: float) -> None:
         for link in (self.driver.downstream, self.relay.link):
@@ -113,7 +125,9 @@ class Bench:
 
     async def cell(self, workload: str, delay_ms: float, concurrency: int, prompts: list[Prompt],
                    max_tokens: int | None = None) -> Cell:
-        results = {mode: ModeResult() for mode in MODES}
+        peers = tuple(self.peers) if delay_ms == 0 else ()
+        modes = (*MODES, *peers)
+        results = {mode: ModeResult() for mode in modes}
         for spec in self.modes.values():  # an empty cross-request index: drafts only from this cell's requests
             if spec is not None:
                 spec.release(list(spec.sessions))
@@ -121,13 +135,16 @@ class Bench:
                 spec.factory = policy_factory()
         for start in range(0, len(prompts), concurrency):
             self.waves += 1  # mode after mode on the same prompts, the order rotating from wave to wave
-            for mode in MODES[self.waves % len(MODES):] + MODES[:self.waves % len(MODES)]:
+            for mode in modes[self.waves % len(modes):] + modes[:self.waves % len(modes)]:
+                wave_prompts, tokens = prompts[start:start + concurrency], max_tokens or self.max_tokens
+                if mode in self.peers:
+                    results[mode].add_wave(await peer_wave(self.peers[mode], wave_prompts, tokens), None, None)
+                    continue
                 spec = self.use(mode)
                 before = replace(spec.totals) if spec is not None else None
-                wave = await run_wave(self.driver, prompts[start:start + concurrency], max_tokens or self.max_tokens,
-                                      self.stop)
+                wave = await run_wave(self.driver, wave_prompts, tokens, self.stop)
                 results[mode].add_wave(wave, before, spec.totals if spec is not None else None)
-        return Cell(workload, delay_ms, concurrency, len(prompts), results, [p.tokens for p in prompts])
+        return Cell(workload, delay_ms, concurrency, len(prompts), results, [p.tokens for p in prompts], peers=peers)
 
 
 @contextlib.asynccontextmanager
@@ -160,33 +177,38 @@ async def running_bench(directory: Path, model: Path, split: int, lanes: int, ct
             ctx.term()
 
 
+def _lanes(args: argparse.Namespace) -> int:
+    """Lanes of the pipeline (and slots of each llama-server): the highest concurrency, and two to spare."""
+    return max(int(c) for c in args.concurrency.split(",")) + 2
+
+
 async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) -> tuple[list[Cell], list[float]]:
     levels = [int(c) for c in args.concurrency.split(",")]
-    delays = [float(d) for d in args.delays_ms.split(",")]
     max_prompt = args.ctx_size - args.max_tokens - MAX_DRAFT_TOKENS - 2
     need = {c: max(args.requests, c) for c in levels}  # whole waves of c: n rounded up to a multiple of c
     need = {c: -(-n // c) * c for c, n in need.items()}
     code = reemission_prompts(tokenizer, max(need.values()), max_prompt)
     prose = prose_prompts(tokenizer, max(need.values()))
-    subtasks = {c: subtask_prompts(tokenizer, 2 * c * -(-args.requests // (2 * c)), c, max_prompt) for c in levels}
-    cells: list[Cell] = []
-    with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp:
-        async with running_bench(Path(tmp), model, args.split, max(levels) + 2, args.ctx_size,
+    cell_prompts = {(w, c): subtask_prompts(tokenizer, 2 * c * -(-args.requests // (2 * c)), c, max_prompt)
+                    if w == "sub-tasks" else (code if w == "re-emission" else prose)[:need[c]]
+                    for w in args.workloads.split(",") for c in levels}
+    with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp, \
+            running_peers(parse_peers(args.peers), model, Path(tmp), _lanes(args), args.ctx_size) as peers:
+        async with running_bench(Path(tmp), model, args.split, _lanes(args), args.ctx_size,
                                  tokenizer.eog_tokens(), args.max_tokens) as bench:
+            bench.peers = peers
             policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
             cost = policy.cost if isinstance(policy, SpeculationPolicy) else None
             calibrated = [cost.cost(r) for r in range(1, cost.max_k + 2)] if cost is not None else []
-            for delay in delays:
+            cells: list[Cell] = []
+            for delay in (float(d) for d in args.delays_ms.split(",")):
                 bench.set_delay(delay)
                 await bench.cell("warm-up", delay, 1, code[-1:], max_tokens=24)  # every mode once; the cost model sees the delay
-                for workload in ("re-emission", "sub-tasks", "prose"):
-                    for c in levels:
-                        prompts = subtasks[c] if workload == "sub-tasks" else (code if workload == "re-emission"
-                                                                               else prose)[:need[c]]
-                        cell = await bench.cell(workload, delay, c, prompts)
-                        cell.load = os.getloadavg()[0]
-                        print(cell.line(), file=sys.stderr, flush=True)
-                        cells.append(cell)
+                for (workload, c), prompts in cell_prompts.items():
+                    cell = await bench.cell(workload, delay, c, prompts)
+                    cell.load = os.getloadavg()[0]
+                    print(cell.line(), file=sys.stderr, flush=True)
+                    cells.append(cell)
     return cells, calibrated
 
 
@@ -216,7 +238,8 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
     facts = {"command": " ".join(["scripts/bench-speculative", *sys.argv[3:]]), "model": model.name,
              "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests,
              "calibrated_cost_ms": [round(c, 2) for c in calibrated],
-             "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
+             "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+             "peers": peer_facts(parse_peers(args.peers), _lanes(args), args.ctx_size)}
     print(write_report(Path(args.out_dir), cells, facts))
     return 0
 
@@ -231,5 +254,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", default="1,4,8,16", help="requests in flight, comma separated")
     p.add_argument("--delays-ms", default="0,20", help="wire delay per hop (both hops), comma separated")
     p.add_argument("--ctx-size", type=int, default=1024, help="context per lane")
+    p.add_argument("--peers", default=",".join(PEERS), help="llama-servers to run in the 0 ms cells, comma separated,"
+                   f" of {', '.join(PEERS)}, or none (llama-server is built from the llama-cpp-python sdist on first use)")
+    p.add_argument("--workloads", type=_workloads, default=",".join(WORKLOADS),
+                   help=f"comma separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")
     p.set_defaults(run=run_speculative_bench)

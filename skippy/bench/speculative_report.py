@@ -37,13 +37,15 @@ class Cell:
     prompts: list[list[int]]  # in the order of each mode's outputs
     margins: dict[str, list[float]] = field(default_factory=dict)  # mode -> top-2 margin at each mismatch
     load: float = 0.0  # the machine's 1-minute load average when the cell ended (this run's processes included)
+    peers: tuple[str, ...] = ()  # modes that are llama-servers (skippy.bench.speculative_peers), not skippy's driver
 
     @property
     def plain(self) -> ModeResult:
         return next(iter(self.results.values()))
 
     def speculative(self) -> dict[str, ModeResult]:
-        return dict(list(self.results.items())[1:])
+        """skippy's speculative modes (every mode after plain that is not a peer)."""
+        return {m: r for m, r in list(self.results.items())[1:] if m not in self.peers}
 
     def ratio(self, mode: str) -> float:
         return self.results[mode].tok_s / self.plain.tok_s if self.plain.tok_s else 0.0
@@ -60,7 +62,7 @@ class Cell:
         return sum(m >= THIN_MARGIN for m in self.margins.get(mode, []))
 
     def line(self) -> str:
-        ratios = ", ".join(f"{m} {self.ratio(m):.2f}x" for m in self.speculative())
+        ratios = ", ".join(f"{m} {self.ratio(m):.2f}x" for m in list(self.results)[1:])
         return (f"bench: {self.workload} {self.delay_ms:g} ms/hop c={self.concurrency} n={self.n}: "
                 f"plain {self.plain.tok_s:.1f} tok/s; {ratios}")
 
@@ -75,12 +77,19 @@ def _per_window(r: ModeResult) -> str:
     return f"{t.accepted / t.windows:.1f}" if t.windows else "-"
 
 
+def peer_names(cells: list[Cell]) -> list[str]:
+    return list(dict.fromkeys(p for c in cells for p in c.peers))
+
+
 def table(cells: list[Cell]) -> str:
-    """A markdown table; per speculative mode: tok/s, ratio, TTFT, acceptance, accepted/window, mismatches."""
-    modes = list(cells[0].speculative())
+    """A markdown table; per speculative mode: tok/s, ratio, TTFT, acceptance, accepted/window, mismatches;
+    per peer (llama-server, 0 ms cells only): tok/s and its ratio to skippy's plain decoding."""
+    modes, peers = list(cells[0].speculative()), peer_names(cells)
     head = ["workload", "ms/hop", "c", "n", "load", "plain tok/s", "plain TTFT ms"]
     for m in modes:
         head += [f"{m} tok/s", "ratio", "TTFT ms", "accept", "acc/win", "≠ plain (wide)"]
+    for m in peers:
+        head += [f"{m} tok/s", "÷ plain"]
     rows = [head, ["---"] * 5 + ["---:"] * (len(head) - 5)]
     for cell in cells:
         row = [cell.workload, f"{cell.delay_ms:g}", str(cell.concurrency), str(cell.n), f"{cell.load:.1f}",
@@ -89,6 +98,8 @@ def table(cells: list[Cell]) -> str:
         for m, r in cell.speculative().items():
             row += [f"{r.tok_s:.1f}", f"**{cell.ratio(m):.2f}**", f"{r.mean_ttft_ms:.0f}", _accept(r), _per_window(r),
                     f"{cell.mismatches(m)} ({cell.wide(m)})"]
+        for m in peers:
+            row += [f"{cell.results[m].tok_s:.1f}", f"{cell.ratio(m):.2f}"] if m in cell.results else ["-", "-"]
         rows.append(row)
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -165,6 +176,17 @@ def plot(cells: list[Cell], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _peers_md(cells: list[Cell], facts: dict[str, Any]) -> str:
+    peers = peer_names(cells)
+    if not peers:
+        return ""
+    differ = ", ".join(f"{p} {sum(c.mismatches(p) for c in cells if p in c.results)} of "
+                       f"{sum(c.n for c in cells if p in c.results)}" for p in peers)
+    return (f"Peers, in the 0 ms cells (one process, no hop), on the same token prompts through `/completion`, greedy,"
+            f" no prompt cache: {facts.get('peers', '')}; \"÷ plain\" = the peer's tok/s ÷ skippy plain's in the same cell."
+            f" Their greedy output differs from skippy plain's in: {differ} requests.\n")
+
+
 def _markdown(cells: list[Cell], facts: dict[str, Any], goals: list[dict[str, Any]], notes: str) -> str:
     mism = {m: (sum(c.mismatches(m) for c in cells), sum(c.wide(m) for c in cells)) for m in cells[0].speculative()}
     total = sum(c.n for c in cells)
@@ -181,7 +203,7 @@ at end-of-generation tokens. plain = `--no-speculative`; policy = the default of
 proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index emptied before each cell,
 under the per-session policy: k <= 8, pipeline depth <= 2). Calibrated C(rows) for 1..9 rows, ms:
 {facts['calibrated_cost_ms']}.
-Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
+{_peers_md(cells, facts)}Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
 machine; the modes alternate wave by wave so it hits them alike).
 
 ![ratios](bench-speculative.png)

@@ -1,0 +1,92 @@
+"""`skippy bench speculative`: a real one-cell run (stage 1 a real process, the driver in the bench's process),
+its report with llama-server peer columns, the `--peers` / `--workloads` checks, and the peer wave against a
+real llama-server where one is built (`skippy bench http` builds it once into ~/.cache/skippy; minutes, so the
+suite does not build it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skippy.bench import llama_server_build
+from skippy.bench.speculative_load import ModeResult, Prompt, Timed, prose_prompts
+from skippy.bench.speculative_peers import parse_peers, peer_wave, running_peers
+from skippy.bench.speculative_report import Cell, table, targets
+from skippy.runtime.models import BENCH_MODEL, resolve_model_path
+from skippy.runtime.tokenizer import Tokenizer
+
+SKIPPY = str(Path(sys.executable).with_name("skippy"))
+
+
+def _result(tok_s: float, tokens: list[int]) -> ModeResult:
+    r = ModeResult()
+    r.add_wave([Timed(tokens, 0.0, 1.0, 1.0 + (len(tokens) - 1) / tok_s, [1.0] * len(tokens))], None, None)
+    return r
+
+
+def test_peer_columns_stand_beside_the_modes_and_stay_out_of_the_targets() -> None:
+    out = [1, 2, 3, 4, 5]
+    with_peers = Cell("prose", 0.0, 1, 1, {"plain": _result(10, out), "policy": _result(12, out),
+                                           "llama-server": _result(5, out), "llama-server-ngram": _result(40, [1, 2, 9])},
+                      [[7]], peers=("llama-server", "llama-server-ngram"))
+    wired = Cell("prose", 20.0, 1, 1, {"plain": _result(10, out), "policy": _result(11, out)}, [[7]])
+    assert list(with_peers.speculative()) == ["policy"]
+    assert with_peers.ratio("llama-server") == pytest.approx(0.5) and with_peers.mismatches("llama-server-ngram") == 1
+    lines = table([with_peers, wired]).splitlines()
+    assert "llama-server tok/s" in lines[0] and "llama-server-ngram tok/s" in lines[0]
+    assert lines[2].endswith("| 5.0 | 0.50 | 40.0 | 4.00 |")
+    assert lines[3].endswith("| - | - | - | - |")  # no peer in a cell with a hop delay
+    goals = targets([with_peers, wired])
+    assert all(set(t["worst"]) == {"policy"} for t in goals)  # a llama-server is not a skippy mode to judge
+
+
+def test_peers_and_workloads_are_checked_with_the_choices_named() -> None:
+    assert parse_peers("none") == [] and parse_peers("llama-server-ngram") == ["llama-server-ngram"]
+    with pytest.raises(SystemExit, match="unknown vllm; choose from llama-server, llama-server-ngram or none"):
+        parse_peers("llama-server,vllm")
+    done = subprocess.run([SKIPPY, "bench", "speculative", "--workloads", "prose,poetry"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "unknown workload 'poetry': choose from re-emission, sub-tasks, prose" in done.stderr
+
+
+def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
+    done = subprocess.run([SKIPPY, "bench", "speculative", "--concurrency", "2", "--delays-ms", "0", "--requests", "2",
+                           "--max-tokens", "12", "--workloads", "prose", "--peers", "none", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "bench-speculative.json").read_text())
+    (cell,) = [c for c in report["cells"]]
+    assert (cell["workload"], cell["concurrency"], cell["n"]) == ("prose", 2, 2)
+    assert set(cell["modes"]) == {"plain", "policy"}
+    for mode in cell["modes"].values():
+        assert mode["decode_tokens"] == 2 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
+    assert "| prose | 0 | 2 | 2 |" in (tmp_path / "bench-speculative.md").read_text()
+
+
+def _built_llama_server() -> bool:
+    root = llama_server_build.build_dir()
+    return (root / "built").exists() and (root / "build" / "bin" / "llama-server").exists()
+
+
+@pytest.mark.skipif(not _built_llama_server(), reason="llama-server not built here (`skippy bench http` builds it)")
+def test_a_peer_wave_streams_greedy_tokens_from_a_real_llama_server(tmp_path: Path) -> None:
+    model = resolve_model_path(BENCH_MODEL)
+    tokenizer = Tokenizer(model)
+    try:
+        prompts = prose_prompts(tokenizer, 2)
+    finally:
+        tokenizer.close()
+    with running_peers(["llama-server", "llama-server-ngram"], model, tmp_path, 2, 256) as peers:
+        waves = {name: asyncio.run(peer_wave(server, prompts, 10)) for name, server in peers.items()}
+        with pytest.raises(RuntimeError, match="llama-server answered HTTP/1.1 400"):  # a prompt beyond the slot
+            asyncio.run(peer_wave(peers["llama-server"], [Prompt("long", [5] * 300)], 10))
+    for wave in waves.values():
+        assert [len(t.tokens) for t in wave] == [10, 10]
+        assert all(t.submitted < t.first <= t.last and len(t.times) == 10 for t in wave)
+    # greedy: its own n-gram drafting does not change llama-server's output
+    assert [t.tokens for t in waves["llama-server"]] == [t.tokens for t in waves["llama-server-ngram"]]
