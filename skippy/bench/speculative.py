@@ -76,6 +76,14 @@ def _workloads(text: str) -> str:
     return text
 
 
+def _peers(text: str) -> str:
+    try:
+        parse_peers(text)
+    except SystemExit as exc:  # refused while the command line is parsed, before anything starts
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("bench: --peers: ")) from None
+    return text
+
+
 def policy_factory() -> GlobalSuffixProposerFactory:
     """The default plan's proposer with an empty cross-request index."""
     assert DEFAULT_POLICY_PLAN.ngram is not None
@@ -254,8 +262,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", default="1,4,8,16", help="requests in flight, comma separated")
     p.add_argument("--delays-ms", default="0,20", help="wire delay per hop (both hops), comma separated")
     p.add_argument("--ctx-size", type=int, default=1024, help="context per lane")
-    p.add_argument("--peers", default=",".join(PEERS), help="llama-servers to run in the 0 ms cells, comma separated,"
-                   f" of {', '.join(PEERS)}, or none (llama-server is built from the llama-cpp-python sdist on first use)")
+    p.add_argument("--peers", type=_peers, default=",".join(PEERS),
+                   help=f"llama-servers to run in the 0 ms cells, comma separated, of {', '.join(PEERS)},"
+                   " or none (llama-server is built from the llama-cpp-python sdist on first use)")
     p.add_argument("--workloads", type=_workloads, default=",".join(WORKLOADS),
                    help=f"comma separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,15 +51,28 @@ def test_peers_and_workloads_are_checked_with_the_choices_named() -> None:
     assert parse_peers("none") == [] and parse_peers("llama-server-ngram") == ["llama-server-ngram"]
     with pytest.raises(SystemExit, match="unknown vllm; choose from llama-server, llama-server-ngram or none"):
         parse_peers("llama-server,vllm")
-    done = subprocess.run([SKIPPY, "bench", "speculative", "--workloads", "prose,poetry"], capture_output=True,
-                          text=True, timeout=60)
+    done = _bench(["--workloads", "prose,poetry"], 60)
     assert done.returncode == 2 and "unknown workload 'poetry': choose from re-emission, sub-tasks, prose" in done.stderr
+    done = _bench(["--peers", "vllm"], 60)  # refused on the command line, before any server starts
+    assert done.returncode == 2 and "unknown vllm; choose from llama-server, llama-server-ngram or none" in done.stderr
+
+
+def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`skippy bench speculative FLAGS` in its own process group, killed whole (stage 1 too) if it overruns."""
+    proc = subprocess.Popen([SKIPPY, "bench", "speculative", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
-    done = subprocess.run([SKIPPY, "bench", "speculative", "--concurrency", "2", "--delays-ms", "0", "--requests", "2",
-                           "--max-tokens", "12", "--workloads", "prose", "--peers", "none", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "2", "--max-tokens", "12", "--workloads",
+                   "prose", "--peers", "none", "--out-dir", str(tmp_path)], 300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "bench-speculative.json").read_text())
     (cell,) = [c for c in report["cells"]]
