@@ -50,12 +50,14 @@ def peer_facts(names: list[str], slots: int, ctx_size: int) -> str:
 
 
 @contextlib.contextmanager
-def running_peers(names: list[str], model: Path, directory: Path, slots: int, ctx_size: int) -> Iterator[dict[str, Server]]:
-    """The named llama-servers, started one after the other (logs in `directory`), stopped on exit."""
+def running_peers(names: list[str], model: Path, directory: Path, slots: int, ctx_size: int,
+                  binary: Path | None = None) -> Iterator[dict[str, Server]]:
+    """The named llama-servers (`binary`, else the cached build), started one after the other (logs in `directory`),
+    stopped on exit."""
     servers: dict[str, Server] = {}
     try:
         if names:
-            binary = ensure_llama_server_binary()  # built once (minutes), then cached
+            binary = binary or ensure_llama_server_binary()  # built once (minutes), then cached
             threads = len(os.sched_getaffinity(0))
             for name in names:
                 print(f"bench: starting {name} ({slots} slots, {threads} threads)", file=sys.stderr, flush=True)

@@ -83,12 +83,18 @@ def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
     assert "| prose | 0 | 2 | 2 |" in (tmp_path / "bench-speculative.md").read_text()
 
 
-def _built_llama_server() -> bool:
+def _built_llama_server() -> Path | None:
+    """The llama-server already built in the user's cache, found at collection: the suite's fixtures point
+    SKIPPY_CACHE_DIR at a fresh dir, where `running_peers` would otherwise start a build of minutes."""
     root = llama_server_build.build_dir()
-    return (root / "built").exists() and (root / "build" / "bin" / "llama-server").exists()
+    binary = root / "build" / "bin" / "llama-server"
+    return binary if (root / "built").exists() and binary.exists() else None
 
 
-@pytest.mark.skipif(not _built_llama_server(), reason="llama-server not built here (`skippy bench http` builds it)")
+BUILT_LLAMA_SERVER = _built_llama_server()
+
+
+@pytest.mark.skipif(BUILT_LLAMA_SERVER is None, reason="llama-server not built here (`skippy bench http` builds it)")
 def test_a_peer_wave_streams_greedy_tokens_from_a_real_llama_server(tmp_path: Path) -> None:
     model = resolve_model_path(BENCH_MODEL)
     tokenizer = Tokenizer(model)
@@ -96,7 +102,8 @@ def test_a_peer_wave_streams_greedy_tokens_from_a_real_llama_server(tmp_path: Pa
         prompts = prose_prompts(tokenizer, 2)
     finally:
         tokenizer.close()
-    with running_peers(["llama-server", "llama-server-ngram"], model, tmp_path, 2, 256) as peers:
+    with running_peers(["llama-server", "llama-server-ngram"], model, tmp_path, 2, 256,
+                       binary=BUILT_LLAMA_SERVER) as peers:
         waves = {name: asyncio.run(peer_wave(server, prompts, 10)) for name, server in peers.items()}
         with pytest.raises(RuntimeError, match="llama-server answered HTTP/1.1 400"):  # a prompt beyond the slot
             asyncio.run(peer_wave(peers["llama-server"], [Prompt("long", [5] * 300)], 10))
