@@ -1,13 +1,13 @@
 """`skippy bench speculative`: plain vs speculative decoding on one 2-stage pipeline, side by side in one run.
 
 Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this process, as in
-`skippy bench pipeline`, so the bench can switch the driver's speculation between waves of requests:
+`skippy bench pipeline`, so the bench can switch the driver's speculation between rounds of requests:
 none (plain, what `--no-speculative` runs), and the default of `skippy up` (the policy: the suffix
 proposer with the cross-request index under SpeculationPolicy, C(rows) calibrated through the pipeline when
 the driver starts, the hop delay followed live; its index emptied before every cell, so no cell drafts from
 another cell's requests); in the 0 ms cells also llama-server with and without its own n-gram drafting
 (skippy.bench.speculative_peers, `--peers`). Every cell (workload x delay per hop x concurrency) runs its
-waves mode after mode on the same prompts, so machine noise hits the modes alike, and checks each greedy
+rounds mode after mode on the same prompts, so machine noise hits the modes alike, and checks each greedy
 output against the plain one.
 
 The wire delay conditions both hops of a round trip. The forward hop (stage 0 -> stage 1) is stage
@@ -65,6 +65,7 @@ from skippy.stage.links import DownstreamLink, apply_wire
 from skippy.transport.queues import PullQueue
 
 MODES = ("plain", "policy")
+ROUND = 2  # a round is 2c requests at concurrency c: finished requests are replaced, as under steady load
 WORKLOADS = ("re-emission", "sub-tasks", "prose")
 
 
@@ -141,16 +142,16 @@ class Bench:
                 spec.release(list(spec.sessions))
                 spec.factory.close()
                 spec.factory = policy_factory()
-        for start in range(0, len(prompts), concurrency):
-            self.waves += 1  # mode after mode on the same prompts, the order rotating from wave to wave
+        for start in range(0, len(prompts), ROUND * concurrency):
+            self.waves += 1  # mode after mode on the same prompts, the order rotating from round to round
             for mode in modes[self.waves % len(modes):] + modes[:self.waves % len(modes)]:
-                wave_prompts, tokens = prompts[start:start + concurrency], max_tokens or self.max_tokens
+                wave_prompts, tokens = prompts[start:start + ROUND * concurrency], max_tokens or self.max_tokens
                 if mode in self.peers:
-                    results[mode].add_wave(await peer_wave(self.peers[mode], wave_prompts, tokens), None, None)
+                    results[mode].add_wave(await peer_wave(self.peers[mode], wave_prompts, tokens, concurrency), None, None)
                     continue
                 spec = self.use(mode)
                 before = replace(spec.totals) if spec is not None else None
-                wave = await run_wave(self.driver, wave_prompts, tokens, self.stop)
+                wave = await run_wave(self.driver, wave_prompts, tokens, self.stop, concurrency)
                 results[mode].add_wave(wave, before, spec.totals if spec is not None else None)
         return Cell(workload, delay_ms, concurrency, len(prompts), results, [p.tokens for p in prompts], peers=peers)
 
@@ -190,11 +191,11 @@ def _lanes(args: argparse.Namespace) -> int:
     return max(int(c) for c in args.concurrency.split(",")) + 2
 
 
-async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) -> tuple[list[Cell], list[float]]:
+async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) -> tuple[list[Cell], dict[int, float]]:
     levels = [int(c) for c in args.concurrency.split(",")]
     max_prompt = args.ctx_size - args.max_tokens - MAX_DRAFT_TOKENS - 2
-    need = {c: max(args.requests, c) for c in levels}  # whole waves of c: n rounded up to a multiple of c
-    need = {c: -(-n // c) * c for c, n in need.items()}
+    need = {c: max(args.requests, c) for c in levels}  # whole rounds: n rounded up to a multiple of ROUND * c
+    need = {c: -(-n // (ROUND * c)) * ROUND * c for c, n in need.items()}
     code = reemission_prompts(tokenizer, max(need.values()), max_prompt)
     prose = prose_prompts(tokenizer, max(need.values()))
     cell_prompts = {(w, c): subtask_prompts(tokenizer, 2 * c * -(-args.requests // (2 * c)), c, max_prompt)
@@ -207,7 +208,7 @@ async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) ->
             bench.peers = peers
             policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
             cost = policy.cost if isinstance(policy, SpeculationPolicy) else None
-            calibrated = [cost.cost(r) for r in range(1, cost.max_k + 2)] if cost is not None else []
+            calibrated = {r: round(c, 2) for r, c in cost.calibrated_table().items()} if cost is not None else {}
             cells: list[Cell] = []
             for delay in (float(d) for d in args.delays_ms.split(",")):
                 bench.set_delay(delay)
@@ -215,6 +216,7 @@ async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) ->
                 for (workload, c), prompts in cell_prompts.items():
                     cell = await bench.cell(workload, delay, c, prompts)
                     cell.load = os.getloadavg()[0]
+                    cell.row_excess_ms = cost.row_excess_ms if cost is not None else 0.0
                     print(cell.line(), file=sys.stderr, flush=True)
                     cells.append(cell)
     return cells, calibrated
@@ -245,7 +247,7 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
     ensure_matplotlib()
     facts = {"command": " ".join(["scripts/bench-speculative", *sys.argv[3:]]), "model": model.name,
              "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests,
-             "calibrated_cost_ms": [round(c, 2) for c in calibrated],
+             "calibrated_cost_ms": calibrated,
              "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
              "peers": peer_facts(parse_peers(args.peers), _lanes(args), args.ctx_size)}
     print(write_report(Path(args.out_dir), cells, facts))

@@ -5,13 +5,15 @@ Workloads (token prompts, completion style: the default model is a base model):
   canonical solution, then "# The same function, renamed to <name>_v2, otherwise unchanged:" and the
   entry point's signature under the new name; the model re-emits the docstring and the body.
 - sub-tasks: an agent's repeated sub-tasks: each HumanEval problem's prompt (the model writes the body)
-  twice, the second time under another task header and in a later wave, so the first answer is in the
-  cross-request index when the second is asked (the index is emptied before every cell).
+  twice, the second time under another task header and queued c requests later in the same round, so the
+  first answer is in (or entering) the cross-request index when the second is asked (the index is emptied
+  before every cell).
 - prose: short story and essay openings, the control (little for an n-gram proposer to find).
 
-A wave submits c requests at once to the in-process driver and times every token event; a mode's
-result in one cell sums its waves: decode tok/s = tokens after each request's first / the summed
-wave spans (first token of the wave's earliest request to the last token of its latest), TTFT per
+A round runs 2c requests on the in-process driver, c in flight at a time (each next one submitted as one
+finishes, as a pool of c clients does), and times every token event; a mode's result in one cell sums its
+rounds: decode tok/s = tokens after each request's first / the summed round spans (first token of the
+round's earliest request to the last token of its latest), TTFT per
 request from submit to its first token, TPOT per request ((last - first) / (tokens - 1)), ITL every gap
 between two tokens of a request (a verify window's tokens arrive together: gaps of ~0), end-to-end
 latency from submit to the last token, and the speculation totals' change over the waves.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,7 +112,7 @@ def prose_prompts(tokenizer: Tokenizer, n: int) -> list[Prompt]:
 
 @dataclass
 class Timed:
-    """One request of a wave: its tokens and when they came."""
+    """One request of a round: its tokens and when they came."""
 
     tokens: list[int] = field(default_factory=list)
     submitted: float = 0.0
@@ -176,9 +179,23 @@ async def _consume(driver: Driver, prompt: Prompt, max_tokens: int, stop: frozen
     return timed
 
 
-async def run_wave(driver: Driver, prompts: list[Prompt], max_tokens: int, stop: frozenset[int]) -> list[Timed]:
-    """All prompts submitted at once; returns when every request has finished and its session is released."""
-    wave = await asyncio.wait_for(asyncio.gather(*(_consume(driver, p, max_tokens, stop) for p in prompts)), 600)
+async def closed_loop(request: Callable[[Prompt], Awaitable[Timed]], prompts: list[Prompt],
+                      concurrency: int | None = None) -> list[Timed]:
+    """`request` for every prompt, at most `concurrency` in flight (all at once when None), each next prompt
+    submitted as soon as one finishes (a client pool of that size); results in prompt order."""
+    gate = asyncio.Semaphore(concurrency or max(1, len(prompts)))
+
+    async def one(prompt: Prompt) -> Timed:
+        async with gate:
+            return await request(prompt)
+    return list(await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 600))
+
+
+async def run_wave(driver: Driver, prompts: list[Prompt], max_tokens: int, stop: frozenset[int],
+                   concurrency: int | None = None) -> list[Timed]:
+    """The prompts, `concurrency` in flight at a time (`closed_loop`); returns when every request has finished
+    and its session is released."""
+    wave = await closed_loop(lambda p: _consume(driver, p, max_tokens, stop), prompts, concurrency)
     for _ in range(100):  # the driver releases finished sessions on its next step; let it, before a mode switch
         if not driver.table.live():
             break

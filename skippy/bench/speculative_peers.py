@@ -3,9 +3,9 @@ run in the same cells on the same token prompts as skippy's modes.
 
 Each peer is one llama-server process (one host: no hop, so a peer runs in the 0 ms cells only), built from
 the llama-cpp-python sdist (skippy.bench.llama_server_build), with as many slots as skippy has lanes, the
-same context per slot and every core. A wave POSTs the prompts' token ids to `/completion` at once
+same context per slot and every core. A round POSTs the prompts' token ids to `/completion`, c at a time
 (`stream`, `return_tokens`, greedy: temperature 0, `cache_prompt` off as skippy's bench driver has no prefix
-cache) and times every streamed token as skippy's waves do (skippy.bench.speculative_load.Timed), so the
+cache) and times every streamed token as skippy's rounds do (skippy.bench.speculative_load.Timed), so the
 tables compare like with like; its output tokens are kept, so the report can say where llama-server's
 greedy output differs from skippy's plain decoding.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from skippy.bench.http_load import Server
 from skippy.bench.http_servers import llama_server_args, start_llama_server, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
-from skippy.bench.speculative_load import Prompt, Timed
+from skippy.bench.speculative_load import Prompt, Timed, closed_loop
 
 __all__ = ["PEERS", "parse_peers", "peer_facts", "peer_wave", "running_peers"]
 
@@ -103,6 +103,7 @@ async def _stream(server: Server, prompt: Prompt, max_tokens: int) -> Timed:
     return timed
 
 
-async def peer_wave(server: Server, prompts: list[Prompt], max_tokens: int) -> list[Timed]:
-    """All prompts sent at once to one llama-server; returns when every stream has ended."""
-    return list(await asyncio.wait_for(asyncio.gather(*(_stream(server, p, max_tokens) for p in prompts)), 600))
+async def peer_wave(server: Server, prompts: list[Prompt], max_tokens: int, concurrency: int | None = None) -> list[Timed]:
+    """The prompts streamed from one llama-server, `concurrency` at a time (all at once when None), as skippy's
+    rounds are; returns when every stream has ended."""
+    return await closed_loop(lambda p: _stream(server, p, max_tokens), prompts, concurrency)

@@ -38,6 +38,7 @@ class Cell:
     margins: dict[str, list[float]] = field(default_factory=dict)  # mode -> top-2 margin at each mismatch
     load: float = 0.0  # the machine's 1-minute load average when the cell ended (this run's processes included)
     peers: tuple[str, ...] = ()  # modes that are llama-servers (skippy.bench.speculative_peers), not skippy's driver
+    row_excess_ms: float = 0.0  # the policy's cost model at the cell's end: ms a served row cost beyond calibration
 
     @property
     def plain(self) -> ModeResult:
@@ -64,7 +65,7 @@ class Cell:
     def line(self) -> str:
         ratios = ", ".join(f"{m} {self.ratio(m):.2f}x" for m in list(self.results)[1:])
         return (f"bench: {self.workload} {self.delay_ms:g} ms/hop c={self.concurrency} n={self.n}: "
-                f"plain {self.plain.tok_s:.1f} tok/s; {ratios}")
+                f"plain {self.plain.tok_s:.1f} tok/s; {ratios}; served rows +{self.row_excess_ms:.2f} ms each")
 
 
 def _accept(r: ModeResult) -> str:
@@ -201,10 +202,11 @@ plotted in `docs/bench-speculative.png`.) Model {facts['model']} split at layer 
 real process, stage 0's driver in the bench's process; greedy, max_tokens {facts['max_tokens']}, stopping
 at end-of-generation tokens. plain = `--no-speculative`; policy = the default of `skippy up` (the suffix
 proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index emptied before each cell,
-under the per-session policy: k <= 8, pipeline depth <= 2). Calibrated C(rows) for 1..9 rows, ms:
-{facts['calibrated_cost_ms']}.
+under the per-session policy: k <= 8, pipeline depth <= 2, the draft rows of each batch given to the sessions
+whose drafts pay). Calibrated C(rows), ms, rows: ms: {facts['calibrated_cost_ms']}; served batches' excess per row
+over it at each cell's end (attention over every session's KV), ms: {[round(c.row_excess_ms, 2) for c in cells]}.
 {_peers_md(cells, facts)}Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
-machine; the modes alternate wave by wave so it hits them alike).
+machine; the modes alternate round by round so it hits them alike).
 
 ![ratios](bench-speculative.png)
 
@@ -212,8 +214,9 @@ machine; the modes alternate wave by wave so it hits them alike).
 
 Columns: ms/hop = wire delay on each hop (stage 0 → stage 1 and the return); c = requests in flight; load =
 the machine's 1-minute load average as the cell ended (this bench's own processes included); n =
-requests per mode (waves of c, each a different HumanEval problem or prose opening); tok/s = tokens after
-each request's first ÷ the waves' decode spans; ratio = speculative ÷ plain tok/s; TTFT = mean ms from
+requests per mode (rounds of 2c at c in flight, each next request sent as one finishes;
+each a different HumanEval problem or prose opening); tok/s = tokens after
+each request's first ÷ the rounds' decode spans; ratio = speculative ÷ plain tok/s; TTFT = mean ms from
 submit to the first token; accept = accepted ÷ proposed drafts; acc/win = accepted drafts per verify
 window (tokens per window = acc/win + 1); ≠ plain = requests whose greedy output differs from plain's, and
 (wide) how many of them first differ at a token where the unsplit model's top-2 logit margin (after the
@@ -224,7 +227,7 @@ Requests whose output differed from plain: {', '.join(f'{m} {k} of {total} ({w} 
 
 {latency_table(cells)}
 
-output tok/s = every output token ÷ the waves' wall time (first submit to last token); TTFT = submit to
+output tok/s = every output token ÷ the rounds' wall time (first submit to last token); TTFT = submit to
 first token; TPOT = (last − first token) ÷ (tokens − 1) per request; ITL = every gap between two tokens of a
 request (a verify window's tokens arrive together, so speculation makes many gaps ~0 and a few long);
 E2E = submit to last token.
@@ -243,7 +246,8 @@ def write_report(out: Path, cells: list[Cell], facts: dict[str, Any]) -> str:
     facts = {**facts, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": cpu_model()}
     goals = targets(cells)
     (out / "bench-speculative.json").write_text(json.dumps({**facts, "targets": goals, "cells": [
-        {"workload": c.workload, "delay_ms": c.delay_ms, "concurrency": c.concurrency, "n": c.n, "load": c.load, "modes": {
+        {"workload": c.workload, "delay_ms": c.delay_ms, "concurrency": c.concurrency, "n": c.n, "load": c.load,
+         "row_excess_ms": c.row_excess_ms, "modes": {
             m: {"tok_s": r.tok_s, "ratio": c.ratio(m), "ttft_ms": r.ttft_ms, "decode_tokens": r.decode_tokens,
                 "decode_s": r.decode_s, "totals": asdict(r.totals), "mismatched": c.mismatched(m),
                 "margins": c.margins.get(m, []), **latency_json(r)}

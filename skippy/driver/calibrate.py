@@ -23,13 +23,14 @@ from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.window import calibrate_cost
+from skippy.driver.speculative.window import calibrate_cost, calibration_rows
 from skippy.log import get_logger
 from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions count up from 1)
 
+BATCH_ROWS_MAX = 32  # 8 sessions' windows of 4 rows: beyond it extra rows cost about what they may win (on CPU)
 Release = Callable[[tuple[int, ...]], Awaitable[None]]  # forget these sessions on every stage
 
 
@@ -40,25 +41,32 @@ def calibration_sequence(prefill: PrefillChunkOptions) -> Sequence:
 
 
 async def calibrate_speculation(speculation: Speculation, launcher: BatchLauncher, options: ServingOptions,
-                                n_vocab: int, release: Release) -> None:
-    """Give the cost-model verify window its decode cost table and the pipeline's hops."""
-    cost = await calibrate_rows(launcher, options.prefill, n_vocab, release, speculation.max_k + 1)
+                                n_vocab: int, release: Release, *, lanes: int, micro_batches: int, n_batch: int) -> None:
+    """Give the cost-model verify window its decode cost table, the pipeline's hops and its micro-batches in
+    flight. Rows are measured 1..max_k + 1 (one session's windows), then every 8 up to what a micro-batch of
+    its share of the `lanes` could hold, at most BATCH_ROWS_MAX and `n_batch`."""
+    sessions = -(-lanes // max(micro_batches, 1))
+    batch_rows = min(sessions * (speculation.max_k + 1), BATCH_ROWS_MAX, n_batch)
+    cost = await calibrate_rows(launcher, options.prefill, n_vocab, release, speculation.max_k + 1,
+                                extra_rows=calibration_rows(speculation.max_k + 1, batch_rows)[speculation.max_k + 1:])
     topology = options.topology
     n_stages = len(topology.stages) if topology else 1 + (launcher.downstream is not None)
     hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
-    speculation.use_cost_model(cost, hops, options.wire.delay_ms)
-    get_logger().info("window_cost_calibrated", cost_ms=[round(c, 2) for c in cost[1:]], hops=hops,
-                      hop_ms=options.wire.delay_ms)
+    speculation.use_cost_model(cost, hops, options.wire.delay_ms, micro_batches)
+    get_logger().info("window_cost_calibrated", cost_ms={r: round(c, 2) for r, c in enumerate(cost) if r and c == c},
+                      hops=hops, hop_ms=options.wire.delay_ms, micro_batches=micro_batches)
 
 
 async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
-                         max_rows: int, repeats: int = 3, timeout_s: float = 60.0) -> list[float]:
-    """[0.0, C(1), .., C(max_rows)]: ms the stages spend computing one decode of that many rows."""
+                         max_rows: int, repeats: int = 3, timeout_s: float = 60.0,
+                         extra_rows: tuple[int, ...] | list[int] = ()) -> list[float]:
+    """[0.0, C(1), .., C(max_rows)] and C at `extra_rows` (NaN between): ms the stages spend computing one decode
+    of that many rows."""
     seq = calibration_sequence(prefill)
     measured: list[float] = []
     try:
         for _ in range(repeats):  # the sweep order calibrate_cost uses, measured ahead (the pipeline is async)
-            for rows in range(1, max_rows + 1):
+            for rows in [*range(1, max_rows + 1), *sorted(r for r in set(extra_rows) if r > max_rows)]:
                 tokens = np.arange(rows, dtype=np.int32) % max(n_vocab, 1)
                 window = PlannedWindow(seq, 0, tokens, tuple(range(rows)))
                 try:
@@ -69,4 +77,4 @@ async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, 
     finally:
         await release((CALIBRATION_SESSION,))
     samples = iter(measured)
-    return calibrate_cost(lambda _rows: next(samples), max_rows, repeats)
+    return calibrate_cost(lambda _rows: next(samples), max_rows, repeats, extra_rows)

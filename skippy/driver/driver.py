@@ -138,7 +138,9 @@ class Driver:
         self.wire_verdict = await certify_wire(self.launcher, self.options, calibration_prompt(
             self.runtime.model, self.runtime.spec.ctx_size), self.release_now)
         if self.speculation is not None and self.speculation.calibrate:
-            await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now)
+            await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now,
+                                        lanes=self.runtime.spec.lane_count, micro_batches=self.max_iterations,
+                                        n_batch=self.runtime.params.n_batch)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
         self.supervisor.spawn("liveness monitor", self.inbound_handler.monitor())
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations,
@@ -240,9 +242,11 @@ class Driver:
     async def _drafter(self, max_decode: int, decoding: int) -> Drafter | None:
         if self.speculation is None:
             return None
-        ready = [s.session_id for s in self.table.running
+        ready = [s for s in self.table.running
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
-        return await self.speculation.drafter(ready, self.runtime.params.n_batch, decoding, self.worker.call)
+        room = {s.session_id: s.max_tokens - len(s.generated) - 1 for s in ready}  # drafts the request can still commit
+        return await self.speculation.drafter([s.session_id for s in ready], self.runtime.params.n_batch, decoding,
+                                              self.worker.call, room)
 
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:
@@ -283,6 +287,8 @@ class Driver:
         hops = self.launcher.stats.hop_ms[-1]
         if self.speculation is not None:
             self.speculation.observe_hops(hops)
+            if not any(pw.is_prefill for pw in entry.plan):
+                self.speculation.observe_batch(entry.rows, sum(t.compute_ms for t in msg.timings))
         outcomes = postprocess(entry, msg, self.runtime.spec.ctx_size)
         # the schedule loop wakes first: the next batch is launched before the requests' consumers and the
         # telemetry of this one run (they are not on the token's critical path)

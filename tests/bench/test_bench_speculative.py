@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from skippy.bench import llama_server_build
-from skippy.bench.speculative_load import ModeResult, Prompt, Timed, prose_prompts
+from skippy.bench.speculative_load import ModeResult, Prompt, Timed, closed_loop, prose_prompts
 from skippy.bench.speculative_peers import parse_peers, peer_wave, running_peers
 from skippy.bench.speculative_report import Cell, table, targets
 from skippy.runtime.models import BENCH_MODEL, resolve_model_path
@@ -71,16 +71,16 @@ def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
 
 
 def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
-    done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "2", "--max-tokens", "12", "--workloads",
+    done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "3", "--max-tokens", "12", "--workloads",
                    "prose", "--peers", "none", "--out-dir", str(tmp_path)], 300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "bench-speculative.json").read_text())
     (cell,) = [c for c in report["cells"]]
-    assert (cell["workload"], cell["concurrency"], cell["n"]) == ("prose", 2, 2)
+    assert (cell["workload"], cell["concurrency"], cell["n"]) == ("prose", 2, 4)  # a whole round: 2c requests
     assert set(cell["modes"]) == {"plain", "policy"}
     for mode in cell["modes"].values():
-        assert mode["decode_tokens"] == 2 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
-    assert "| prose | 0 | 2 | 2 |" in (tmp_path / "bench-speculative.md").read_text()
+        assert mode["decode_tokens"] == 4 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
+    assert "| prose | 0 | 2 | 4 |" in (tmp_path / "bench-speculative.md").read_text()
 
 
 def _built_llama_server() -> Path | None:
@@ -112,3 +112,34 @@ def test_a_peer_wave_streams_greedy_tokens_from_a_real_llama_server(tmp_path: Pa
         assert all(t.submitted < t.first <= t.last and len(t.times) == 10 for t in wave)
     # greedy: its own n-gram drafting does not change llama-server's output
     assert [t.tokens for t in waves["llama-server"]] == [t.tokens for t in waves["llama-server-ngram"]]
+
+
+def test_a_round_keeps_c_requests_in_flight_and_sends_the_next_as_one_finishes() -> None:
+    async def main() -> tuple[list[Timed], int, list[str]]:
+        running: set[str] = set()
+        started: list[str] = []
+        peak = 0
+        gates = {str(i): asyncio.Event() for i in range(5)}
+
+        async def request(prompt: Prompt) -> Timed:
+            nonlocal peak
+            running.add(prompt.name)
+            started.append(prompt.name)
+            peak = max(peak, len(running))
+            await gates[prompt.name].wait()
+            running.discard(prompt.name)
+            return Timed(list(prompt.tokens))
+
+        task = asyncio.create_task(closed_loop(request, [Prompt(str(i), [i]) for i in range(5)], 2))
+        for name in ("1", "0", "3", "2", "4"):  # finished out of order
+            for _ in range(1000):  # bounded: the pool starts `name` once a slot is free
+                if name in running:
+                    break
+                await asyncio.sleep(0)
+            assert name in running, (name, started)
+            gates[name].set()
+        return await task, peak, started
+
+    results, peak, started = asyncio.run(main())
+    assert peak == 2 and started == ["0", "1", "2", "3", "4"]
+    assert [t.tokens for t in results] == [[0], [1], [2], [3], [4]]  # in prompt order

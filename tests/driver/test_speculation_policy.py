@@ -20,9 +20,11 @@ def stats_after(windows: list[tuple[int, int]]) -> WindowStats:
     return stats
 
 
-def policy(cost: list[float] | None, hop_ms: float = 0.0, hops: int = 2, max_depth: int = 2) -> SpeculationPolicy:
+def policy(cost: list[float] | None, hop_ms: float = 0.0, hops: int = 2, max_depth: int = 2,
+           micro_batches: int = 2) -> SpeculationPolicy:
+    """Defaults: 2 stages on 2 hosts, a micro-batch in flight on each."""
     window = CostModelWindow(cost, hop_ms, hops, 8) if cost is not None else None
-    return SpeculationPolicy(8, max_depth=max_depth, cost=window)
+    return SpeculationPolicy(8, max_depth=max_depth, cost=window, micro_batches=micro_batches)
 
 
 def test_position_alpha_is_conditional_and_shrunk_towards_alpha() -> None:
@@ -81,6 +83,36 @@ def test_depth_two_while_chains_pay_one_once_they_come_back_stale() -> None:
 
 def test_no_speculation_beyond_the_rows_calibration_measured() -> None:
     good = stats_after([(8, 8)] * 6)
-    p = policy([0.0] + [10.0] * 9)  # measured up to 9 rows (max_k + 1), as startup calibration does
-    assert p.choose(good, 1) == 8 and p.choose(good, 2) == 3  # 2 x 4 rows <= 9
-    assert p.choose(good, 8) == 0  # 8 x 2 rows: beyond the table, not priced on a guess
+    p = policy([0.0] + [10.0] * 9)  # measured up to 9 rows (max_k + 1)
+    assert p.choose(good, 2) == 8  # one session to a micro-batch: 9 rows
+    assert p.allocate([good, good], 4) == [4, 3]  # two: 2 + 7 rows
+    assert p.choose(good, 32) == 0  # 16 sessions to a micro-batch: beyond the table, not priced on a guess
+
+
+def test_stages_sharing_cores_pay_the_wire_at_any_load() -> None:
+    good = stats_after([(4, 4)] * 6)
+    compute_bound = [0.0] + [10.0 * r for r in range(1, 41)]
+    slow_wire = {"hop_ms": 100.0, "micro_batches": 1}  # one micro-batch in flight: nothing hides the wire
+    assert policy(compute_bound, **slow_wire).choose(good, 8) > 0
+    assert policy(compute_bound, hop_ms=100.0).choose(good, 8) == 0  # 2 micro-batches: the wire is hidden
+    assert policy(compute_bound, **slow_wire).depth(good, 2, 8, 0, 0) == 2  # nothing overlaps the wire either
+
+
+def test_sessions_are_priced_per_micro_batch() -> None:
+    good = stats_after([(8, 8)] * 6)
+    table = [0.0] + [10.0] * 9  # 9 rows measured
+    assert sum(policy(table, micro_batches=1).allocate([good] * 4, 4)) == 5  # 4 sessions in one batch: 4 + 5 rows
+    assert sum(policy(table, micro_batches=2).allocate([good] * 2, 4)) == 7  # 2 to each micro-batch: 2 + 7 rows
+
+
+def test_a_batch_gives_its_draft_rows_to_the_sessions_whose_drafts_are_accepted() -> None:
+    good, bad = stats_after([(8, 8)] * 6), stats_after([(4, 0)] * 6)
+    memory_bound = [0.0] + [10.0 + r for r in range(1, 33)]  # measured to 32 rows, as startup calibration does
+    p = policy(memory_bound, micro_batches=1)
+    assert p.allocate([good] + [bad] * 7, 8) == [8, 0, 0, 0, 0, 0, 0, 0]  # 16 rows: (8 + ~8) / 26 ms vs 8 / 18 ms
+    assert p.choose(good, 8) == 3  # alike, the 8 sessions share the 24 rows the table allows past theirs
+    assert p.allocate([bad] * 8, 8) == [0] * 8
+    assert p.allocate([good, good], 2, caps=[2, 0]) == [2, 0]  # no drafts past what a request can still commit
+    steps = [0.0] + [10.0 * -(-r // 4) for r in range(1, 33)]  # rows cost in steps of 4 (repacked gemm on CPU)
+    ks = policy(steps, micro_batches=1).allocate([good] * 3, 3)
+    assert (3 + sum(ks)) % 4 == 0 and sum(ks) > 0  # the rows fill the step they pay for

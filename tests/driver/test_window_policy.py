@@ -23,6 +23,7 @@ from skippy.driver.speculative.window import (
     WindowPolicy,
     WindowStats,
     calibrate_cost,
+    calibration_rows,
     tau,
 )
 
@@ -306,6 +307,35 @@ def test_calibrate_cost_takes_the_median_of_interleaved_sweeps() -> None:
     assert len(table) == 5 and table[0] == 0.0
     assert table[1:] == [12.0, 14.0, 14.0, 15.0]  # rows 2: median(12, 500, 14), not the mean 175.3
     assert CostModelWindow(table, hop_ms=0.0, hops=1, max_k=3).cost(2) == 14.0
+
+
+def test_calibration_measures_every_row_of_a_window_then_every_8_of_a_batch() -> None:
+    assert calibration_rows(9, 32) == [*range(1, 10), 16, 24, 32]
+    assert calibration_rows(4, 4) == [1, 2, 3, 4] and calibration_rows(8, 20) == [*range(1, 9), 16]
+    seen: list[int] = []
+    table = calibrate_cost(lambda rows: seen.append(rows) or 2.0 * rows, max_rows=3, repeats=2, extra_rows=[8, 2])
+    assert seen == [1, 2, 3, 8] * 2  # extra rows within 1..max_rows are measured once per sweep
+    assert table[:4] == [0.0, 2.0, 4.0, 6.0] and table[8] == 16.0 and all(math.isnan(c) for c in table[4:8])
+    window = CostModelWindow(table, 0.0, 2, 8)
+    assert window.measured_rows == 8 and window.cost(5) == pytest.approx(10.0)  # interpolated
+
+
+def test_served_batches_add_their_excess_per_row_to_the_calibrated_cost() -> None:
+    window = CostModelWindow([0.0] + [10.0 * r for r in range(1, 33)], 0.0, 2, 8)
+    window.observe(8, 80.0 + 8 * 2.0)  # a served batch of 8 rows: 2 ms a row more than calibration
+    assert window.cost(16) == pytest.approx(160.0 + 16 * 2.0) and window.calibrated(16) == pytest.approx(160.0)
+    assert window.cost(8) == pytest.approx(96.0)  # served at that many rows: its own price
+    for _ in range(200):
+        window.observe(4, 40.0)  # the contexts got short again: the excess decays back
+    assert window.row_excess_ms == pytest.approx(0.0, abs=1e-6) and window.cost(16) == pytest.approx(160.0)
+    window.observe(16, 400.0)  # dearer than the model said: the batches that row count chose correct it
+    assert window.cost(16) == pytest.approx(400.0)
+    window.observe(16, 300.0)
+    assert 300.0 < window.cost(16) < 400.0
+    assert window.cost(20) == window.cost(16) < window.cost(32)  # more rows never cheaper
+    window.observe(0, 5.0)
+    window.observe(4, math.nan)  # nothing to learn from
+    assert window.observed == 203
 
 
 def test_calibrate_cost_single_repeat_and_bad_arguments() -> None:

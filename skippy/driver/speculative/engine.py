@@ -91,14 +91,21 @@ class Speculation:
         self.hop_ms: float | None = None  # EWMA of the measured per-hop delay
         self.mtp_draft_max = 0  # native MTP: drafts every window asks the final stage for (native_mtp.max_draft_tokens)
 
-    def use_cost_model(self, cost_ms: list[float], hops: int, hop_ms: float) -> None:
-        """Switch to the cost-model window once C(rows) is measured (hops per round trip, delay per hop)."""
+    def use_cost_model(self, cost_ms: list[float], hops: int, hop_ms: float, micro_batches: int = 1) -> None:
+        """Switch to the cost-model window once C(rows) is measured (hops per round trip, delay per hop, the
+        micro-batches the driver keeps in flight)."""
         self.hop_ms = hop_ms
         cost = CostModelWindow(cost_ms, hop_ms, hops, self.max_k)
         if isinstance(self.policy, SpeculationPolicy):
-            self.policy.cost = cost
+            self.policy.cost, self.policy.micro_batches = cost, max(micro_batches, 1)
         else:
             self.policy = cost
+
+    def observe_batch(self, rows: int, compute_ms: float) -> None:
+        """A decode batch (no prefill rows) of `rows` rows took `compute_ms` on all stages: C(rows) follows it."""
+        cost = self.policy.cost if isinstance(self.policy, SpeculationPolicy) else self.policy
+        if isinstance(cost, CostModelWindow):
+            cost.observe(rows, compute_ms)
 
     def observe_hops(self, hop_ms: Sequence[float]) -> None:
         """Per-hop delays measured on a batch's way through the stages; the cost model follows them."""
@@ -119,18 +126,27 @@ class Speculation:
         proposer.extend(prompt)
         self.sessions[session_id] = SessionSpeculation(proposer)
 
-    def draft_all(self, session_ids: list[int], budget: int, active_sessions: int) -> dict[int, tuple[list[int], int]]:
-        """`draft` for each session, by session id."""
-        return {sid: self.draft(sid, budget, active_sessions) for sid in session_ids}
+    def draft_all(self, session_ids: list[int], budget: int, active_sessions: int,
+                  room: dict[int, int] | None = None) -> dict[int, tuple[list[int], int]]:
+        """`draft` for each session, by session id; the policy sizes the windows of the batch together, each at
+        most the session's `room` (drafts its request can still commit: max_tokens left - 1)."""
+        ks: dict[int, int] = {}
+        if isinstance(self.policy, SpeculationPolicy):
+            known = [sid for sid in session_ids if sid in self.sessions]
+            caps = [(room or {}).get(sid, self.max_k) for sid in known]
+            chosen = self.policy.allocate([self.sessions[sid].stats for sid in known], active_sessions, caps)
+            ks = {sid: max(0, min(k, cap)) for sid, k, cap in zip(known, chosen, caps)}
+        return {sid: self.draft(sid, budget, active_sessions, ks.get(sid)) for sid in session_ids}
 
-    def draft(self, session_id: int, budget: int, active_sessions: int) -> tuple[list[int], int]:
+    def draft(self, session_id: int, budget: int, active_sessions: int, k: int | None = None) -> tuple[list[int], int]:
         """(proposal, k) for the session's next window: k drafts for it (at most budget - 1: the window's
         first row is the last token) and, with depth > 1, the proposal's continuation for the windows
-        chained behind it (each a guessed head + k drafts). k = 0: decode plainly this step."""
+        chained behind it (each a guessed head + k drafts). k = 0: decode plainly this step. `k`: the policy's
+        window for it, chosen with the rest of its batch (else the policy chooses it alone)."""
         spec = self.sessions.get(session_id)
         if spec is None:
             return [], 0
-        k = min(self.policy.choose(spec.stats, active_sessions), self.max_k)
+        k = min(self.policy.choose(spec.stats, active_sessions) if k is None else k, self.max_k)
         k = max(k, self.min_k) if k > 0 else 0
         k = k if k <= budget - 1 else 0
         spec.depth = self._depth(spec, k, active_sessions)
@@ -159,15 +175,15 @@ class Speculation:
         return spec.depth if spec is not None else self.depth
 
     async def drafter(self, ready: list[int], budget: int, decoding: int,
-                      in_runtime: Callable[..., Awaitable[Any]]) -> Drafter | None:
+                      in_runtime: Callable[..., Awaitable[Any]], room: dict[int, int] | None = None) -> Drafter | None:
         """Drafts for the `ready` sessions the next plan can decode; the plan trims each to the rows its budget
         has left. A draft model runs llama.cpp, so its drafts are made in the runtime thread (`in_runtime`);
         n-gram drafts (microseconds) on the loop: the hand-off cost stage 0 a thread round trip on every step."""
         if not ready:
             return None
         drafts: dict[int, tuple[list[int], int]] = (
-            await in_runtime(self.draft_all, ready, budget, decoding) if self.factory.runs_llama
-            else self.draft_all(ready, budget, decoding))
+            await in_runtime(self.draft_all, ready, budget, decoding, room) if self.factory.runs_llama
+            else self.draft_all(ready, budget, decoding, room))
 
         def window(seq: SchedSequence, rows_left: int) -> list[int]:
             proposal, k = drafts.get(seq.session_id, ([], 0))

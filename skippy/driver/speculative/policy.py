@@ -4,24 +4,28 @@ load and the calibrated cost of rows. On unless `--no-speculative` or a plan say
 Inputs, all measured:
 - alpha_i, the acceptance of draft i given drafts 0..i-1 were accepted (WindowStats.position_alpha: decayed
   per-position counts, shrunk towards the session's overall alpha where a position has little evidence);
-- n, the sessions decoding in the next batch (the live load; each brings k + 1 rows, so a batch holds
-  n(k + 1) rows);
+- n, the sessions decoding (the live load), split by the driver over m micro-batches in flight (one per group of
+  stages that share no core: skippy.config.affinity.stage_groups), b = ceil(n / m) to a micro-batch; each
+  brings k + 1 rows, so a micro-batch holds b(k + 1) rows;
 - C(rows), ms of one decode of that many rows through the pipeline (skippy.driver.calibrate, at startup),
   and the wire's hops x hop_ms (measured live);
 - s, the share of a session's chained-window rows that came back stale.
 
     P_j     = prod_{i<=j} alpha_i                      # draft j is accepted
     tau(k)  = 1 + sum_{j<k} P_j                        # tokens a window of k drafts commits
-    rate(k) = tau(k) / (C(n(k+1)) + w)                  # tokens per ms per session
-    w       = hops*hop_ms while n < stages, else 0      # n >= stages: other sessions' batches hide the wire
-    k*      = argmax_k rate(k) over k with n(k+1) <= R;  k = 0 when rate(k*)/rate(0) < MIN_GAIN
-    R       = the most rows calibration measured (max_k + 1): beyond it C is a guess, and pricing several
-              sessions' windows with an extrapolated (or one-sequence, batch-size) table lost 0.35-0.78x
-              at c = 8 in this session's bench (docs/bench-speculative.md), so the policy does not
-              speculate on a guess
-    depth 2 when n < stages and (1 - s) * T_step > s * (C(2n(k+1)) - C(n(k+1))): a chained window saves
-            a step T_step when its predecessor is fully accepted, and costs its own rows when it is not; with
-            n >= stages every stage already has work, so a chain only adds rows
+    rate(k) = tau(k) / (C(b(k+1)) + w)                  # tokens per ms per session
+    w       = hops*hop_ms while min(n, m) < stages, else 0  # other micro-batches in flight hide the wire; with
+              m = 1 (stages sharing cores) none is, so a slow wire is paid on every step at any load
+    k*      = argmax_k rate(k) over k with b(k+1) <= R;  k = 0 when rate(k*)/rate(0) < MIN_GAIN
+              (`choose`: as if the b sessions of a micro-batch drafted alike; the engine `allocate`s the
+              rows of each micro-batch over its sessions, the best expected tokens per ms of the batch)
+    R       = the most rows calibration measured (every row to max_k + 1, then every 8 to a micro-batch's share
+              of the lanes, at most 32): beyond it C is a guess, and pricing several sessions' windows with
+              an extrapolated (or one-sequence, batch-size) table lost 0.35-0.78x at c = 8 in an earlier
+              bench (docs/bench-speculative.md), so the policy does not speculate on a guess
+    depth 2 when min(n, m) < stages and (1 - s) * T_step > s * (C(2b(k+1)) - C(b(k+1))): a chained window
+            saves a step T_step when its predecessor is fully accepted, and costs its own rows when it is not;
+            with a micro-batch on every stage already, a chain only adds rows
 
 Before the pipeline's C(rows) is measured every row costs the same (C = 1, no wire): k is then the
 largest k whose gain is >= MIN_GAIN. While k = 0 the engine still drafts a shadow proposal, checked against
@@ -40,11 +44,13 @@ MIN_GAIN = 1.05  # speculate only for >= 5% more tokens per ms than plain decodi
 @dataclass
 class SpeculationPolicy:
     """`cost`: the calibrated C(rows) and wire (None until calibrated); `max_depth`: the plan's
-    verify_window.pipeline_depth, the deepest chain the policy may choose."""
+    verify_window.pipeline_depth, the deepest chain the policy may choose; `micro_batches`: m, the driver's
+    micro-batches in flight at most."""
 
     max_k: int
     max_depth: int = 1
     cost: CostModelWindow | None = None
+    micro_batches: int = 1
 
     def expected_tokens(self, stats: WindowStats, k: int) -> float:
         # tau(k) = 1 + sum_{j<k} prod_{i<=j} alpha_i
@@ -55,34 +61,75 @@ class SpeculationPolicy:
             tau += p
         return tau
 
-    def step_ms(self, rows: int, sessions: int = 1) -> float:
+    def load(self, active_sessions: int) -> tuple[int, int]:
+        """(b, sessions to a micro-batch; min(n, m), micro-batches really in flight) for n decoding sessions."""
+        n, m = max(active_sessions, 1), max(self.micro_batches, 1)
+        return -(-n // m), min(n, m)
+
+    def step_ms(self, rows: int, in_flight: int = 1) -> float:
         # T(rows) = C(rows) + w; uncalibrated: every step costs 1
         if self.cost is None:
             return 1.0
-        wire = self.cost.hops * self.cost.hop_ms if sessions < self.cost.hops else 0.0
+        wire = self.cost.hops * self.cost.hop_ms if in_flight < self.cost.hops else 0.0
         return max(self.cost.cost(rows) + wire, 1e-9)
 
     def choose(self, stats: WindowStats, active_sessions: int) -> int:
-        n = max(active_sessions, 1)
-        plain = 1.0 / self.step_ms(n, n)  # rate(0)
-        best_k, best_rate = 0, plain
-        measured = self.cost.measured_rows if self.cost is not None else n * (self.max_k + 1)
-        for k in range(1, min(self.max_k, measured // n - 1) + 1):  # n(k+1) <= R
-            rate = self.expected_tokens(stats, k) / self.step_ms(n * (k + 1), n)
+        """k for a session as if every session of its micro-batch drafted like it (`allocate` of b copies)."""
+        b, _ = self.load(active_sessions)
+        if self.cost is not None:
+            return self.allocate([stats] * b, active_sessions)[0]
+        plain, best_k, best_rate = 1.0, 0, 1.0  # uncalibrated: every step costs 1, so rate(k) = tau(k)
+        for k in range(1, self.max_k + 1):
+            rate = self.expected_tokens(stats, k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k if best_rate >= MIN_GAIN * plain else 0
 
+    def allocate(self, batch: list[WindowStats], active_sessions: int, caps: list[int] | None = None) -> list[int]:
+        """k per session of one micro-batch (`batch`, each session's stats; `active_sessions` decoding in all;
+        `caps`, the most drafts each session's request can still commit): the draft rows that maximise the
+        batch's expected tokens per ms.
+
+            gain(i, j) = P_ij = prod_{l<=j} alpha_il          # tokens session i's draft j adds
+            E*         = argmax_E (s + top_E gain) / T(s + E)  # s sessions, E draft rows, s + E <= R
+        P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
+        the best rate is below MIN_GAIN x the plain rate (s rows). The rows' cost is the batch's: one good
+        session among plain ones pays C(s + k) - C(s), not C(s(k + 1)) as if all drafted like it."""
+        if self.cost is None:
+            return [self.choose(stats, active_sessions) for stats in batch]
+        _, in_flight = self.load(active_sessions)
+        s = len(batch)
+        gains: list[tuple[float, int, int]] = []  # (-P_ij, j, i): best first, a session's drafts in order
+        for i, stats in enumerate(batch):
+            p = 1.0
+            cap = min(self.max_k, caps[i]) if caps is not None else self.max_k
+            for j, a in enumerate(stats.position_alpha(max(cap, 0))):
+                p *= a
+                gains.append((-p, j, i))
+        gains.sort()
+        plain = s / self.step_ms(s, in_flight)
+        best_e, best_rate, tokens = 0, plain, float(s)
+        for e in range(1, min(len(gains), self.cost.measured_rows - s) + 1):  # s + E <= R
+            tokens -= gains[e - 1][0]
+            rate = tokens / self.step_ms(s + e, in_flight)
+            if rate > best_rate:
+                best_e, best_rate = e, rate
+        ks = [0] * s
+        if best_rate >= MIN_GAIN * plain:
+            for _, _, i in gains[:best_e]:
+                ks[i] += 1
+        return ks
+
     def depth(self, stats: WindowStats, k: int, active_sessions: int, chained_rows: int, stale_rows: int) -> int:
         """Windows of this session in flight at once: 2 (up to max_depth) while chaining pays, else 1."""
-        if self.max_depth <= 1 or k <= 0 or self.cost is None or active_sessions >= self.cost.hops:
-            return 1  # a chain overlaps a session's windows on idle stages: none idle once n >= the stages
-        n = max(active_sessions, 1)
+        b, in_flight = self.load(active_sessions)
+        if self.max_depth <= 1 or k <= 0 or self.cost is None or in_flight >= self.cost.hops:
+            return 1  # a chain overlaps a session's windows on idle stages: none idle with a micro-batch on each
         full = 1.0
         for a in stats.position_alpha(k):  # P(all k drafts accepted): the prior of s before chains ran
             full *= a
         prior_rows = 2.0 * (k + 1)
         s = (stale_rows + (1.0 - full) * prior_rows) / (chained_rows + prior_rows)
-        step = self.step_ms(n * (k + 1), n)
-        extra = self.step_ms(2 * n * (k + 1), n) - step  # the chained window's own rows
+        step = self.step_ms(b * (k + 1), in_flight)
+        extra = self.step_ms(2 * b * (k + 1), in_flight) - step  # the chained window's own rows
         return self.max_depth if (1.0 - s) * step > s * extra else 1

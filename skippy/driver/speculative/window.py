@@ -196,6 +196,15 @@ class CostModelWindow:
     tau(k) / (C(n(k+1)) + hops * hop_ms) (per-session cost C(n(k+1)) / n), and k = min(single, cap).
     As n grows, the fixed hop term weighs less against the rows' cost and the cap falls.
     `hop_ms` may be updated as the measured round trip changes. Ties go to the smaller k.
+
+    Calibration decodes one fresh sequence; served batches attend over every session's KV cells (the cache is
+    unified), so each of their rows costs more, and more the longer the contexts; other work on the host
+    moves every price. `observe(rows, ms)` takes a served decode batch's measured compute (every stage's,
+    the final stage's verification included): C(rows) = EWMA of the served batches of that many rows, and for
+    row counts not served yet C_cal(rows) + rows * e, e = EWMA((ms - C_cal(rows)) / rows) over all of them.
+    A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from below
+    (measured: 8 sessions' batches of 11-17 rows took 2.3-2.8x the 8-row batch where the calibrated table said
+    1.3-1.9x).
     """
 
     def __init__(self, cost_ms: Sequence[float] | Mapping[int, float], hop_ms: float, hops: int, max_k: int) -> None:
@@ -211,6 +220,23 @@ class CostModelWindow:
         self._slope = (self._ms[-1] - self._ms[0]) / span if span else 0.0
         self._table: dict[int, float] = {}
         self.hop_ms, self.hops, self.max_k = hop_ms, hops, max_k
+        self.row_excess_ms = 0.0  # e: ms a served row costs beyond a calibration row (attention over more KV)
+        self.observed = 0  # served batches observed
+        self.served: dict[int, float] = {}  # rows -> EWMA ms of served batches of that many rows
+
+    def calibrated_table(self) -> dict[int, float]:
+        """The rows calibration measured and their ms."""
+        return dict(zip(self._rows, self._ms))
+
+    def observe(self, rows: int, ms: float, weight: float = 0.1) -> None:
+        """A served decode batch of `rows` rows took `ms` of compute over all stages."""
+        if rows < 1 or not math.isfinite(ms):
+            return
+        excess = (ms - self.calibrated(rows)) / rows
+        self.row_excess_ms = excess if self.observed == 0 else (1 - weight) * self.row_excess_ms + weight * excess
+        last = self.served.get(rows)
+        self.served[rows] = ms if last is None else (1 - 2 * weight) * last + 2 * weight * ms
+        self.observed += 1
 
     @property
     def measured_rows(self) -> int:
@@ -218,7 +244,14 @@ class CostModelWindow:
         return self._rows[-1]
 
     def cost(self, rows: int) -> float:
-        """C(rows) in ms: measured, interpolated, or extrapolated as in the class docstring."""
+        """C(rows) in ms of a served batch: as served batches of that many rows took, else calibrated plus the
+        observed excess per row; never below what fewer rows were served in (more rows never cost less)."""
+        served = self.served.get(rows)
+        price = served if served is not None else max(self.calibrated(rows) + rows * self.row_excess_ms, 0.0)
+        return max([price, *(ms for r, ms in self.served.items() if r < rows)])
+
+    def calibrated(self, rows: int) -> float:
+        """C_cal(rows): measured, interpolated, or extrapolated as in the class docstring."""
         if rows not in self._table:
             rs, ms = self._rows, self._ms
             i = bisect.bisect_left(rs, rows)
@@ -244,14 +277,23 @@ class CostModelWindow:
         return min(k, self.best_k(stats.alpha, active_sessions)) if active_sessions > 1 else k
 
 
-def calibrate_cost(measure: Callable[[int], float], max_rows: int, repeats: int = 3) -> list[float]:
-    """C table for CostModelWindow: [0.0, C(1), .., C(max_rows)], each the median of `repeats` calls of
-    measure(rows) (ms of one decode with that many logits rows). Rows are swept `repeats` times in turn
-    (1..max_rows, then again) so a slow drift of the host spreads over all rows instead of a few."""
+def calibration_rows(max_rows: int, batch_rows: int, step: int = 8) -> list[int]:
+    """Rows calibration measures: every count 1..max_rows (one session's windows), then every `step` rows up to
+    `batch_rows` (several sessions' windows in one batch; between two of them C is interpolated)."""
+    return list(range(1, max_rows + 1)) + list(range((max_rows // step + 1) * step, batch_rows + 1, step))
+
+
+def calibrate_cost(measure: Callable[[int], float], max_rows: int, repeats: int = 3,
+                   extra_rows: Sequence[int] = ()) -> list[float]:
+    """C table for CostModelWindow: [0.0, C(1), .., C(max_rows)] and C at each of `extra_rows` (rows between
+    left NaN: not measured), each the median of `repeats` calls of measure(rows) (ms of one decode with that
+    many logits rows). Rows are swept `repeats` times in turn (1..max_rows and the extra rows, then again) so a
+    slow drift of the host spreads over all rows instead of a few."""
     if max_rows < 1 or repeats < 1:
         raise ValueError(f"need max_rows >= 1 and repeats >= 1 (got {max_rows}, {repeats})")
-    samples: list[list[float]] = [[] for _ in range(max_rows + 1)]
+    sweep = list(range(1, max_rows + 1)) + sorted(r for r in set(extra_rows) if r > max_rows)
+    samples: list[list[float]] = [[] for _ in range(sweep[-1] + 1)]
     for _ in range(repeats):
-        for rows in range(1, max_rows + 1):
+        for rows in sweep:
             samples[rows].append(float(measure(rows)))
-    return [0.0] + [statistics.median(s) for s in samples[1:]]
+    return [0.0] + [statistics.median(s) if s else math.nan for s in samples[1:]]
