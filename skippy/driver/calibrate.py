@@ -53,7 +53,8 @@ async def calibrate_speculation(speculation: Speculation, launcher: BatchLaunche
     n_stages = len(topology.stages) if topology else 1 + (launcher.downstream is not None)
     hops = n_stages if n_stages > 1 else 0  # forward hops + the predictions' return hop
     speculation.use_cost_model(cost, hops, options.wire.delay_ms, micro_batches)
-    get_logger().info("window_cost_calibrated", cost_ms={r: round(c, 2) for r, c in enumerate(cost) if r and c == c},
+    measured = [(r, round(c, 2)) for r, c in enumerate(cost) if r and c == c]  # c != c: NaN, a row count not measured
+    get_logger().info("window_cost_calibrated", rows=[r for r, _ in measured], cost_ms=[c for _, c in measured],
                       hops=hops, hop_ms=options.wire.delay_ms, micro_batches=micro_batches)
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from skippy.config.speculative import NgramConfig, NgramKind
+from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.policy import MIN_GAIN, SpeculationPolicy
+from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import PRIOR_WEIGHT, CostModelWindow, WindowStats
 
 FLAT = [0.0] + [10.0] * 40  # a decode costs 10 ms whatever its rows (memory-bound)
@@ -116,3 +119,23 @@ def test_a_batch_gives_its_draft_rows_to_the_sessions_whose_drafts_are_accepted(
     steps = [0.0] + [10.0 * -(-r // 4) for r in range(1, 33)]  # rows cost in steps of 4 (repacked gemm on CPU)
     ks = policy(steps, micro_batches=1).allocate([good] * 3, 3)
     assert (3 + sum(ks)) % 4 == 0 and sum(ks) > 0  # the rows fill the step they pay for
+
+
+def test_the_engine_sizes_a_batch_together_within_what_each_request_can_commit() -> None:
+    ngram = NgramConfig(kind=NgramKind.SUFFIX, min_ngram=2, max_ngram=8, max_proposal_tokens=8)
+    speculation = Speculation(SuffixProposerFactory(ngram), SpeculationPolicy(8, max_depth=1), 8, calibrate=True)
+    speculation.use_cost_model([0.0] + [10.0 + r for r in range(1, 33)], 2, 0.0, micro_batches=2)
+    assert isinstance(speculation.policy, SpeculationPolicy) and speculation.policy.micro_batches == 2
+    loop = [1, 2, 3, 4, 5, 6, 7] * 6  # a history the suffix proposer continues
+    for sid in (1, 2):
+        speculation.start(sid, loop)
+        speculation.sessions[sid].stats = stats_after([(8, 8)] * 6)
+    drafts = speculation.draft_all([1, 2], 512, 2, room={1: 3, 2: 0})
+    assert drafts[2] == ([], 0)  # its request has no token left to draft for
+    proposal, k = drafts[1]
+    assert k == 3 and proposal[:3] == [1, 2, 3]
+    cost = speculation.policy.cost
+    assert cost is not None
+    speculation.observe_batch(8, 500.0)  # a served batch: its row count's price, and a floor for larger ones
+    assert cost.cost(8) == 500.0 and cost.cost(9) >= 500.0
+    assert speculation.draft_all([1, 2], 512, 2, room={1: 3, 2: 0})[1][1] == 0  # rows now dear: plain decoding

@@ -333,6 +333,9 @@ def test_served_batches_add_their_excess_per_row_to_the_calibrated_cost() -> Non
     window.observe(16, 300.0)
     assert 300.0 < window.cost(16) < 400.0
     assert window.cost(20) == window.cost(16) < window.cost(32)  # more rows never cheaper
+    cheaper = CostModelWindow([0.0] + [10.0 * r for r in range(1, 33)], 0.0, 2, 8)
+    cheaper.observe(8, 40.0)  # served rows cheaper than calibration's: not extrapolated to rows never served
+    assert cheaper.row_excess_ms < 0 and cheaper.cost(24) == pytest.approx(240.0) and cheaper.cost(8) == 40.0
     window.observe(0, 5.0)
     window.observe(4, math.nan)  # nothing to learn from
     assert window.observed == 203

@@ -47,7 +47,9 @@ def test_up_hands_each_flag_to_its_owner(start_up: Callable[..., Any], tiny_llam
     # no speculative flag: the default plan under the per-session policy, C(rows) calibrated at startup
     policy = [e for e in events if e.get("event") == "speculation_policy"]
     assert [(e["proposer"], e["max_k"], e["max_depth"]) for e in policy] == [("suffix", 8, 2)]
-    assert [len(e["cost_ms"]) for e in events if e.get("event") == "window_cost_calibrated"] == [9]
+    calibrated = [e for e in events if e.get("event") == "window_cost_calibrated"]
+    assert len(calibrated) == 1 and calibrated[0]["rows"][:9] == list(range(1, 10))  # every row of a window of 8
+    assert len(calibrated[0]["cost_ms"]) == len(calibrated[0]["rows"])
     done = [e for e in events if e.get("event") == "request_done"]
     assert done[-1]["speculative"]["proposer"] == "suffix" and done[-1]["speculative"]["proposer_calls"] > 0
 
@@ -77,8 +79,9 @@ def test_up_with_speculative_flags_gives_plain_greedy_output(start_up: Callable[
     with start_up("up-spec", tiny_llama, "--openai-speculative-config", str(plan), "--openai-speculative-window", "8",
                   "--openai-adaptive-speculative-window") as server:
         calibrated = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "window_cost_calibrated"]
-        assert len(calibrated) == 1 and len(calibrated[0]["cost_ms"]) == 9 and calibrated[0]["hops"] == 2
-        assert all(ms > 0 for ms in calibrated[0]["cost_ms"])
+        assert len(calibrated) == 1 and calibrated[0]["rows"][:9] == list(range(1, 10)) and calibrated[0]["hops"] == 2
+        assert all(ms > 0 for ms in calibrated[0]["cost_ms"]) and len(calibrated[0]["cost_ms"]) == len(calibrated[0]["rows"])
+        assert all(r % 8 == 0 for r in calibrated[0]["rows"][9:]) and calibrated[0]["rows"][-1] <= 32  # then every 8
         plans = [e for e in read_events(server.run_dir / "stage0.log") if e.get("event") == "speculative_plan"]
         assert [(e["requested_strategy"], e["effective_strategy"]) for e in plans] == [("ngram", "ngram-suffix")]
         client = server.client()

@@ -201,7 +201,7 @@ class CostModelWindow:
     unified), so each of their rows costs more, and more the longer the contexts; other work on the host
     moves every price. `observe(rows, ms)` takes a served decode batch's measured compute (every stage's,
     the final stage's verification included): C(rows) = EWMA of the served batches of that many rows, and for
-    row counts not served yet C_cal(rows) + rows * e, e = EWMA((ms - C_cal(rows)) / rows) over all of them.
+    row counts not served yet C_cal(rows) + rows * max(e, 0), e = EWMA((ms - C_cal(rows)) / rows) over all of them.
     A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from below
     (measured: 8 sessions' batches of 11-17 rows took 2.3-2.8x the 8-row batch where the calibrated table said
     1.3-1.9x).
@@ -247,7 +247,9 @@ class CostModelWindow:
         """C(rows) in ms of a served batch: as served batches of that many rows took, else calibrated plus the
         observed excess per row; never below what fewer rows were served in (more rows never cost less)."""
         served = self.served.get(rows)
-        price = served if served is not None else max(self.calibrated(rows) + rows * self.row_excess_ms, 0.0)
+        # an excess below 0 (served rows cheaper than calibration's) is not extrapolated: times the rows of a large
+        # batch never served it priced those at a fraction of calibration, and the policy lost 0.72-0.88x at c = 8-16
+        price = served if served is not None else self.calibrated(rows) + rows * max(self.row_excess_ms, 0.0)
         return max([price, *(ms for r, ms in self.served.items() if r < rows)])
 
     def calibrated(self, rows: int) -> float:
