@@ -7,8 +7,8 @@ Inputs, all measured:
 - n, the sessions decoding (the live load), split by the driver over m micro-batches in flight (one per group of
   stages that share no core: skippy.config.affinity.stage_groups), b = ceil(n / m) to a micro-batch; each
   brings k + 1 rows, so a micro-batch holds b(k + 1) rows;
-- C(rows), ms of one decode of that many rows through the pipeline (skippy.driver.calibrate, at startup),
-  and the wire's hops x hop_ms (measured live);
+- C(rows), ms of one decode of that many rows through the pipeline (skippy.driver.calibrate at startup, then
+  following the served decode batches: CostModelWindow.observe), and the wire's hops x hop_ms (measured live);
 - s, the share of a session's chained-window rows that came back stale.
 
     P_j     = prod_{i<=j} alpha_i                      # draft j is accepted
