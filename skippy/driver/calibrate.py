@@ -23,7 +23,7 @@ from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.window import calibrate_cost, calibration_rows
+from skippy.driver.speculative.window import calibrate_cost, calibration_rows, sweep_rows
 from skippy.log import get_logger
 from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
@@ -67,7 +67,7 @@ async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, 
     measured: list[float] = []
     try:
         for _ in range(repeats):  # the sweep order calibrate_cost uses, measured ahead (the pipeline is async)
-            for rows in [*range(1, max_rows + 1), *sorted(r for r in set(extra_rows) if r > max_rows)]:
+            for rows in sweep_rows(max_rows, extra_rows):
                 tokens = np.arange(rows, dtype=np.int32) % max(n_vocab, 1)
                 window = PlannedWindow(seq, 0, tokens, tuple(range(rows)))
                 try:

@@ -285,6 +285,11 @@ def calibration_rows(max_rows: int, batch_rows: int, step: int = 8) -> list[int]
     return list(range(1, max_rows + 1)) + list(range((max_rows // step + 1) * step, batch_rows + 1, step))
 
 
+def sweep_rows(max_rows: int, extra_rows: Sequence[int] = ()) -> list[int]:
+    """One calibration sweep's row counts, in order: 1..max_rows, then the extra rows beyond it."""
+    return list(range(1, max_rows + 1)) + sorted(r for r in set(extra_rows) if r > max_rows)
+
+
 def calibrate_cost(measure: Callable[[int], float], max_rows: int, repeats: int = 3,
                    extra_rows: Sequence[int] = ()) -> list[float]:
     """C table for CostModelWindow: [0.0, C(1), .., C(max_rows)] and C at each of `extra_rows` (rows between
@@ -293,7 +298,7 @@ def calibrate_cost(measure: Callable[[int], float], max_rows: int, repeats: int 
     slow drift of the host spreads over all rows instead of a few."""
     if max_rows < 1 or repeats < 1:
         raise ValueError(f"need max_rows >= 1 and repeats >= 1 (got {max_rows}, {repeats})")
-    sweep = list(range(1, max_rows + 1)) + sorted(r for r in set(extra_rows) if r > max_rows)
+    sweep = sweep_rows(max_rows, extra_rows)
     samples: list[list[float]] = [[] for _ in range(sweep[-1] + 1)]
     for _ in range(repeats):
         for rows in sweep:
