@@ -27,10 +27,11 @@ import zmq.asyncio
 from skippy.protocol import TokenEvents
 from skippy.transport.queues import PushQueue
 
-__all__ = ["MAX_ENDPOINTS", "MAX_QUEUED_EVENTS", "EventSinks", "SinkRefused", "submitter_copy", "usable"]
+__all__ = ["MAX_ENDPOINTS", "MAX_QUEUED_EVENTS", "PATIENCE_S", "EventSinks", "SinkRefused", "submitter_copy", "usable"]
 
 MAX_QUEUED_EVENTS = 1000  # events waiting in stage 0's socket toward one client at most (ZeroMQ's SNDHWM)
 MAX_ENDPOINTS = 64  # client event endpoints with a socket open at once at most
+PATIENCE_S = 5.0  # an event waits this long for room toward a client before its request is failed
 
 
 class SinkRefused(Exception):
@@ -52,9 +53,10 @@ class EventSinks:
     (stage 0's may carry CURVE keys for its links; these stay on the host). A request `attach`es to its
     endpoint before its first event and `detach`es after its last."""
 
-    def __init__(self, *, max_queued: int = MAX_QUEUED_EVENTS, max_endpoints: int = MAX_ENDPOINTS) -> None:
+    def __init__(self, *, max_queued: int = MAX_QUEUED_EVENTS, max_endpoints: int = MAX_ENDPOINTS,
+                 patience_s: float = PATIENCE_S) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.max_queued = max_queued
+        self.max_queued, self.patience_s = max_queued, patience_s
         self.max_endpoints = max_endpoints
         self._sinks: OrderedDict[str, PushQueue] = OrderedDict()  # least recently attached first
         self._users: Counter[str] = Counter()  # endpoint -> requests attached to it
@@ -82,10 +84,10 @@ class EventSinks:
         else:
             del self._users[endpoint]
 
-    def send(self, endpoint: str, msg: TokenEvents) -> bool:
+    async def send(self, endpoint: str, msg: TokenEvents) -> bool:
         """Put `msg` on the socket toward `endpoint` (attached); False, and nothing queued, when `max_queued`
-        events wait there already (the client does not read, or is gone)."""
-        return self._sinks[endpoint].try_send(msg)
+        events wait there for `patience_s` (the client does not read, or is gone)."""
+        return await self._sinks[endpoint].send_within(msg, self.patience_s)
 
     def _close(self, endpoint: str, linger_ms: int) -> None:
         self._sinks.pop(endpoint).close(linger_ms)

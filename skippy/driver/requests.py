@@ -118,7 +118,7 @@ class RequestEndpoint:
                                   draws=event.draws, chunks=event.chunks, progress=event.progress)
                 if events_to is None:
                     await router.send(client, msg)
-                elif self.sinks.send(events_to, msg):
+                elif await self.sinks.send(events_to, msg):
                     self.overflows.ok(events_to, events_to=events_to)
                     sent += len(tokens)
                     if msg.finish_reason is not None:
@@ -136,5 +136,6 @@ class RequestEndpoint:
         self.overflows.refused(events_to, events_to=events_to, request_id=rid, max_queued=queued)
         if msg.finish_reason is None:
             self.stage0.cancel(rid)
-        error = f"token events overflowed: the client at {events_to} is not reading them ({queued} queued at stage 0)"
+        error = (f"token events overflowed: the client at {events_to} is not reading them ({queued} queued at stage 0 "
+                 f"for {self.sinks.patience_s:g} s)")
         await router.send(client, TokenEvents(rid, (), FinishReason.ERROR, error, ErrorCode.SLOW_CLIENT, stats=msg.stats))

@@ -94,6 +94,11 @@ class LoopSocket:
         if waiting is not None:
             await waiting
 
+    def withdraw(self, waiting: asyncio.Future[None]) -> None:
+        """Give up a send of `send_nowait` still waiting for room: it never reaches the socket."""
+        waiting.cancel()
+        self._sends = deque(send for send in self._sends if send[2] is not waiting)
+
     def _watch(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()

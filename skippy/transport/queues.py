@@ -94,10 +94,18 @@ class PushQueue:
         """Send frames already encoded (by `protocol.encode`)."""
         return await _send_frames(self._socket, frames)
 
-    def try_send(self, msg: Message) -> bool:
-        """Put ``msg`` on the socket now, or refuse (False) when ``sndhwm`` messages are queued already."""
+    async def send_within(self, msg: Message, timeout_s: float) -> bool:
+        """Send ``msg``, waiting at most ``timeout_s`` for room behind ``sndhwm`` queued messages; False, and
+        nothing queued, when none came (a waiting send keeps its place in order while it waits)."""
         parts, copy, _ = _multipart(self._encoder(msg))
-        return self._socket.try_send(parts, copy)
+        waiting = self._socket.send_nowait(parts, copy)
+        if waiting is None:
+            return True
+        await asyncio.wait({waiting}, timeout=timeout_s)
+        if not waiting.done():
+            self._socket.withdraw(waiting)
+            return False
+        return not waiting.cancelled() and waiting.exception() is None
 
     def send_frames_nowait(self, frames: Sequence[bytes | memoryview]) -> tuple[asyncio.Future[None] | None, int]:
         """Hand frames to ZeroMQ now: (None if the socket took them, else a future done once they are on it

@@ -2,11 +2,12 @@
 
 The request endpoint (`RequestEndpoint`, real ROUTER and sockets) serves a scripted stage 0 whose
 requests produce as many events as the test puts in. A client whose event PULL never reads gets its
-request failed with slow_client through the submitter once its socket holds `max_queued` events (nothing
-queues in stage 0 past ZeroMQ's high-water mark), the request is cancelled at stage 0, the refusal is
+request failed with slow_client through the submitter once its socket has held `max_queued` events for
+`patience_s` (nothing queues in stage 0 past ZeroMQ's high-water mark), the request is cancelled at stage 0, the refusal is
 counted and logged once for the episode, while a client that reads is served every event in order and
-status queries are answered. Once the stalled client reads again its next request is served, and the
-episode's end is logged.
+status queries are answered. A request to the stalled client sent while its socket is still full (as to an
+adapter restarted on the same endpoint) waits for room and is served once the client reads again, after the
+events left before it, and the episode's end is logged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, RouterQueue
 
 MAX_QUEUED = 4
+PATIENCE_S = 0.2  # an event waits this long for room before its request fails (the test's; serving waits longer)
 WAIT_S = 15.0  # bound on each wait
 BURST = 2000  # events put in at a time while waiting for the overflow
 
@@ -62,8 +64,8 @@ class CountingSinks(EventSinks):
         super().__init__(**kwargs)
         self.taken: dict[str, int] = {}
 
-    def send(self, endpoint: str, msg: TokenEvents) -> bool:
-        took = super().send(endpoint, msg)
+    async def send(self, endpoint: str, msg: TokenEvents) -> bool:
+        took = await super().send(endpoint, msg)
         self.taken[endpoint] = self.taken.get(endpoint, 0) + took
         return took
 
@@ -111,7 +113,7 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
     async def body() -> None:
         ctx = zmq.asyncio.Context()
         stage0, log, counted = ScriptedStage0(), Log(), itertools.count()
-        sinks = CountingSinks(max_queued=MAX_QUEUED)
+        sinks = CountingSinks(max_queued=MAX_QUEUED, patience_s=PATIENCE_S)
         endpoint = RequestEndpoint(stage0, sinks, log, events_to_overflow=lambda: next(counted))
         router = RouterQueue(ctx, f"ipc://{tmp_path}/req.sock")
         serving = asyncio.get_running_loop().create_task(endpoint.serve(router))
@@ -158,14 +160,19 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             await submitter.send(StatusQuery(7))
             assert (await _recv(submitter)).nonce == 7
 
-            # the stalled client reads again: its next request is served, and the episode ends
-            got = await _read(stalled, sinks.taken[stalled_at])
-            assert [m.tokens for m in got] == [(i % 1000,) for i in range(sinks.taken[stalled_at])]  # in order, no gap
+            # a new request to the stalled client while its socket is still full (a client restarted on the same
+            # endpoint, which has not drained what its predecessor left): its events wait for room, not refused
+            sinks.patience_s = WAIT_S
             await submitter.send(Submit("later", (1, 2), {}, 3, (), stalled_at))
             assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "later"
-            for token in (7, 8):  # within the bound (less the lag of ZeroMQ's read count): taken before the client reads
+            for token in (7, 8):  # the socket still holds the stuck request's events: these wait
                 stage0.handles["later"].put(TokenEvent(token=token))
             stage0.handles["later"].put(TokenEvent(finish_reason=FinishReason.STOP))
+            left = sinks.taken[stalled_at]
+            # the stalled client reads again: the left events come first, in order, then the new request's; the
+            # episode ends
+            got = await _read(stalled, left)
+            assert [m.tokens for m in got] == [(i % 1000,) for i in range(left)]  # in order, no gap
             copy = await _recv(submitter)
             assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("later", FinishReason.STOP, 2)
             later = await _read_until_final(stalled)
