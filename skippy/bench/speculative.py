@@ -216,7 +216,7 @@ async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) ->
                 for (workload, c), prompts in cell_prompts.items():
                     cell = await bench.cell(workload, delay, c, prompts)
                     cell.load = os.getloadavg()[0]
-                    cell.row_excess_ms = cost.row_excess_ms if cost is not None else 0.0
+                    cell.served_factor = cost.speed if cost is not None else 1.0
                     print(cell.line(), file=sys.stderr, flush=True)
                     cells.append(cell)
     return cells, calibrated

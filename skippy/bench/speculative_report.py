@@ -38,7 +38,7 @@ class Cell:
     margins: dict[str, list[float]] = field(default_factory=dict)  # mode -> top-2 margin at each mismatch
     load: float = 0.0  # the machine's 1-minute load average when the cell ended (this run's processes included)
     peers: tuple[str, ...] = ()  # modes that are llama-servers (skippy.bench.speculative_peers), not skippy's driver
-    row_excess_ms: float = 0.0  # the policy's cost model at the cell's end: ms a served row cost beyond calibration
+    served_factor: float = 1.0  # the policy's cost model at the cell's end: served batches' ms over calibration's
 
     @property
     def plain(self) -> ModeResult:
@@ -65,7 +65,7 @@ class Cell:
     def line(self) -> str:
         ratios = ", ".join(f"{m} {self.ratio(m):.2f}x" for m in list(self.results)[1:])
         return (f"bench: {self.workload} {self.delay_ms:g} ms/hop c={self.concurrency} n={self.n}: "
-                f"plain {self.plain.tok_s:.1f} tok/s; {ratios}; served rows +{self.row_excess_ms:.2f} ms each")
+                f"plain {self.plain.tok_s:.1f} tok/s; {ratios}; served batches {self.served_factor:.2f}x calibration")
 
 
 def _accept(r: ModeResult) -> str:
@@ -203,8 +203,8 @@ real process, stage 0's driver in the bench's process; greedy, max_tokens {facts
 at end-of-generation tokens. plain = `--no-speculative`; policy = the default of `skippy up` (the suffix
 proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index emptied before each cell,
 under the per-session policy: k <= 8, pipeline depth <= 2, the draft rows of each batch given to the sessions
-whose drafts pay). Calibrated C(rows) (rows: ms): {facts['calibrated_cost_ms']}; served batches' excess per row
-over it at each cell's end (attention over every session's KV), ms: {[round(c.row_excess_ms, 2) for c in cells]}.
+whose drafts pay). Calibrated C(rows) (rows: ms): {facts['calibrated_cost_ms']}; served batches' ms over it
+at each cell's end (attention over every session's KV, other work on the host): {[round(c.served_factor, 2) for c in cells]}.
 {_peers_md(cells, facts)}Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
 machine; the modes alternate round by round so it hits them alike).
 
@@ -247,7 +247,7 @@ def write_report(out: Path, cells: list[Cell], facts: dict[str, Any]) -> str:
     goals = targets(cells)
     (out / "bench-speculative.json").write_text(json.dumps({**facts, "targets": goals, "cells": [
         {"workload": c.workload, "delay_ms": c.delay_ms, "concurrency": c.concurrency, "n": c.n, "load": c.load,
-         "row_excess_ms": c.row_excess_ms, "modes": {
+         "served_factor": c.served_factor, "modes": {
             m: {"tok_s": r.tok_s, "ratio": c.ratio(m), "ttft_ms": r.ttft_ms, "decode_tokens": r.decode_tokens,
                 "decode_s": r.decode_s, "totals": asdict(r.totals), "mismatched": c.mismatched(m),
                 "margins": c.margins.get(m, []), **latency_json(r)}

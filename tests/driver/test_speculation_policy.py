@@ -136,6 +136,8 @@ def test_the_engine_sizes_a_batch_together_within_what_each_request_can_commit()
     assert k == 3 and proposal[:3] == [1, 2, 3]
     cost = speculation.policy.cost
     assert cost is not None
+    for _ in range(10):
+        speculation.observe_batch(2, 12.0)  # plain batches of the two sessions, at calibration's price
     speculation.observe_batch(8, 500.0)  # a served batch: its row count's price, and a floor for larger ones
-    assert cost.cost(8) == 500.0 and cost.cost(9) >= 500.0
+    assert cost.cost(8) == 500.0 and cost.cost(9) >= 500.0 and cost.cost(2) < 15.0
     assert speculation.draft_all([1, 2], 512, 2, room={1: 3, 2: 0})[1][1] == 0  # rows now dear: plain decoding

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from skippy.driver.speculative.window import (
+    AGED_AFTER,
     ALPHA_PRIOR,
     DECAY,
     PRIOR_WEIGHT,
@@ -320,25 +321,39 @@ def test_calibration_measures_every_row_of_a_window_then_every_8_of_a_batch() ->
     assert window.measured_rows == 8 and window.cost(5) == pytest.approx(10.0)  # interpolated
 
 
-def test_served_batches_add_their_excess_per_row_to_the_calibrated_cost() -> None:
+def test_served_batches_scale_the_calibrated_cost_and_correct_its_shape() -> None:
     window = CostModelWindow([0.0] + [10.0 * r for r in range(1, 33)], 0.0, 2, 8)
-    window.observe(8, 80.0 + 8 * 2.0)  # a served batch of 8 rows: 2 ms a row more than calibration
-    assert window.cost(16) == pytest.approx(160.0 + 16 * 2.0) and window.calibrated(16) == pytest.approx(160.0)
+    window.observe(8, 96.0)  # a served batch of 8 rows at 1.2x calibration: the host is slower now
+    assert window.cost(16) == pytest.approx(192.0) and window.calibrated(16) == pytest.approx(160.0)
     assert window.cost(8) == pytest.approx(96.0)  # served at that many rows: its own price
     for _ in range(200):
-        window.observe(4, 40.0)  # the contexts got short again: the excess decays back
-    assert window.row_excess_ms == pytest.approx(0.0, abs=1e-6) and window.cost(16) == pytest.approx(160.0)
+        window.observe(4, 40.0)  # the host is as fast as at calibration again: the factor decays back
+    assert window.speed == pytest.approx(1.0, abs=1e-6) and window.cost(16) == pytest.approx(160.0)
     window.observe(16, 400.0)  # dearer than the model said: the batches that row count chose correct it
     assert window.cost(16) == pytest.approx(400.0)
     window.observe(16, 300.0)
     assert 300.0 < window.cost(16) < 400.0
     assert window.cost(20) == window.cost(16) < window.cost(32)  # more rows never cheaper
+    for _ in range(AGED_AFTER * 8):
+        window.observe(4, 40.0)  # 16 rows not served for long: its price blends back into the host's factor
+    assert window.cost(16) == pytest.approx(160.0, rel=0.01)
     cheaper = CostModelWindow([0.0] + [10.0 * r for r in range(1, 33)], 0.0, 2, 8)
     cheaper.observe(8, 40.0)  # served rows cheaper than calibration's: not extrapolated to rows never served
-    assert cheaper.row_excess_ms < 0 and cheaper.cost(24) == pytest.approx(240.0) and cheaper.cost(8) == 40.0
+    assert cheaper.speed < 1 and cheaper.cost(24) == pytest.approx(240.0) and cheaper.cost(8) == 40.0
     window.observe(0, 5.0)
     window.observe(4, math.nan)  # nothing to learn from
-    assert window.observed == 203
+    assert window.observed == 203 + AGED_AFTER * 8
+
+
+def test_a_slow_spell_on_one_row_steps_leaves_the_window_as_it_was() -> None:
+    """The measured table of a 2-stage SmolLM2 (ms by rows); one-row steps served at twice their price (a
+    busy minute) raise every price by that factor, so the best window stays; an excess per row did not."""
+    table = [0.0, 27.0, 37.0, 44.0, 52.0, 60.0, 68.0, 76.0, 84.0, 115.0]
+    window, calm = CostModelWindow(table, 0.0, 2, 8), CostModelWindow(table, 0.0, 2, 8)
+    for _ in range(10):
+        window.observe(1, 54.0)
+    assert window.cost(1) == pytest.approx(54.0, rel=0.01) and window.cost(8) == pytest.approx(168.0, rel=0.01)
+    assert window.best_k(0.9) == calm.best_k(0.9) > 0
 
 
 def test_calibrate_cost_single_repeat_and_bad_arguments() -> None:

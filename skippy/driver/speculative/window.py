@@ -33,6 +33,7 @@ from typing import Protocol
 ALPHA_PRIOR = 0.5  # alpha before any window
 PRIOR_WEIGHT = 2.0  # the prior counts as this many tested draft tokens
 DECAY = 0.7  # weight of older evidence per observed window (~3 windows of memory)
+AGED_AFTER = 32  # served batches of other row counts after which a row count's own price counts half
 
 
 @dataclass
@@ -200,11 +201,19 @@ class CostModelWindow:
     Calibration decodes one fresh sequence; served batches attend over every session's KV cells (the cache is
     unified), so each of their rows costs more, and more the longer the contexts; other work on the host
     moves every price. `observe(rows, ms)` takes a served decode batch's measured compute (every stage's,
-    the final stage's verification included): C(rows) = EWMA of the served batches of that many rows, and for
-    row counts not served yet C_cal(rows) + rows * max(e, 0), e = EWMA((ms - C_cal(rows)) / rows) over all of them.
-    A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from below
-    (measured: 8 sessions' batches of 11-17 rows took 2.3-2.8x the 8-row batch where the calibrated table said
-    1.3-1.9x).
+    the final stage's verification included); prices are calibration times a factor, C(r) = C_cal(r) * g(r):
+    - f, served against calibrated: EWMA over every served batch of ms / C_cal(r). Other work on the host, a
+      noisy minute, the contexts' length move it, and every price with it by the same factor, which leaves the
+      choice between windows as it was (only the wire's share changes). A row count not served takes
+      g = max(f, 1): a cheap minute is no evidence that a batch never served is cheap (extrapolated down, an
+      excess below calibration priced 24-row batches at a third of it: 0.72-0.88x at c = 8-16).
+    - A row count served has its own ratio, EWMA of its batches' ms / C_cal(r), which calibration's shape may
+      have got wrong (measured: 8 sessions' batches of 11-17 rows took 2.3-2.8x the 8-row batch where
+      calibration said 1.3-1.9x); its weight halves every `AGED_AFTER` batches of other row counts since it was
+      last served (g blends into max(f, 1)), so one dear spell does not price a window out for good.
+    A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from
+    below. An excess added per row instead (the earlier model) multiplied one noisy 1-row step by a window's
+    rows: +27 ms on a 27 ms step priced an 8-row window at 3.6x its calibration and the policy stopped drafting.
     """
 
     def __init__(self, cost_ms: Sequence[float] | Mapping[int, float], hop_ms: float, hops: int, max_k: int) -> None:
@@ -220,9 +229,9 @@ class CostModelWindow:
         self._slope = (self._ms[-1] - self._ms[0]) / span if span else 0.0
         self._table: dict[int, float] = {}
         self.hop_ms, self.hops, self.max_k = hop_ms, hops, max_k
-        self.row_excess_ms = 0.0  # e: ms a served row costs beyond a calibration row (attention over more KV)
+        self.speed = 1.0  # f: EWMA of served batch ms / C_cal(rows), every row count
         self.observed = 0  # served batches observed
-        self.served: dict[int, float] = {}  # rows -> EWMA ms of served batches of that many rows
+        self.served: dict[int, tuple[float, int]] = {}  # rows -> (EWMA ms / C_cal(rows), `observed` when last served)
 
     def calibrated_table(self) -> dict[int, float]:
         """The rows calibration measured and their ms."""
@@ -230,13 +239,20 @@ class CostModelWindow:
 
     def observe(self, rows: int, ms: float, weight: float = 0.1) -> None:
         """A served decode batch of `rows` rows took `ms` of compute over all stages."""
-        if rows < 1 or not math.isfinite(ms):
+        calibrated = self.calibrated(rows) if rows >= 1 else 0.0
+        if calibrated <= 0 or not math.isfinite(ms) or ms <= 0:
             return
-        excess = (ms - self.calibrated(rows)) / rows
-        self.row_excess_ms = excess if self.observed == 0 else (1 - weight) * self.row_excess_ms + weight * excess
+        ratio = ms / calibrated
+        self.speed = ratio if self.observed == 0 else (1 - weight) * self.speed + weight * ratio
         last = self.served.get(rows)
-        self.served[rows] = ms if last is None else (1 - 2 * weight) * last + 2 * weight * ms
         self.observed += 1
+        self.served[rows] = (ratio if last is None else (1 - 2 * weight) * last[0] + 2 * weight * ratio, self.observed)
+
+    def _price(self, rows: int) -> float:
+        unserved = max(self.speed, 1.0)
+        ratio, seen = self.served.get(rows, (unserved, self.observed))
+        w = 0.5 ** ((self.observed - seen) / AGED_AFTER)
+        return self.calibrated(rows) * (w * ratio + (1 - w) * unserved)
 
     @property
     def measured_rows(self) -> int:
@@ -244,13 +260,8 @@ class CostModelWindow:
         return self._rows[-1]
 
     def cost(self, rows: int) -> float:
-        """C(rows) in ms of a served batch: as served batches of that many rows took, else calibrated plus the
-        observed excess per row; never below what fewer rows were served in (more rows never cost less)."""
-        served = self.served.get(rows)
-        # an excess below 0 (served rows cheaper than calibration's) is not extrapolated: times the rows of a large
-        # batch never served it priced those at a fraction of calibration, and the policy lost 0.72-0.88x at c = 8-16
-        price = served if served is not None else self.calibrated(rows) + rows * max(self.row_excess_ms, 0.0)
-        return max([price, *(ms for r, ms in self.served.items() if r < rows)])
+        """C(rows) in ms of a served batch (class docstring); never below a served smaller row count's."""
+        return max([self._price(rows), *(self._price(r) for r in self.served if r < rows)])
 
     def calibrated(self, rows: int) -> float:
         """C_cal(rows): measured, interpolated, or extrapolated as in the class docstring."""
