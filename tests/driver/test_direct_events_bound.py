@@ -171,12 +171,11 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             left = sinks.taken[stalled_at]
             # the stalled client reads again: the left events come first, in order, then the new request's; the
             # episode ends
-            got = await _read(stalled, left)
-            assert [m.tokens for m in got] == [(i % 1000,) for i in range(left)]  # in order, no gap
+            got = await _read_until_final(stalled)  # the stuck request's final went nowhere: this one is later's
+            assert [m.request_id for m in got] == ["stuck"] * left + ["later"] * 3
+            assert [t for m in got for t in m.tokens] == [i % 1000 for i in range(left)] + [7, 8]  # in order, no gap
             copy = await _recv(submitter)
             assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("later", FinishReason.STOP, 2)
-            later = await _read_until_final(stalled)
-            assert [t for m in later for t in m.tokens] == [7, 8]
             assert [fields["refused"] for _, fields in log.events("events_to_overflow_ended")] == [1]
             assert len(log.events("events_to_overflow")) == 1
         finally:
