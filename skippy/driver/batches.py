@@ -46,6 +46,7 @@ class InFlight:
     credit_wait_ms: float = 0.0
     sent: asyncio.Future[float] | None = None
     waiter: asyncio.Future[Predictions] | None = None  # set by `BatchLauncher.round_trip`: its predictions go there
+    ahead: int = 0  # batches in flight when this one was launched (it may queue behind them at every stage)
 
     @property
     def rows(self) -> int:
@@ -161,6 +162,7 @@ class BatchLauncher:
         return await waiter
 
     def _register(self, batch_id: int, entry: InFlight) -> None:
+        entry.ahead = len(self.inflight)
         self.inflight[batch_id] = entry
         self.stats.count(entry, len(self.inflight))
 

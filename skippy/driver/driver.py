@@ -285,10 +285,10 @@ class Driver:
             return
         self.launcher.stats.observe(msg)
         hops = self.launcher.stats.hop_ms[-1]
-        if self.speculation is not None:
-            self.speculation.observe_hops(hops)
-            if not any(pw.is_prefill for pw in entry.plan):
-                self.speculation.observe_batch(entry.rows, sum(t.compute_ms for t in msg.timings))
+        if self.speculation is not None and not any(pw.is_prefill for pw in entry.plan):
+            if entry.ahead == 0:  # else its hops include waiting behind those batches (seconds behind prefill chunks)
+                self.speculation.observe_hops(hops)
+            self.speculation.observe_batch(entry.rows, sum(t.compute_ms for t in msg.timings))
         outcomes = postprocess(entry, msg, self.runtime.spec.ctx_size)
         # the schedule loop wakes first: the next batch is launched before the requests' consumers and the
         # telemetry of this one run (they are not on the token's critical path)

@@ -32,6 +32,7 @@ from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.ngram_cache import NgramCacheProposerFactory
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import WindowStats
+from skippy.protocol import Predictions
 from skippy.runtime.sampling import SamplingParams
 from skippy.testing.replay import replay_op_log
 
@@ -297,3 +298,45 @@ def test_a_repeated_request_drafts_from_the_global_index_and_stays_exact(
     first_steps, second_steps = (steps[s] for s in sorted(steps))
     assert 3 * second_steps <= first_steps, steps  # >= 3x fewer decode steps for the repeat
     assert sorted(_replayed(pipe, op_log)) == sorted([first, second])
+
+
+def test_only_batches_launched_alone_time_the_hops(tiny_model: Callable[..., Path],
+                                                   make_pipeline: Callable[..., Pipeline]) -> None:
+    """The policy's hop delay comes from decode batches that had nothing in flight ahead of them: a prompt's
+    pipelined prefill chunks wait behind each other at every stage, and their `recv_at - sent_at` (up to
+    3.2 s measured behind 2048-row chunks) once priced the wire so high that drafting looked to pay at c=16."""
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=256)
+    prompt = random_prompt(112, 77, 400)
+    flags = ("--openai-prefill-chunk-policy", "fixed", "--openai-prefill-chunk-size", "16",
+             "--downstream-wire-delay-ms", "30")
+    speculation = Speculation(SuffixProposerFactory(NgramConfig(kind=NgramKind.SUFFIX, min_ngram=2, max_ngram=4,
+                                                                max_proposal_tokens=4)), FixedK(2))
+    timed: list[list[float]] = []
+    launched: list[tuple[int, bool]] = []  # (batches ahead at launch, has prefill rows) of every batch back
+    observe_hops = speculation.observe_hops
+
+    def record_hops(hop_ms: Sequence[float]) -> None:
+        timed.append(list(hop_ms))
+        observe_hops(hop_ms)
+
+    speculation.observe_hops = record_hops  # type: ignore[method-assign]
+
+    async def body() -> None:
+        async with running_driver(pipe, *flags, max_iterations=1, speculation=speculation) as driver:
+            original = driver.on_predictions
+
+            def record(msg: Predictions) -> None:
+                entry = driver.launcher.inflight.get(msg.batch_id)
+                if entry is not None:
+                    launched.append((entry.ahead, any(pw.is_prefill for pw in entry.plan)))
+                original(msg)
+
+            driver.on_predictions = record  # type: ignore[method-assign]
+            _, final = await asyncio.wait_for(driver.submit(prompt, max_tokens=12).collect(), 60)
+            assert final.finish_reason == "length"
+
+    run(body())
+    assert any(ahead > 0 for ahead, _ in launched), launched  # the chunks did queue behind each other
+    alone = [ahead == 0 and not prefill for ahead, prefill in launched]
+    assert len(timed) == sum(alone) > 0, launched
+    assert all(len(hops) == 1 for hops in timed)  # one hop: stage 0 -> stage 1
