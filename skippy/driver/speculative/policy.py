@@ -16,13 +16,17 @@ Inputs, all measured:
     rate(k) = tau(k) / (C(b(k+1)) + w)                  # tokens per ms per session
     w       = hops*hop_ms while min(n, m) < stages, else 0  # other micro-batches in flight hide the wire; with
               m = 1 (stages sharing cores) none is, so a slow wire is paid on every step at any load
-    k*      = argmax_k rate(k) over k with b(k+1) <= R;  k = 0 when rate(k*)/rate(0) < MIN_GAIN
+    k*      = argmax_k rate(k) over k with b(k+1) <= R;  k = 0 when rate(k*)/rate(0) < max(MIN_GAIN, 1 + e)
               (`choose`: as if the b sessions of a micro-batch drafted alike; the engine `allocate`s the
               rows of each micro-batch over its sessions, the best expected tokens per ms of the batch)
     R       = the most rows calibration measured (every row to max_k + 1, then every 8 to a micro-batch's share
               of the lanes, at most 32): beyond it C is a guess, and pricing several sessions' windows with
               an extrapolated (or one-sequence, batch-size) table lost 0.35-0.78x at c = 8 in an earlier
               bench (docs/bench-speculative.md), so the policy does not speculate on a guess
+    e       = how far served batches missed their price (CostModelWindow.error, relative, EWMA): a gain within
+              the model's error is no gain. Measured: at 16 sessions a decode row cost the head stage ~9.5 ms
+              whatever the batch (no fixed part left to share), calibration priced 14 draft rows at a 5% gain,
+              and the policy ran 0.78-0.86x plain; at one session windows gain 1.5-2.3x, far outside it
     depth 2 when min(n, m) < stages and (1 - s) * T_step > s * (C(2b(k+1)) - C(b(k+1))): a chained window
             saves a step T_step when its predecessor is fully accepted, and costs its own rows when it is not;
             with a micro-batch on every stage already, a chain only adds rows
@@ -93,8 +97,9 @@ class SpeculationPolicy:
             gain(i, j) = P_ij = prod_{l<=j} alpha_il          # tokens session i's draft j adds
             E*         = argmax_E (s + top_E gain) / T(s + E)  # s sessions, E draft rows, s + E <= R
         P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
-        the best rate is below MIN_GAIN x the plain rate (s rows). The rows' cost is the batch's: one good
-        session among plain ones pays C(s + k) - C(s), not C(s(k + 1)) as if all drafted like it."""
+        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate (s rows). The rows'
+        cost is the batch's: one good session among plain ones pays C(s + k) - C(s), not C(s(k + 1)) as if all
+        drafted like it."""
         if self.cost is None:
             return [self.choose(stats, active_sessions) for stats in batch]
         _, in_flight = self.load(active_sessions)
@@ -115,7 +120,7 @@ class SpeculationPolicy:
             if rate > best_rate:
                 best_e, best_rate = e, rate
         ks = [0] * s
-        if best_rate >= MIN_GAIN * plain:
+        if best_rate >= max(MIN_GAIN, 1.0 + self.cost.error) * plain:
             for _, _, i in gains[:best_e]:
                 ks[i] += 1
         return ks

@@ -212,8 +212,10 @@ class CostModelWindow:
       calibration said 1.3-1.9x); its weight halves every `AGED_AFTER` batches of other row counts since it was
       last served (g blends into max(f, 1)), so one dear spell does not price a window out for good.
     A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from
-    below. An excess added per row instead (the earlier model) multiplied one noisy 1-row step by a window's
-    rows: +27 ms on a 27 ms step priced an 8-row window at 3.6x its calibration and the policy stopped drafting.
+    below. `error` is the EWMA of how far each price missed the batch it priced (relative): a gain smaller
+    than that is within the model's own error (the policy asks for more). An excess added per row instead (the
+    earlier model) multiplied one noisy 1-row step by a window's rows: +27 ms on a 27 ms step priced an 8-row
+    window at 3.6x its calibration and the policy stopped drafting.
     """
 
     def __init__(self, cost_ms: Sequence[float] | Mapping[int, float], hop_ms: float, hops: int, max_k: int) -> None:
@@ -230,6 +232,7 @@ class CostModelWindow:
         self._table: dict[int, float] = {}
         self.hop_ms, self.hops, self.max_k = hop_ms, hops, max_k
         self.speed = 1.0  # f: EWMA of served batch ms / C_cal(rows), every row count
+        self.error = 0.0  # EWMA of |served ms - C(rows)| / C(rows): how far prices miss what batches then take
         self.observed = 0  # served batches observed
         self.served: dict[int, tuple[float, int]] = {}  # rows -> (EWMA ms / C_cal(rows), `observed` when last served)
 
@@ -243,6 +246,9 @@ class CostModelWindow:
         if calibrated <= 0 or not math.isfinite(ms) or ms <= 0:
             return
         ratio = ms / calibrated
+        # how far the model's price was off: a window has to beat plain decoding by more than this (the policy)
+        miss = abs(ms - self.cost(rows)) / max(self.cost(rows), 1e-9) if self.observed else 0.0
+        self.error = miss if self.observed == 1 else (1 - weight) * self.error + weight * miss
         self.speed = ratio if self.observed == 0 else (1 - weight) * self.speed + weight * ratio
         last = self.served.get(rows)
         self.observed += 1
