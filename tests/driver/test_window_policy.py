@@ -338,8 +338,8 @@ def test_served_batches_scale_the_calibrated_cost_and_correct_its_shape() -> Non
         window.observe(4, 40.0)  # 16 rows not served for long: its price blends back into the host's factor
     assert window.cost(16) == pytest.approx(160.0, rel=0.01)
     cheaper = CostModelWindow([0.0] + [10.0 * r for r in range(1, 33)], 0.0, 2, 8)
-    cheaper.observe(8, 40.0)  # served rows cheaper than calibration's: not extrapolated to rows never served
-    assert cheaper.speed < 1 and cheaper.cost(24) == pytest.approx(240.0) and cheaper.cost(8) == 40.0
+    cheaper.observe(8, 40.0)  # calibrated in a slow minute: every row count is cheaper alike, the shape kept
+    assert cheaper.speed == 0.5 and cheaper.cost(24) == pytest.approx(120.0) and cheaper.cost(8) == 40.0
     window.observe(0, 5.0)
     window.observe(4, math.nan)  # nothing to learn from
     assert window.observed == 203 + AGED_AFTER * 8

@@ -204,13 +204,15 @@ class CostModelWindow:
     the final stage's verification included); prices are calibration times a factor, C(r) = C_cal(r) * g(r):
     - f, served against calibrated: EWMA over every served batch of ms / C_cal(r). Other work on the host, a
       noisy minute, the contexts' length move it, and every price with it by the same factor, which leaves the
-      choice between windows as it was (only the wire's share changes). A row count not served takes
-      g = max(f, 1): a cheap minute is no evidence that a batch never served is cheap (extrapolated down, an
-      excess below calibration priced 24-row batches at a third of it: 0.72-0.88x at c = 8-16).
+      choice between windows as it was (only the wire's share changes). A row count not served takes g = f,
+      below 1 too: a calibration that ran in a slow minute (measured: 0.42-0.69x of what served batches then
+      took) priced every window never served at twice its cost and the policy never drafted at c = 8. (An
+      excess per row below 0, the model before, did price 24-row batches at a third of calibration, a factor
+      that grows with the rows: 0.72-0.88x at c = 8-16.)
     - A row count served has its own ratio, EWMA of its batches' ms / C_cal(r), which calibration's shape may
       have got wrong (measured: 8 sessions' batches of 11-17 rows took 2.3-2.8x the 8-row batch where
       calibration said 1.3-1.9x); its weight halves every `AGED_AFTER` batches of other row counts since it was
-      last served (g blends into max(f, 1)), so one dear spell does not price a window out for good.
+      last served (g blends into f), so one dear spell does not price a window out for good.
     A price that was too low is so corrected by the batches it chose, and bounds every larger batch's from
     below. `error` is the EWMA of how far each price missed the batch it priced (relative): a gain smaller
     than that is within the model's own error (the policy asks for more). An excess added per row instead (the
@@ -255,10 +257,9 @@ class CostModelWindow:
         self.served[rows] = (ratio if last is None else (1 - 2 * weight) * last[0] + 2 * weight * ratio, self.observed)
 
     def _price(self, rows: int) -> float:
-        unserved = max(self.speed, 1.0)
-        ratio, seen = self.served.get(rows, (unserved, self.observed))
+        ratio, seen = self.served.get(rows, (self.speed, self.observed))
         w = 0.5 ** ((self.observed - seen) / AGED_AFTER)
-        return self.calibrated(rows) * (w * ratio + (1 - w) * unserved)
+        return self.calibrated(rows) * (w * ratio + (1 - w) * self.speed)
 
     @property
     def measured_rows(self) -> int:
