@@ -249,7 +249,8 @@ class CostModelWindow:
             return
         ratio = ms / calibrated
         # how far the model's price was off: a window has to beat plain decoding by more than this (the policy)
-        miss = abs(ms - self.cost(rows)) / max(self.cost(rows), 1e-9) if self.observed else 0.0
+        predicted = self.cost(rows)
+        miss = abs(ms - predicted) / max(predicted, 1e-9) if self.observed else 0.0
         self.error = miss if self.observed == 1 else (1 - weight) * self.error + weight * miss
         self.speed = ratio if self.observed == 0 else (1 - weight) * self.speed + weight * ratio
         last = self.served.get(rows)
