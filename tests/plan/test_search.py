@@ -54,6 +54,19 @@ def test_the_dp_finds_the_brute_force_optimum(concurrency: int, delay_ms: float)
         assert split.prediction.tpot_ms == pytest.approx(brute_force(hosts, k, concurrency, f))
 
 
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+@pytest.mark.parametrize("cpus", [["0", "1", "0"], ["0-1", "1", "2"], ["0", "0", "1"]])
+def test_the_search_adds_up_stages_that_share_cores(concurrency: int, cpus: list[str]) -> None:
+    """Hosts standing for overlapping CPU sets of this machine (`--stage-cpus 0,1,0`) are one resource: the
+    search must score a split as the prediction does, not as if each stage had its cores to itself."""
+    f = facts()
+    hosts = [(Host(f"h{i}", cpus=c), costs(1.0)) for i, c in enumerate(cpus)]
+    splits = best_splits(hosts, f, SHAPE, concurrency)
+    for k, split in splits.items():
+        assert split is not None
+        assert split.prediction.tpot_ms == pytest.approx(brute_force(hosts, k, concurrency, f))
+
+
 def test_the_head_stage_gets_fewer_layers() -> None:
     split = best_splits([(Host("a"), costs()), (Host("b"), costs())], facts(), SHAPE, 16)[2]
     assert split is not None
