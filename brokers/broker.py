@@ -205,7 +205,7 @@ class Broker:
         if isinstance(msg, Submit):
             await self._on_submit(client, msg)
         elif isinstance(msg, Cancel):
-            await self._on_cancel(client, msg.request_id)
+            await self._on_cancel(client, msg.request_id, msg.events_to)
         elif isinstance(msg, StatusQuery):
             self.relay.tell(client, self.status(msg.nonce))
         elif isinstance(msg, ProtocolError):
@@ -233,14 +233,20 @@ class Broker:
         req = self.requests[msg.request_id] = _Request(client, msg, self.clock())
         req.task = self._spawn(self._admit(req))
 
-    async def _on_cancel(self, client: bytes, request_id: str) -> None:
+    async def _on_cancel(self, client: bytes, request_id: str, events_to: str | None) -> None:
         req = self.requests.get(request_id)
         if req is None:  # held by a broker before this one (it died; its adapter resubmits): every stage 0 is told
             for link in self.pool.links:
                 await link.cancel(request_id)
             return
-        if req.client != client or req.done:
+        if req.done:
             return
+        if req.client != client:
+            if events_to is None or events_to != req.submit.events_to:
+                self.log.warning("cancel_ignored", request_id=request_id, client=client.hex(),
+                                 error="not the request's submitter, nor bound where its events go")
+                return
+            self.log.info("orphan_cancel", request_id=request_id, client=client.hex(), events_to=events_to)
         if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
             assert req.task is not None
             req.task.cancel()

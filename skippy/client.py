@@ -7,6 +7,9 @@ ROUTER next to its pipeline endpoint (`transport.request_endpoint`): for `ipc://
 Unlike `Driver.submit`, `submit` here is a coroutine: it sends. With `events_endpoint` (ipc, on stage
 0's host) it binds a PULL there and asks stage 0 to push token events to it directly
 (skippy.driver.direct_events); stage 0's copy of a final event, sent to the submitter, is ignored.
+Events there of a request this client did not submit are its predecessor's on that endpoint (an adapter
+killed and restarted): nobody reads them, so the request is cancelled, once, with the endpoint as the
+proof the broker asks of a client that is not the submitter (`orphans_cancelled` counts them).
 
 A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
 event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.http.resubmit) when the
@@ -34,6 +37,7 @@ from skippy.transport.queues import DealerQueue, PullQueue
 
 WATCH_EVERY_S = 1.0  # with requests pending, the peer is asked for its status this often...
 DEAD_AFTER_S = 5.0  # ...and given this long to answer before every pending request fails
+MAX_ORPHANS = 4096  # orphaned requests cancelled and not yet finished that are remembered (not cancelled twice)
 
 
 class PipelineClient:
@@ -47,6 +51,8 @@ class PipelineClient:
         self.events = PullQueue(self.ctx, events_endpoint) if events_endpoint is not None else None
         self.handles: dict[str, RequestHandle] = {}
         self.direct_events = 0  # TokenEvents that came straight from stage 0
+        self.orphans_cancelled = 0  # requests of a client before us on our events endpoint, cancelled
+        self._orphans: set[str] = set()  # ...and not yet finished
         self._status: dict[int, asyncio.Future[Status]] = {}
         self._nonces = itertools.count(1)
         self.watch_every_s, self.dead_after_s = watch_every_s, dead_after_s
@@ -74,7 +80,20 @@ class PipelineClient:
             msg = await events.recv()
             if isinstance(msg, TokenEvents):
                 self.direct_events += 1
-                self._on_events(msg)
+                if msg.request_id in self.handles:
+                    self._on_events(msg)
+                else:
+                    await self._orphaned(msg, events.endpoint)
+
+    async def _orphaned(self, msg: TokenEvents, endpoint: str) -> None:
+        rid = msg.request_id
+        if msg.finish_reason is not None:
+            self._orphans.discard(rid)
+        elif rid not in self._orphans and len(self._orphans) < MAX_ORPHANS:
+            self._orphans.add(rid)
+            self.orphans_cancelled += 1
+            self.log.info("orphan_cancelled", request_id=rid, events_to=endpoint)
+            await self.queue.send(Cancel(rid, events_to=endpoint))
 
     def _on_events(self, msg: TokenEvents) -> None:
         handle = self.handles.get(msg.request_id)

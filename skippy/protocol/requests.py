@@ -51,8 +51,14 @@ class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
 
 
 class Cancel(MessageBase, tag=MessageKind.CANCEL.value, frozen=True):
-    """Client -> stage 0: stop a request (its sessions are released on every stage)."""
+    """Client -> stage 0: stop a request (its sessions are released on every stage).
+
+    A broker takes a cancel only from the request's submitter, or from a client naming the request's
+    ``Submit.events_to`` in ``events_to``: one bound there after it (an adapter restarted on the same events
+    endpoint gets the events of its predecessor's requests, which nobody reads now).
+    """
     request_id: str
+    events_to: str | None = None
 
 
 class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):

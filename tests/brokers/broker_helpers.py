@@ -124,8 +124,8 @@ class BrokerClient:
         await self.queue.send(Submit(request_id, tuple(prompt), {}, max_tokens, (), events_to))
         return stream
 
-    async def cancel(self, request_id: str) -> None:
-        await self.queue.send(Cancel(request_id))
+    async def cancel(self, request_id: str, events_to: str | None = None) -> None:
+        await self.queue.send(Cancel(request_id, events_to))
 
     async def status(self, timeout_s: float = 5.0) -> Status:
         nonce = next(self._nonces)

@@ -6,6 +6,7 @@
 - admission timeout 0.2 s: the queued requests are refused with admission_timeout;
 - cancel of a queued and of a running request; Status reflects running / waiting throughout;
 - a client with its own event endpoint gets every event straight from stage 0 (skippy.driver.direct_events);
+  the next client bound there (a restarted adapter) cancels the requests its predecessor left running;
 - SIGKILL of stage 1: in-flight requests end with pipeline_failed naming the stage, the broker
   turns not-ready naming it, new requests are refused with unavailable.
 """
@@ -166,6 +167,37 @@ def test_an_adapter_on_the_host_gets_its_events_straight_from_stage_0(shared_pip
             finally:
                 for client in (relayed, via_broker, no_broker):
                     client.close()
+
+    run(body())
+
+
+def test_the_client_bound_after_a_dead_one_on_its_events_endpoint_cancels_its_requests(
+        shared_pipeline: PipelineProcs, tmp_path: Path) -> None:
+    """An adapter killed mid-stream leaves its requests generating; the one restarted on the same events endpoint
+    gets their events and cancels them, and the broker takes that cancel because it names where their events
+    go. A client that names nothing, or another endpoint, cannot cancel another client's request."""
+    async def body() -> None:
+        async with running_broker([shared_pipeline.request_endpoint], ADMISSION,
+                                  bind=f"ipc://{tmp_path}/broker.sock") as (broker, stranger):
+            endpoint = f"ipc://{tmp_path}/events.sock"
+            first = PipelineClient(broker.endpoint, events_endpoint=endpoint)
+            handle = await first.submit([5, 6, 7, 8], max_tokens=LONG)
+            events = aiter(handle)
+            assert (await anext(events)).token is not None
+            await stranger.cancel(handle.request_id)
+            await stranger.cancel(handle.request_id, events_to=f"ipc://{tmp_path}/elsewhere.sock")
+            await stranger.status()  # answered after both cancels: one client's messages are handled in order
+            more = [await anext(events) for _ in range(8)]
+            assert all(e.token is not None and e.finish_reason is None for e in more), more
+            first.close()  # gone without a cancel: its request runs on, nobody reading its events
+            heir = PipelineClient(broker.endpoint, events_endpoint=endpoint)
+            try:
+                await broker.wait_until(lambda: not broker.requests, WAIT_S)
+                assert dict(broker.outcomes) == {"cancelled": 1}
+                assert heir.orphans_cancelled == 1 and heir.direct_events < LONG
+                assert (await heir.status()).running == 0
+            finally:
+                heir.close()
 
     run(body())
 

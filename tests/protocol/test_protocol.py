@@ -463,7 +463,7 @@ EVERY_FIELD: list[Message] = [
     SetWire(20.0, 100.0, WireDtype.Q8, True),
     Submit("r", (1, 2, 3), {"temperature": 0.5}, 8, (1,), "ipc:///tmp/events", history=(4, 5), chunks=(2, 3), draws=2,
            progress=True),
-    Cancel("r"),
+    Cancel("r", "ipc:///tmp/events"),
     TokenEvents("r", (5,), FinishReason.ERROR, "boom", ErrorCode.PIPELINE_FAILED, (TokenLogprob(5, -0.5, ((5, -0.5),)),),
                 RequestStats(SpeculativeStats(*range(1, 9), 0.5, *range(9, 14), 2.5, 15, 16, (17, 18)),
                              PrefixStats(1, True, True, 2, 3, 4, 5)), 6, draws=3, chunks=(2, 3),
