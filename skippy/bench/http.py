@@ -12,7 +12,9 @@ HTTP on asyncio streams; the servers alternate level by level of the concurrency
 hits them alike (`--order alternate`), or run one at a time, each alone on the machine, skippy first
 (`--order sequential`) or last (`--order reverse`). Every server gets all cores: llama-cpp-python with
 `--interrupt_requests False` (else a new request cuts the running stream short), llama-server with
-`--parallel N -c N*512 -t <cpus>` (N = 16 or the highest level, as skippy's lanes). llama-cpp-python's
+`--parallel N -c N*512 -t <cpus>` (N = 16 or the highest level, as skippy's lanes). skippy is split at
+`--split` (default 9: two stages, each on every CPU), or with `--split plan` served as `skippy plan` chooses
+for this machine as one host of all its CPUs (`--stage-cpus 0-N`: it does not split one host). llama-cpp-python's
 server extras, and matplotlib for the plot, are pip-installed into the venv on first use; the built
 llama-cpp-python itself is reused, never rebuilt; llama-server is built once from the same llama.cpp
 sources (skippy.bench.llama_server_build). This module runs the benchmark; the servers are started in
@@ -100,13 +102,25 @@ def _start_peer(name: str, model: Path, tmp: Path, lanes: int, threads: int) -> 
     return start_llama_cpp_python(model, tmp / "llama-cpp-python.log", threads)
 
 
-def _skippy_starters(args: argparse.Namespace, tmp: Path, lanes: int) -> list[Callable[[], Server]]:
-    """skippy up --no-speculative, and (unless this bench's --no-speculative) default skippy up (the policy)."""
+PLANNED = "plan"  # --split plan
+
+
+def _skippy_shape(args: argparse.Namespace, threads: int) -> tuple[str | None, list[str], str]:
+    """`skippy up`'s --split and extra flags for this bench's --split, and how the header says it."""
     flags = shlex.split(args.skippy_flags)
+    if args.split != PLANNED:
+        return args.split, flags, f"2 stages split at {args.split}, each stage on all {threads} CPUs"
+    cpus = f"0-{threads - 1}" if threads > 1 else "0"
+    return None, [*flags, "--stage-cpus", cpus], f"as planned for one host of CPUs {cpus} (one stage: no split)"
+
+
+def _skippy_starters(args: argparse.Namespace, tmp: Path, lanes: int, threads: int) -> list[Callable[[], Server]]:
+    """skippy up --no-speculative, and (unless this bench's --no-speculative) default skippy up (the policy)."""
+    split, flags, _ = _skippy_shape(args, threads)
     plain = flags if any(f in OWN_PLAN_FLAGS for f in flags) else [*flags, "--no-speculative"]
-    starters = [lambda: start_skippy(args.model, args.split, tmp / "skippy" / "run", lanes, plain)]
+    starters = [lambda: start_skippy(args.model, split, tmp / "skippy" / "run", lanes, plain)]
     if args.speculative:
-        starters.append(lambda: start_skippy(args.model, args.split, tmp / "skippy-spec" / "run", lanes, flags,
+        starters.append(lambda: start_skippy(args.model, split, tmp / "skippy-spec" / "run", lanes, flags,
                                              name="skippy-spec"))
     return starters
 
@@ -139,7 +153,7 @@ def run_http_bench(args: argparse.Namespace) -> int:
         try:
             print(f"bench: starting skippy up and {', '.join(peers)} on {model.name} (logs in {tmp})", file=sys.stderr)
             starters: list[Callable[[], Server]] = [
-                *_skippy_starters(args, Path(tmp), lanes),
+                *_skippy_starters(args, Path(tmp), lanes, threads),
                 *(functools.partial(_start_peer, p, model, Path(tmp), lanes, threads) for p in peers)]
             if args.order == "alternate":
                 servers += [start() for start in starters]
@@ -152,8 +166,8 @@ def run_http_bench(args: argparse.Namespace) -> int:
             print(f"bench: stopped {codes}", file=sys.stderr)
     spec = (f"; skippy-spec: the same with speculation on (default: the policy over {json.dumps(SPECULATIVE_PLAN)})"
             if args.speculative else "")
-    header = (f"model {model.name}; skippy: 2 stages split at {args.split}, {lanes} lanes, generation concurrency"
-              f" {lanes}, each stage on all {threads} CPUs{', ' + args.skippy_flags if args.skippy_flags else ''}"
+    header = (f"model {model.name}; skippy: {_skippy_shape(args, threads)[2]}, {lanes} lanes, generation concurrency"
+              f" {lanes}{', ' + args.skippy_flags if args.skippy_flags else ''}"
               f"{spec};"
               f" {_peer_facts(peers, lanes, threads)}\n"
               f"prompt {prompt_tokens} tokens{' (numbered: no prefix cache)' if args.unique_prompts else ''},"
@@ -176,7 +190,8 @@ def run_http_bench(args: argparse.Namespace) -> int:
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("http", help="skippy up vs llama-cpp-python's server and llama-server: tok/s, TTFT, TPOT")
     p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
-    p.add_argument("--split", default="9")
+    p.add_argument("--split", default="9", help="skippy's split points (default 9); 'plan': as `skippy plan` chooses"
+                                                " for this machine as one host (it does not split one host)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
     p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")
