@@ -35,7 +35,7 @@ from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.replay import Replays
-from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration
+from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration, prefill_chunks
 from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.submission import WaitingRoom, check_submission, default_max_waiting
@@ -245,8 +245,10 @@ class Driver:
         ready = [s for s in self.table.running
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
         room = {s.session_id: s.max_tokens - len(s.generated) - 1 for s in ready}  # drafts the request can still commit
+        # prompt rows that will ride in the same batch: drafts are priced on top of them, not of the decode rows alone
+        riders = sum(n for _, n in prefill_chunks(self.table.running, max(self.runtime.params.n_batch - len(ready), 0)))
         return await self.speculation.drafter([s.session_id for s in ready], self.runtime.params.n_batch, decoding,
-                                              self.worker.call, room)
+                                              self.worker.call, room, riders)
 
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:

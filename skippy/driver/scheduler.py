@@ -11,7 +11,7 @@ decoding sessions into micro-batches so every stage has one to work on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +80,17 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     # prefill: FIFO over sessions still prefilling; the last chunk asks for the first token. A chunk
     # needs nothing back from the one before it, so chunks of one prompt follow each other down the
     # pipeline without waiting (bounded by credits): chunk k+1 computes at stage 0 while k is at stage 1.
+    for seq, n in prefill_chunks(running, budget, only_pipelined_prefill):
+        end = seq.prefilled + n
+        outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
+        plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, epoch=seq.epoch,
+                                  attempt=seq.attempt))
+    return plan
+
+
+def prefill_chunks(running: Iterable[Sequence], budget: int,
+                   only_pipelined_prefill: bool = False) -> Iterator[tuple[Sequence, int]]:
+    """(session, rows) of the next prefill chunks within `budget` rows, FIFO over sessions still prefilling."""
     for seq in running:
         if budget == 0:
             break
@@ -89,9 +100,5 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
         # a replay's (prompt + committed tokens) last chunk samples nothing: the last committed token comes next
         size = seq.replay_chunk(seq.planner.size()) if seq.resumed_at else seq.planner.size()
         n = min(size, seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
-        end = seq.prefilled + n
-        outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
-        plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, epoch=seq.epoch,
-                                  attempt=seq.attempt))
+        yield seq, n
         budget -= n
-    return plan

@@ -158,3 +158,14 @@ def test_a_gain_within_the_cost_models_own_error_is_not_taken() -> None:
     assert 0.15 < p.cost.error < 0.3
     assert p.allocate([sure] * 16, 16) == [0] * 16  # within the model's error: plain decoding
     assert sum(p.allocate([sure], 1)) > 0  # one session's windows pay far more than that
+
+
+def test_drafts_are_priced_on_top_of_the_prompt_rows_riding_in_the_batch() -> None:
+    """A prompt chunk in the same batch takes the cheap rows: drafts then pay compute-bound prices (or rows
+    calibration never measured), where on decode rows alone they were nearly free."""
+    good = stats_after([(8, 8)] * 6)
+    knee = [0.0] + [10.0 if r <= 16 else 10.0 * (r - 15) for r in range(1, 41)]  # free to 16 rows, then 10 ms a row
+    p = policy(knee, micro_batches=1)
+    assert sum(p.allocate([good] * 4, 4)) == 12  # 4 decode rows: the drafts fill the free rows
+    assert p.allocate([good] * 4, 4, riders=16) == [0] * 4  # 4 + 16 rows: every draft row costs a row's compute
+    assert p.allocate([good] * 4, 4, riders=128) == [0] * 4  # past the measured rows: not priced on a guess

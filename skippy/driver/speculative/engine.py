@@ -127,14 +127,15 @@ class Speculation:
         self.sessions[session_id] = SessionSpeculation(proposer)
 
     def draft_all(self, session_ids: list[int], budget: int, active_sessions: int,
-                  room: dict[int, int] | None = None) -> dict[int, tuple[list[int], int]]:
+                  room: dict[int, int] | None = None, riders: int = 0) -> dict[int, tuple[list[int], int]]:
         """`draft` for each session, by session id; the policy sizes the windows of the batch together, each at
-        most the session's `room` (drafts its request can still commit: max_tokens left - 1)."""
+        most the session's `room` (drafts its request can still commit: max_tokens left - 1), on top of the
+        `riders`, prompt rows the batch also carries."""
         ks: dict[int, int] = {}
         if isinstance(self.policy, SpeculationPolicy):
             known = [sid for sid in session_ids if sid in self.sessions]
             caps = [(room or {}).get(sid, self.max_k) for sid in known]
-            chosen = self.policy.allocate([self.sessions[sid].stats for sid in known], active_sessions, caps)
+            chosen = self.policy.allocate([self.sessions[sid].stats for sid in known], active_sessions, caps, riders)
             ks = {sid: max(0, min(k, cap)) for sid, k, cap in zip(known, chosen, caps)}
         return {sid: self.draft(sid, budget, active_sessions, ks.get(sid)) for sid in session_ids}
 
@@ -174,16 +175,16 @@ class Speculation:
         spec = self.sessions.get(session_id)
         return spec.depth if spec is not None else self.depth
 
-    async def drafter(self, ready: list[int], budget: int, decoding: int,
-                      in_runtime: Callable[..., Awaitable[Any]], room: dict[int, int] | None = None) -> Drafter | None:
+    async def drafter(self, ready: list[int], budget: int, decoding: int, in_runtime: Callable[..., Awaitable[Any]],
+                      room: dict[int, int] | None = None, riders: int = 0) -> Drafter | None:
         """Drafts for the `ready` sessions the next plan can decode; the plan trims each to the rows its budget
         has left. A draft model runs llama.cpp, so its drafts are made in the runtime thread (`in_runtime`);
         n-gram drafts (microseconds) on the loop: the hand-off cost stage 0 a thread round trip on every step."""
         if not ready:
             return None
         drafts: dict[int, tuple[list[int], int]] = (
-            await in_runtime(self.draft_all, ready, budget, decoding, room) if self.factory.runs_llama
-            else self.draft_all(ready, budget, decoding, room))
+            await in_runtime(self.draft_all, ready, budget, decoding, room, riders) if self.factory.runs_llama
+            else self.draft_all(ready, budget, decoding, room, riders))
 
         def window(seq: SchedSequence, rows_left: int) -> list[int]:
             proposal, k = drafts.get(seq.session_id, ([], 0))

@@ -89,17 +89,22 @@ class SpeculationPolicy:
                 best_k, best_rate = k, rate
         return best_k if best_rate >= MIN_GAIN * plain else 0
 
-    def allocate(self, batch: list[WindowStats], active_sessions: int, caps: list[int] | None = None) -> list[int]:
+    def allocate(self, batch: list[WindowStats], active_sessions: int, caps: list[int] | None = None,
+                 riders: int = 0) -> list[int]:
         """k per session of one micro-batch (`batch`, each session's stats; `active_sessions` decoding in all;
-        `caps`, the most drafts each session's request can still commit): the draft rows that maximise the
-        batch's expected tokens per ms.
+        `caps`, the most drafts each session's request can still commit; `riders`, prompt rows the batch
+        carries too): the draft rows that maximise the batch's expected tokens per ms.
 
-            gain(i, j) = P_ij = prod_{l<=j} alpha_il          # tokens session i's draft j adds
-            E*         = argmax_E (s + top_E gain) / T(s + E)  # s sessions, E draft rows, s + E <= R
+            gain(i, j) = P_ij = prod_{l<=j} alpha_il       # tokens session i's draft j adds
+            T_E        = T(s) + T(s + p + E) - T(s + p)     # s sessions, p riders, E draft rows: the drafts pay
+                                                            # what they add to the batch, on top of its riders
+            E*         = argmax_E (s + top_E gain) / T_E    # s + p + E <= R
         P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
-        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate (s rows). The rows'
-        cost is the batch's: one good session among plain ones pays C(s + k) - C(s), not C(s(k + 1)) as if all
-        drafted like it."""
+        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate s / T(s). The
+        rows' cost is the batch's: one good session among plain ones pays C(s + p + k) - C(s + p), not
+        C(s(k + 1)) as if all drafted like it; a batch that a prompt chunk already makes compute-bound (or
+        longer than calibration measured) has no cheap rows left for drafts. (The riders' own cost is not
+        the drafts' to share: it is paid with or without them.)"""
         if self.cost is None:
             return [self.choose(stats, active_sessions) for stats in batch]
         _, in_flight = self.load(active_sessions)
@@ -112,11 +117,12 @@ class SpeculationPolicy:
                 p *= a
                 gains.append((-p, j, i))
         gains.sort()
-        plain = s / self.step_ms(s, in_flight)
+        base, alone = s + riders, self.step_ms(s, in_flight)
+        plain = s / alone
         best_e, best_rate, tokens = 0, plain, float(s)
-        for e in range(1, min(len(gains), self.cost.measured_rows - s) + 1):  # s + E <= R
+        for e in range(1, min(len(gains), self.cost.measured_rows - base) + 1):  # s + p + E <= R
             tokens -= gains[e - 1][0]
-            rate = tokens / self.step_ms(s + e, in_flight)
+            rate = tokens / (alone + self.step_ms(base + e, in_flight) - self.step_ms(base, in_flight))
             if rate > best_rate:
                 best_e, best_rate = e, rate
         ks = [0] * s
