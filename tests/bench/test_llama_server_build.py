@@ -107,47 +107,45 @@ def test_llama_server_spec_drafts_from_the_context() -> None:
     assert llama_server_args(4, 2, speculative=True)[-2:] == ["--spec-type", "ngram-simple"]
 
 
+def recorded_http_bench(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, str | None, list[str]]],
+                                                                  argparse.ArgumentParser]:
+    """`skippy bench http`'s parser, its `start_skippy` recording (name, split, flags) instead of starting a server."""
+    started: list[tuple[str, str | None, list[str]]] = []
+
+    def start_skippy(model: str, split: str | None, run_dir: Path, lanes: int, flags: list[str],
+                     name: str = "skippy") -> str:
+        started.append((name, split, list(flags)))
+        return name
+
+    monkeypatch.setattr(bench_http, "start_skippy", start_skippy)
+    kinds = argparse.ArgumentParser().add_subparsers()
+    bench_http.add_to(kinds)
+    return started, kinds.choices["http"]
+
+
 @pytest.mark.parametrize("extra", [[], ["--no-speculative"]])
 def test_bench_http_starts_skippy_spec_unless_told_not_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           extra: list[str]) -> None:
     """`skippy bench http` starts `skippy up --no-speculative` and, unless --no-speculative, default `skippy up`
     (what starts it is recorded here instead of run: each is a whole server)."""
-    started: list[tuple[str, list[str]]] = []
-
-    def start_skippy(model: str, split: str | None, run_dir: Path, lanes: int, flags: list[str],
-                     name: str = "skippy") -> str:
-        started.append((name, list(flags)))
-        return name
-
-    monkeypatch.setattr(bench_http, "start_skippy", start_skippy)
-    kinds = argparse.ArgumentParser().add_subparsers()
-    bench_http.add_to(kinds)
-    args = kinds.choices["http"].parse_args(["--skippy-flags=--no-prefix-cache", *extra])
+    started, parser = recorded_http_bench(monkeypatch)
+    args = parser.parse_args(["--skippy-flags=--no-prefix-cache", *extra])
     starters = bench_http._skippy_starters(args, tmp_path, 16, 2)
     assert [start() for start in starters] == ["skippy"] + ([] if extra else ["skippy-spec"])
-    assert started[0] == ("skippy", ["--no-prefix-cache", "--no-speculative"])  # plain
+    assert started[0] == ("skippy", "9", ["--no-prefix-cache", "--no-speculative"])  # plain
     if not extra:  # skippy-spec: default skippy up, the speculation policy
-        assert started[1] == ("skippy-spec", ["--no-prefix-cache"])
+        assert started[1] == ("skippy-spec", "9", ["--no-prefix-cache"])
 
 
 def test_bench_http_split_plan_serves_skippy_as_planned_for_one_host(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`--split plan`: no --split, the machine's CPUs as one host (`--stage-cpus 0-N`), for `skippy up` to plan."""
-    started: list[tuple[str | None, list[str]]] = []
-
-    def start_skippy(model: str, split: str | None, run_dir: Path, lanes: int, flags: list[str],
-                     name: str = "skippy") -> str:
-        started.append((split, list(flags)))
-        return name
-
-    monkeypatch.setattr(bench_http, "start_skippy", start_skippy)
-    kinds = argparse.ArgumentParser().add_subparsers()
-    bench_http.add_to(kinds)
+    started, parser = recorded_http_bench(monkeypatch)
     for split, threads, expected in (["plan", 4, (None, ["--stage-cpus", "0-3", "--no-speculative"])],
                                      ["plan", 1, (None, ["--stage-cpus", "0", "--no-speculative"])],
                                      ["5", 4, ("5", ["--no-speculative"])]):
         started.clear()
-        args = kinds.choices["http"].parse_args(["--split", split, "--no-speculative"])
+        args = parser.parse_args(["--split", split, "--no-speculative"])
         [start() for start in bench_http._skippy_starters(args, tmp_path, 16, threads)]
-        assert started == [expected]
+        assert started == [("skippy", *expected)]
         assert ("one stage" in bench_http._skippy_shape(args, threads)[2]) == (split == "plan")
