@@ -246,7 +246,8 @@ class Driver:
                  if not (s.in_flight or s.cancelled or s.prefilling or not s.generated)][:max_decode]
         room = {s.session_id: s.max_tokens - len(s.generated) - 1 for s in ready}  # drafts the request can still commit
         # prompt rows that will ride in the same batch: drafts are priced on top of them, not of the decode rows alone
-        riders = sum(n for _, n in prefill_chunks(self.table.running, max(self.runtime.params.n_batch - len(ready), 0)))
+        riders = sum(n for _, n in prefill_chunks(self.table.running, max(self.runtime.params.n_batch - len(ready), 0))) \
+            if ready else 0
         return await self.speculation.drafter([s.session_id for s in ready], self.runtime.params.n_batch, decoding,
                                               self.worker.call, room, riders)
 

@@ -46,8 +46,6 @@ class Split:
 
 def _add(front: Front, entry: Entry) -> None:
     """Add `entry` to a Pareto front of (closed bottleneck, each open group's work, trip), dropping what it dominates."""
-    closed, loads, trip, _ = entry
-
     def covers(a: Entry, b: Entry) -> bool:  # a is no worse than b in every term
         return a[0] <= b[0] and a[2] <= b[2] and all(x <= y for x, y in zip(a[1], b[1]))
 
