@@ -18,7 +18,7 @@ from typing import Any
 
 import openai
 import pytest
-from up_helpers import SkippyServer, launch_up
+from up_helpers import SHARED_SERVER_FLAGS, SkippyServer, launch_up
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -42,8 +42,7 @@ def start_up(tmp_path_factory: pytest.TempPathFactory, skippy_cache_dir: Path) -
 def server(start_up: Callable[..., Any], tiny_llama: Path) -> Iterator[SkippyServer]:
     """One shared tiny-llama server per module: 2 stages, 2 lanes, concurrency 2, queue capacity 2, and a
     default max_tokens (11) unlike the built-in default (16), so a test can tell the flag from the default."""
-    with start_up("up-shared", tiny_llama, "--openai-generation-concurrency", "2",
-                  "--openai-generation-queue-capacity", "2", "--openai-default-max-tokens", "11") as s:
+    with start_up("up-shared", tiny_llama, *SHARED_SERVER_FLAGS) as s:
         yield s
 
 

@@ -1,18 +1,33 @@
 """Generation through `skippy up` with the official OpenAI client: chat and completions, streamed and
 not, usage, stop strings, seeded sampling and logprobs (tiny random llama: gibberish, but greedy
-decoding is deterministic, so streamed text must equal non-streamed text)."""
+decoding is deterministic, so streamed text must equal non-streamed text).
+
+These tests compare two greedy (or two seeded) runs of one request bitwise, which plain decoding promises and
+the default speculation policy does not (its verify windows follow served prices, so two runs can take batches
+of different shapes, and llama.cpp rounds by batch shape: README, "What is exact"). Their server is the
+shared one's flags with `--no-speculative`; tests/openai/test_openai_deterministic.py covers the exact mode
+with speculation on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from up_helpers import SkippyServer, wait_idle
+from up_helpers import SHARED_SERVER_FLAGS, SkippyServer, wait_idle
 
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "hello world, the quick brown fox"}]
 IGNORE_EOS = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(start_up: Callable[..., Any], tiny_llama: Path) -> Iterator[SkippyServer]:
+    """The shared server's flags, decoding plainly (module docstring)."""
+    with start_up("up-generation", tiny_llama, *SHARED_SERVER_FLAGS, "--no-speculative") as s:
+        yield s
 
 
 def create(client: openai.OpenAI, server: SkippyServer, kind: str, **kwargs: Any) -> Any:

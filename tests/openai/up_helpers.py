@@ -25,6 +25,10 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 READYZ_TIMEOUT_S = 30.0
 _READY_PREFIX = "skippy ready: "
+# the shared tiny-llama server of tests/openai (conftest.py's `server`): 2 lanes, concurrency 2, queue capacity 2,
+# default max_tokens 11
+SHARED_SERVER_FLAGS = ("--openai-generation-concurrency", "2", "--openai-generation-queue-capacity", "2",
+                       "--openai-default-max-tokens", "11")
 
 
 @dataclass
