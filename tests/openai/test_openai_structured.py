@@ -7,7 +7,9 @@ Seeded sampling is compared token for token (streamed vs whole, speculative vs p
 without the prefix cache: its entries keep KV cells, which moves where a later request's cells sit in
 llama.cpp's unified KV cache, and llama.cpp's CPU attention (tiled / KV-chunked flash attention) rounds
 differently there, so the logits differ slightly (up to ~1e-2 on this model) and a seeded draw
-near a boundary flips. Alone on a server without entries a request's cells always start at cell 0.
+near a boundary flips. Alone on a server without entries a request's cells always start at cell 0. The
+module's own server decodes plainly: the default speculation policy's verify windows follow served prices, so
+two runs of one request may take batches of different shapes (README, "What is exact").
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from skippy.runtime.tokenizer import Tokenizer
 
 @pytest.fixture(scope="module")
 def server(start_up: Callable[..., Any], tiny_llama: Path) -> Iterator[SkippyServer]:
-    """This module's server (conftest's `client` talks to it): room for the tools prompt, no prefix cache
-    (seeded outputs are compared exactly: see the module docstring)."""
-    with start_up("up-structured", tiny_llama, "--ctx-size", "2048", "--no-prefix-cache") as s:
+    """This module's server (conftest's `client` talks to it): room for the tools prompt, no prefix cache and
+    plain decoding (seeded outputs are compared exactly: see the module docstring)."""
+    with start_up("up-structured", tiny_llama, "--ctx-size", "2048", "--no-prefix-cache", "--no-speculative") as s:
         yield s
 
 
