@@ -2,15 +2,8 @@
 
 import os
 
-# llama.cpp's CPU backend runs on OpenMP, whose idle threads spin ~300k iterations by default: the
-# spinning threads of one stage process starve the other stages on the same cores. Fully passive
-# waiting costs a futex sleep per op barrier, which slows decode badly; a short spin keeps both the
-# single process and stages sharing cores fast (measured: docs/measurements.md, 'OpenMP spin count').
-# OMP_WAIT_POLICY=active keeps that spin when a process holds more OpenMP threads than cores (a
-# second thread that calls llama.cpp brings its own team): libgomp otherwise "throttles" the spin
-# to 100 iterations, and decode slows down once a second thread has run llama.cpp in the process;
-# with the policy active it runs at the same speed whichever thread calls llama.cpp
-# (measured: docs/measurements.md, 'OpenMP spin throttle').
-# Must be set before llama_cpp is imported; an explicit setting by the user wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
-os.environ.setdefault("OMP_WAIT_POLICY", "active")
+from skippy.openmp import set_defaults
+
+# llama.cpp's CPU threads wait at OpenMP barriers: a short spin unless the user chose one (skippy.openmp; the
+# launcher gives a stage alone on its cores libgomp's default back). Must happen before llama_cpp is imported.
+set_defaults(os.environ)

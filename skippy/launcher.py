@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skippy.config import StageTopology
+from skippy.config.affinity import CpuSet, stages_sharing_cores
 from skippy.log import READY_FD_ENV
 from skippy.netns.owner import stage_command_prefix
+from skippy.openmp import stage_env
 from skippy.telemetry.targets import record_target
 
 READY_TIMEOUT_S = 120.0
@@ -130,16 +132,17 @@ class Children:
         return self.run_dir / f"{name}.log"
 
     def start_process(self, name: str, skippy_args: list[str], timeout_s: float = READY_TIMEOUT_S,
-                      prefix: Sequence[str] = ()) -> dict[str, Any]:
+                      prefix: Sequence[str] = (), env: dict[str, str] | None = None) -> dict[str, Any]:
         """Run `skippy <skippy_args>` as child `name` (log: <run_dir>/<name>.log); wait for its ready fields.
-        `prefix` runs it through another command first (`ip netns exec NS`: it execs, the pid stays)."""
+        `prefix` runs it through another command first (`ip netns exec NS`: it execs, the pid stays); `env` adds
+        to the children's environment for this one."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
         cmd = [*prefix, sys.executable, "-m", "skippy.cli.main", *skippy_args]
         try:
             with self.log_path(name).open("ab") as out:
                 self.procs[name] = proc = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, env={**self.env, READY_FD_ENV: str(write_fd)},
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env={**self.env, **(env or {}), READY_FD_ENV: str(write_fd)},
                     pass_fds=(write_fd,), start_new_session=True, preexec_fn=die_with_parent)
         finally:
             os.close(write_fd)  # the child holds the only write end: EOF = it exited
@@ -243,11 +246,14 @@ class Children:
 class StageProcesses(Children):
     """Stage processes of one topology (optionally skipping stage 0), started downstream first.
     `flags` go to every stage, `first_flags` (stage 0's driver options) to stage 0 only, `last_flags` to the
-    final stage only when it is not stage 0 (the native-MTP sidecar, docs/mtp.md)."""
+    final stage only when it is not stage 0 (the native-MTP sidecar, docs/mtp.md). `stage_cpus` (what
+    `--stage-cpus` in `flags` pins each stage to) chooses each stage's OpenMP spin (skippy.openmp): a stage
+    no other stage shares a CPU with gets the long one."""
 
     def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
                  flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None,
-                 first_flags: Sequence[str] = (), last_flags: Sequence[str] = ()) -> None:
+                 first_flags: Sequence[str] = (), last_flags: Sequence[str] = (),
+                 stage_cpus: Sequence[CpuSet] = ()) -> None:
         super().__init__(run_dir, env)
         self.topology_path = topology_path
         self.topology = StageTopology.load(topology_path)
@@ -256,6 +262,7 @@ class StageProcesses(Children):
         self.first_flags = list(first_flags)
         self.last_flags = list(last_flags)
         self.first = 0 if include_stage0 else 1
+        self.shares_cores = stages_sharing_cores(len(self.config_paths), stage_cpus)
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -272,7 +279,8 @@ class StageProcesses(Children):
         stage = self.topology.stages[index]  # a stage whose address a network namespace owns starts inside it
         self.start_process(stage.stage_id,
                            ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),
-                            *self.flags, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host))
+                            *self.flags, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host),
+                           env=stage_env(self.shares_cores[index], self.env))
 
     def __enter__(self) -> StageProcesses:
         return self.start()

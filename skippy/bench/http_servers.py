@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from skippy.bench.http_load import Server
+from skippy.openmp import user_env
 
 __all__ = ["LLAMA_SERVER_SLOT_CTX", "llama_server_args", "start_llama_cpp_python", "start_llama_server", "start_skippy", "stop"]
 
@@ -70,9 +71,11 @@ def _free_port() -> int:
 
 
 def _start_http(name: str, cmd: list[str], port: int, log_path: Path, ready_path: str, timeout_s: float = 180) -> Server:
-    """Start `cmd` (serving on 127.0.0.1:`port`); wait until GET `ready_path` answers 200."""
+    """Start `cmd` (serving on 127.0.0.1:`port`); wait until GET `ready_path` answers 200. It runs as its user
+    would run it: without the OpenMP settings skippy gave this process (skippy.openmp)."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=user_env(os.environ))
     server = Server(name, proc, "127.0.0.1", port, None)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

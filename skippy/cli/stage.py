@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
                     keyed=keys is not None)
     mtp = resolve_mtp_source(options)
     log.info("loading", layer_start=cfg.layer_start, layer_end=cfg.layer_end, model_path=cfg.model_path,
-             mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all")
+             mtp_source=mtp.value, cpu_affinity=format_cpu_list(pinned) if pinned else "all",
+             openmp_spin=os.environ.get("GOMP_SPINCOUNT"))  # skippy.openmp: chosen by whoever started the stage
     spec = replace(RuntimeSpec.from_stage_config(cfg), mtp=mtp.value,  # used by a final stage (docs/mtp.md)
                    mtp_draft_model=options.speculative.native_mtp_draft_model_path)
     if spec.load_mode == "runtime-slice" and spec.model_path is not None:  # a host's memory budget, before loading

@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
                               include_stage0=True, first_flags=flags.argv([Owner.STAGE0]),
                               last_flags=native_mtp_sidecar_flags(options),
-                              env={API_KEY_ENV: key} if key else None)  # every /metrics and the adapter want it
+                              env={API_KEY_ENV: key} if key else None,  # every /metrics and the adapter want it
+                              stage_cpus=options.stage_cpus)
 
     front = FrontProcesses(children, options, topology)
 

@@ -7,7 +7,8 @@ CPU 0 and stage 1 on CPU 1; `0-1,2+4` puts stage 0 on CPUs 0-1 and stage 1 on CP
 stage flags, so `skippy up` hands them to every stage and each stage picks its own entry. A stage
 applies its set at process start, before its model loads, so llama.cpp's default thread count (one per
 allowed CPU) follows it. CPUs are checked against this machine's CPU count. `stage_groups` counts the
-stages that can compute at the same time without sharing a core, for the driver's micro-batch depth.
+stages that can compute at the same time without sharing a core, for the driver's micro-batch depth;
+`stages_sharing_cores` says which stages started on one machine use a CPU another one uses (their OpenMP spin).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from skippy.config.serving_args import FlagReader
 from skippy.config.stage import StageConfig
 from skippy.config.topology import StageTopology
 
-__all__ = ["format_cpu_list", "parse_cpu_list", "resolve_affinity", "stage_groups"]
+__all__ = ["format_cpu_list", "parse_cpu_list", "resolve_affinity", "stage_groups", "stages_sharing_cores"]
 
 CpuSet = tuple[int, ...]
 
@@ -124,3 +125,11 @@ def stage_groups(topology: StageTopology | None, stage_cpus: Sequence[CpuSet] = 
             groups.remove(group)
         groups.append((host, cpus))
     return len(groups)
+
+
+def stages_sharing_cores(n_stages: int, stage_cpus: Sequence[CpuSet] = ()) -> tuple[bool, ...]:
+    """Per stage of a pipeline started on this machine: does another stage use any of its CPUs? An unpinned
+    stage may run on every CPU. Hosts do not count here (network namespaces on one machine share its cores)."""
+    everything = frozenset(range(os.cpu_count() or 1))
+    sets = [frozenset(stage_cpus[i]) if i < len(stage_cpus) and stage_cpus[i] else everything for i in range(n_stages)]
+    return tuple(any(sets[i] & sets[j] for j in range(n_stages) if j != i) for i in range(n_stages))

@@ -12,7 +12,7 @@ import pytest
 from config_helpers import Serve, ServeError
 
 from skippy.config import StageTopology
-from skippy.config.affinity import format_cpu_list, parse_cpu_list, stage_groups
+from skippy.config.affinity import format_cpu_list, parse_cpu_list, stage_groups, stages_sharing_cores
 
 CPUS = os.cpu_count() or 1
 
@@ -80,6 +80,16 @@ def test_stage_groups(make_topology: Callable[..., dict[str, Any]]) -> None:
     assert stage_groups(topology, [(0,), (1,), ()]) == 1  # an unpinned stage overlaps both
     hosts = StageTopology.from_dict({**data, "stages": [{**s, "host": f"h{i}"} for i, s in enumerate(data["stages"])]})
     assert stage_groups(hosts) == 3
+
+
+def test_stages_sharing_cores() -> None:
+    """Which stages started on this machine use a CPU another stage uses (their OpenMP spin, skippy.openmp)."""
+    assert stages_sharing_cores(1) == (False,)  # one stage: alone, whatever its CPUs
+    assert stages_sharing_cores(2) == (True, True)  # unpinned: every CPU each
+    assert stages_sharing_cores(2, [(0,), (1,)]) == (False, False)
+    assert stages_sharing_cores(3, [(0,), (1,), (0,)]) == (True, False, True)  # 3 stages on 2 cores
+    assert stages_sharing_cores(2, [(0, 1), (1, 2)]) == (True, True)
+    assert stages_sharing_cores(2, [(0,), ()]) == (True, True)  # an unpinned stage may run on CPU 0 too
 
 
 def test_the_driver_keeps_one_micro_batch_per_group_of_pinned_stages(

@@ -16,6 +16,7 @@ from up_helpers import SkippyServer
 
 from skippy.affinity import allowed_cpus
 from skippy.launcher import read_events
+from skippy.openmp import stage_env
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs this process may use")
 
@@ -23,6 +24,12 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="ne
 def _thread_cpus(pid: int) -> set[tuple[int, ...]]:
     """The allowed CPUs of every thread of `pid`."""
     return {allowed_cpus(f"{pid}/task/{tid}") for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def _spin(alone: bool) -> str:
+    """The OpenMP spin a stage gets (skippy.openmp): long when no other stage shares its CPUs, unless the user
+    running the tests chose one."""
+    return stage_env(not alone, os.environ).get("GOMP_SPINCOUNT", os.environ["GOMP_SPINCOUNT"])
 
 
 def _loading(server: SkippyServer, stage_id: str) -> dict[str, Any]:
@@ -42,6 +49,7 @@ def test_up_pins_each_stage_to_its_cpus(start_up: Callable[..., Any], tiny_llama
             assert allowed_cpus(pid) == (cpu,)
             assert _thread_cpus(pid) == {(cpu,)}  # every thread, also those started before the pinning
             assert _loading(server, stage_id)["cpu_affinity"] == str(cpu)
+            assert _loading(server, stage_id)["openmp_spin"] == _spin(alone=True)  # no other stage on its core
         # stages on disjoint cores compute at once: the driver keeps a micro-batch in flight for each
         assert _event(server, "stage0", "pipeline_ready")["max_iterations_in_flight"] == 2
         client = server.client()
@@ -55,6 +63,7 @@ def test_unpinned_stages_keep_every_cpu(server: SkippyServer) -> None:
     (pid,) = server.stage_pids("stage1")
     assert set(allowed_cpus(pid)) == os.sched_getaffinity(0)
     assert _loading(server, "stage1")["cpu_affinity"] == "all"
+    assert {_loading(server, s)["openmp_spin"] for s in ("stage0", "stage1")} == {_spin(alone=False)}
     assert _event(server, "stage0", "pipeline_ready")["max_iterations_in_flight"] == 1  # they share every core
 
 
