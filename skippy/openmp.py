@@ -5,10 +5,10 @@ GOMP_SPINCOUNT iterations there before it sleeps on a futex. libgomp's default (
 threads of stage processes that share cores starve each other (2 stages on 2 cores: 2.3 tok/s), so every
 skippy process starts with a short spin (`set_defaults`, from skippy/__init__; docs/measurements.md, 'OpenMP
 spin count'). A stage whose CPUs no other stage of its pipeline uses (one stage on a host, stages pinned to
-disjoint CPU sets) has nobody to starve, and there the short spin costs futex sleeps and wake-ups at the
-barriers: one stage of Gemma 3 270M on both cores of a 2-vCPU VM used 31-33 ms of CPU a token at one stream
-with it, 27.5 ms with a long spin, as llama-server did (docs/measurements.md, 'OpenMP spin of a stage alone').
-`stage_env` gives such a stage libgomp's default back. libgomp reads the variable once, when llama.cpp's
+disjoint CPU sets) has nobody to starve, and there the short spin only adds futex sleeps and wake-ups at
+the barriers; `stage_env` gives such a stage libgomp's default back, as llama-server runs (one stage of Gemma
+3 270M on both cores of a 2-vCPU VM: 2-4% more tok/s at 1 and 8 streams, docs/measurements.md, 'OpenMP spin
+of a stage alone'). libgomp reads the variable once, when llama.cpp's
 library loads, so the one who starts a process chooses, through its environment. What the user set is kept:
 skippy names the variables it set in SKIPPY_OMP_DEFAULTS, and `user_env` takes them out again for a process
 that is not skippy's (a benchmark's llama-server runs as its user would run it).
