@@ -32,7 +32,7 @@ from skippy.driver.calibrate import calibrate_speculation
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
-from skippy.driver.prefill import ChunkPlanner
+from skippy.driver.prefill import ChunkPlanner, unpipelined
 from skippy.driver.prefix_index import PrefixIndex
 from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration, prefill_chunks
@@ -82,7 +82,8 @@ class Driver:
         # disjoint --stage-cpus). Sharing cores, overlap only shrinks batches (measured: docs/measurements.md,
         # 'Micro-batches on shared cores').
         self.max_iterations = max_iterations_in_flight or stage_groups(options.topology, options.stage_cpus)
-        self.prefill = options.prefill
+        # one micro-batch in flight: a prompt's chunks cannot overlap on the stages (skippy.driver.prefill)
+        self.prefill = unpipelined(options.prefill) if self.max_iterations == 1 else options.prefill
         self.dead_after_s = dead_after_s
         self.log = get_logger()
         self.supervisor = supervisor or Supervisor(self.log, asyncio.Event())

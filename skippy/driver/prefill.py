@@ -4,13 +4,26 @@ adaptive-ramp: start at `start`; after each chunk, with c = stage-0 compute ms o
 grow by `step` when the transfer hid behind compute (downstream wait <= 0.75c and write <= 0.25c),
 shrink by `step` when it was exposed (wait > 1.25c or write > 0.75c); clamp to [start, max] and to
 a ceiling of target_ms / (slowest stage's measured ms per token).
+
+A ramp pays by overlapping a prompt's chunks on different stages. Where no two stages compute at once (every
+stage on the same cores, or a single stage: one micro-batch in flight) chunks cannot overlap, and each one
+only adds a batch's fixed cost (the weights read once more): `unpipelined` starts the ramp at its maximum
+there, unless a --openai-prefill-* flag chose the chunks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from skippy.config import PrefillChunkOptions, PrefillChunkPolicy
+
+
+def unpipelined(options: PrefillChunkOptions) -> PrefillChunkOptions:
+    """Chunks for a pipeline whose stages never compute at once: the ramp's largest from the first chunk (a prompt
+    up to adaptive_max rows in one batch), unless the user gave a prefill flag."""
+    if options.policy is not PrefillChunkPolicy.ADAPTIVE_RAMP or options.given:
+        return options
+    return replace(options, adaptive_start=options.adaptive_max)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from skippy.config import PrefillChunkOptions, PrefillChunkPolicy, parse_serving_args
-from skippy.driver.prefill import ChunkObservation, ChunkPlanner
+from skippy.driver.prefill import ChunkObservation, ChunkPlanner, unpipelined
 from skippy.launcher import write_local_topology
 
 C = 100.0  # compute ms of every observed chunk below
@@ -237,3 +237,17 @@ def test_ramp_shrink_below_a_ceiling_still_stops_at_start() -> None:
     planner = ramp(start=128, step=128, maximum=640, target_ms=100.0)
     slow_exposed = ChunkObservation(compute_ms=C, write_ms=0.0, wait_ms=10 * C, slowest_ms_per_token=10.0)
     assert sizes_after(planner, [slow_exposed] * 3) == [128, 128, 128, 128]
+
+
+def test_without_overlap_a_prompt_prefills_in_the_ramps_largest_chunks() -> None:
+    """One micro-batch in flight (stages sharing cores, or one stage): chunks cannot overlap, so the ramp starts at
+    its maximum; a policy or a ramp the user chose with a flag stays as given."""
+    default = PrefillChunkOptions()
+    planner = ChunkPlanner(unpipelined(default))
+    assert planner.size() == default.adaptive_max
+    planner.observe(EXPOSED)  # an exposed transfer does not shrink it below its start
+    assert planner.size() == default.adaptive_max
+    chosen = PrefillChunkOptions(adaptive_start=128, given=("--openai-prefill-adaptive-start",))
+    assert unpipelined(chosen) == chosen
+    fixed = PrefillChunkOptions(policy=PrefillChunkPolicy.FIXED, chunk_size=64)
+    assert unpipelined(fixed) == fixed
