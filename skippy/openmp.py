@@ -30,7 +30,7 @@ MARKER = "SKIPPY_OMP_DEFAULTS"  # the variables skippy set (not the user), comma
 def set_defaults(environ: MutableMapping[str, str]) -> None:
     """A short spin, kept when throttled (OMP_WAIT_POLICY=active: docs/measurements.md, 'OpenMP spin throttle');
     each only where the user set nothing, and named in SKIPPY_OMP_DEFAULTS so child processes can tell."""
-    ours = set(filter(None, environ.get(MARKER, "").split(",")))
+    ours = _ours(environ)
     for name, value in ((SPIN, SHARED_CORES_SPIN), (WAIT_POLICY, "active")):
         if name not in environ:
             environ[name] = value

@@ -108,17 +108,22 @@ def resolve_affinity(flags: FlagReader, config: StageConfig, topology: StageTopo
     return (own or (stage_cpus[config.stage_index] if stage_cpus else ())), stage_cpus
 
 
+def _cpu_sets(n_stages: int, stage_cpus: Sequence[CpuSet]) -> list[frozenset[int]]:
+    """Each stage's CPUs: its --stage-cpus entry, or every CPU of this machine when it is not pinned."""
+    everything = frozenset(range(os.cpu_count() or 1))
+    return [frozenset(stage_cpus[i]) if i < len(stage_cpus) and stage_cpus[i] else everything for i in range(n_stages)]
+
+
 def stage_groups(topology: StageTopology | None, stage_cpus: Sequence[CpuSet] = ()) -> int:
     """How many groups of stages can compute at the same time without sharing a core: stages on distinct
     hosts never share; on one host, stages share when their CPU sets overlap (an unpinned stage overlaps
     every stage). One micro-batch in flight per group keeps every core busy without splitting any."""
     if topology is None:
         return 1
-    everything = frozenset(range(os.cpu_count() or 1))
     groups: list[tuple[str, set[int]]] = []  # (host, union of its stages' CPUs)
-    for index, stage in enumerate(topology.stages):
+    for stage, stage_set in zip(topology.stages, _cpu_sets(len(topology.stages), stage_cpus)):
         host = stage.host or stage.stage_id
-        cpus = set(stage_cpus[index]) if index < len(stage_cpus) and stage_cpus[index] else set(everything)
+        cpus = set(stage_set)
         overlapping = [g for g in groups if g[0] == host and g[1] & cpus]
         for group in overlapping:
             cpus |= group[1]
@@ -130,6 +135,5 @@ def stage_groups(topology: StageTopology | None, stage_cpus: Sequence[CpuSet] = 
 def stages_sharing_cores(n_stages: int, stage_cpus: Sequence[CpuSet] = ()) -> tuple[bool, ...]:
     """Per stage of a pipeline started on this machine: does another stage use any of its CPUs? An unpinned
     stage may run on every CPU. Hosts do not count here (network namespaces on one machine share its cores)."""
-    everything = frozenset(range(os.cpu_count() or 1))
-    sets = [frozenset(stage_cpus[i]) if i < len(stage_cpus) and stage_cpus[i] else everything for i in range(n_stages)]
+    sets = _cpu_sets(n_stages, stage_cpus)
     return tuple(any(sets[i] & sets[j] for j in range(n_stages) if j != i) for i in range(n_stages))

@@ -88,7 +88,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-prefill-chunk-size", "N", "fixed prefill chunk size (default 256)", _0),
     ("--openai-prefill-chunk-policy", "POLICY", "fixed | schedule | adaptive-ramp (default)", _0),
     ("--openai-prefill-chunk-schedule", "LIST", "chunk sizes for 'schedule', e.g. 128,256,384", _0),
-    ("--openai-prefill-adaptive-start", "N", "adaptive-ramp first chunk size (default 128)", _0),
+    ("--openai-prefill-adaptive-start", "N", "adaptive-ramp first chunk size (default 128; with one micro-batch in flight, stages"
+     " sharing cores or one stage: the ramp's max unless a chunk flag is given)", _0),
     ("--openai-prefill-adaptive-step", "N", "adaptive-ramp step (default 128)", _0),
     ("--openai-prefill-adaptive-max", "N", "adaptive-ramp largest chunk (default 384)", _0),
     ("--openai-prefill-adaptive-target-ms", "MS", "adaptive-ramp chunk time target (default 100)", _0),

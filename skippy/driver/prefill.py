@@ -8,7 +8,8 @@ a ceiling of target_ms / (slowest stage's measured ms per token).
 A ramp pays by overlapping a prompt's chunks on different stages. Where no two stages compute at once (every
 stage on the same cores, or a single stage: one micro-batch in flight) chunks cannot overlap, and each one
 only adds a batch's fixed cost (the weights read once more): `unpipelined` starts the ramp at its maximum
-there, unless a --openai-prefill-* flag chose the chunks.
+there, unless a chunk-size flag (--openai-prefill-adaptive-*, -chunk-size, -chunk-schedule) or another
+policy chose them.
 """
 
 from __future__ import annotations

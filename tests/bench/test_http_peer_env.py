@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from skippy.bench.http_servers import _start_http, stop
+from skippy.bench.http_servers import _free_port, _start_http, stop
 from skippy.openmp import MARKER
 
 SERVE_ENV = """
@@ -28,12 +27,6 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Env).serve_forever()
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("user_spin", [None, "4000"])
 def test_a_peer_gets_the_users_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_spin: str | None) -> None:
     monkeypatch.setenv("PEER_MARK", "kept")
@@ -44,7 +37,7 @@ def test_a_peer_gets_the_users_environment(tmp_path: Path, monkeypatch: pytest.M
         monkeypatch.setenv("GOMP_SPINCOUNT", user_spin)
         monkeypatch.setenv(MARKER, "OMP_WAIT_POLICY")
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    port = _port()
+    port = _free_port()
     server = _start_http("peer", [sys.executable, "-c", SERVE_ENV, str(port)], port, tmp_path / "peer.log", "/", 60)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -56,3 +56,19 @@ def test_chunks_of_one_prompt_overlap_across_stages(tiny_model: Callable[..., Pa
     finally:
         chain.close()
     assert tokens == next(iter(replayed.values()))[:6] == reference_generate(pipe, [prompt], 6)[0]
+
+
+def test_one_micro_batch_in_flight_prefills_a_prompt_in_one_chunk(tiny_model: Callable[..., Path],
+                                                                  make_pipeline: Callable[..., Pipeline]) -> None:
+    """Default chunk flags: with one micro-batch in flight (stages sharing cores) chunks cannot overlap, so a
+    200-token prompt goes in one chunk (the ramp's max, 384); with two, the ramp starts at 128 as before."""
+    pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=512)
+    prompt = random_prompt(200, 78, 400)
+
+    async def chunk_starts(max_iterations: int) -> list[int]:
+        async with running_driver(pipe, max_iterations=max_iterations) as driver:
+            await asyncio.wait_for(driver.submit(prompt, max_tokens=2).collect(), 60)
+            return [w[1] for kind, batch in driver.recorder if kind == "batch" for w in batch if w[1] < len(prompt)]
+
+    assert run(chunk_starts(1)) == [0]
+    assert run(chunk_starts(2)) == [0, 128]
