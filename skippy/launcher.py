@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,9 +56,10 @@ class LaunchError(RuntimeError):
 def write_local_topology(
     directory: Path, model_path: str | Path, n_layer: int, split_points: Sequence[int], *, lane_count: int = 4,
     ctx_size: int = 512, topology_id: str = "local", model_id: str = "model", tcp_ports: Sequence[int] | None = None,
-    extra: dict[str, object] | None = None,
+    extra: dict[str, object] | None = None, stage_prefix: str = "",
 ) -> tuple[Path, list[Path]]:
-    """Write topology.json and stage<i>.json for the split; returns (topology path, config paths)."""
+    """Write topology.json and stage<i>.json for the split; returns (topology path, config paths). Stage ids are
+    `<stage_prefix>stage<i>` (a prefix keeps replicas' stages apart under one `skippy up`)."""
     directory.mkdir(parents=True, exist_ok=True)
     edges = [0, *split_points, n_layer]
     endpoints = [
@@ -65,7 +67,7 @@ def write_local_topology(
         for i in range(len(edges) - 1)
     ]
     stages = [
-        {"stage_id": f"stage{i}", "stage_index": i, "host": "127.0.0.1", "endpoint": endpoints[i],
+        {"stage_id": f"{stage_prefix}stage{i}", "stage_index": i, "host": "127.0.0.1", "endpoint": endpoints[i],
          "layer_start": edges[i], "layer_end": edges[i + 1], "load_mode": "runtime-slice"}
         for i in range(len(edges) - 1)
     ]
@@ -82,7 +84,7 @@ def write_local_topology(
             "upstream": peer(i - 1) if i > 0 else None, "downstream": peer(i + 1) if i + 1 < len(stages) else None,
             **(extra or {}),
         }
-        path = directory / f"stage{i}.json"
+        path = directory / f"{stage['stage_id']}.json"  # `skippy up --topology` finds it by stage id
         path.write_text(json.dumps(config, indent=2))
         configs.append(path)
     return topology, configs
@@ -243,43 +245,70 @@ class Children:
         return codes
 
 
+@dataclass(frozen=True)
+class PipelineFiles:
+    """One pipeline's files: its topology, its stage configs (by stage_index) and its stages' `--stage-cpus`
+    value (None: not pinned)."""
+
+    topology: Path
+    configs: list[Path]
+    stage_cpus: str | None = None
+
+
 class StageProcesses(Children):
-    """Stage processes of one topology (optionally skipping stage 0), started downstream first.
-    `flags` go to every stage, `first_flags` (stage 0's driver options) to stage 0 only, `last_flags` to the
-    final stage only when it is not stage 0 (the native-MTP sidecar, docs/mtp.md). `stage_cpus` (what
-    `--stage-cpus` in `flags` pins each stage to) chooses each stage's OpenMP spin (skippy.openmp): a stage
-    no other stage shares a CPU with gets the long one."""
+    """Stage processes of one topology (optionally skipping stage 0), started downstream first; with `replicas`, those
+    pipelines' stages too, each pipeline after the one before (every stage id must be distinct). `flags` go to
+    every stage, `first_flags` (stage 0's driver options) to each stage 0 only, `last_flags` to a final stage
+    only when it is not stage 0 (the native-MTP sidecar, docs/mtp.md); a pipeline's own `--stage-cpus`
+    (`own_stage_cpus` for the first) to its stages. `stage_cpus` (every stage's CPUs, pipeline after pipeline)
+    chooses each stage's OpenMP spin (skippy.openmp): a stage no other stage shares a CPU with gets the long
+    one."""
 
     def __init__(self, topology_path: Path, config_paths: Sequence[Path], run_dir: Path,
                  flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None,
                  first_flags: Sequence[str] = (), last_flags: Sequence[str] = (),
-                 stage_cpus: Sequence[CpuSet] = ()) -> None:
+                 stage_cpus: Sequence[CpuSet] = (), replicas: Sequence[PipelineFiles] = (),
+                 own_stage_cpus: str | None = None) -> None:
         super().__init__(run_dir, env)
         self.topology_path = topology_path
         self.topology = StageTopology.load(topology_path)
         self.config_paths = list(config_paths)
+        self.pipelines = [PipelineFiles(topology_path, self.config_paths, own_stage_cpus), *replicas]
         self.flags = list(flags)
         self.first_flags = list(first_flags)
         self.last_flags = list(last_flags)
         self.first = 0 if include_stage0 else 1
-        self.shares_cores = stages_sharing_cores(len(self.config_paths), stage_cpus)
+        self._stages: list[tuple[PipelineFiles, StageTopology, int]] = []  # (pipeline, its topology, stage_index)
+        for pipeline in self.pipelines:
+            topology = self.topology if pipeline.topology == topology_path else StageTopology.load(pipeline.topology)
+            self._stages += [(pipeline, topology, i) for i in range(len(pipeline.configs))]
+        self.shares_cores = stages_sharing_cores(len(self._stages), stage_cpus)
+
+    def stage_ids(self) -> list[tuple[int, str, int]]:
+        """(the index start_stage takes, stage id, stage_index in its pipeline) of every stage of every pipeline."""
+        return [(n, topology.stages[i].stage_id, i) for n, (_, topology, i) in enumerate(self._stages)]
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            for index in range(len(self.config_paths) - 1, self.first - 1, -1):
-                self.start_stage(index, timeout_s)
+            for pipeline in self.pipelines:  # each pipeline downstream first
+                for n in sorted((n for n, (p, _, i) in enumerate(self._stages) if p is pipeline and i >= self.first),
+                                reverse=True):
+                    self.start_stage(n, timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
     def start_stage(self, index: int, timeout_s: float = READY_TIMEOUT_S) -> None:
-        extra = self.first_flags if index == 0 else self.last_flags if index == len(self.config_paths) - 1 else []
-        stage = self.topology.stages[index]  # a stage whose address a network namespace owns starts inside it
+        """Start stage `index` (its stage_index in the first pipeline; replicas' stages follow, as stage_ids)."""
+        pipeline, topology, i = self._stages[index]
+        extra = self.first_flags if i == 0 else self.last_flags if i == len(pipeline.configs) - 1 else []
+        own = ["--stage-cpus", pipeline.stage_cpus] if pipeline.stage_cpus else []
+        stage = topology.stages[i]  # a stage whose address a network namespace owns starts inside it
         self.start_process(stage.stage_id,
-                           ["stage", "--config", str(self.config_paths[index]), "--topology", str(self.topology_path),
-                            *self.flags, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host),
+                           ["stage", "--config", str(pipeline.configs[i]), "--topology", str(pipeline.topology),
+                            *self.flags, *own, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host),
                            env=stage_env(self.shares_cores[index], self.env))
 
     def __enter__(self) -> StageProcesses:

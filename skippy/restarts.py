@@ -166,7 +166,7 @@ class StageRestarter(ChildRestarter):
             return lambda timeout_s: stages.start_stage(index, timeout_s)
 
         first = 0 if include_stage0 else 1
-        starters = {s.stage_id: starter(i) for i, s in enumerate(stages.topology.stages) if i >= first}
+        starters = {stage_id: starter(n) for n, stage_id, index in stages.stage_ids() if index >= first}
         super().__init__(stages, {**starters, **(extra or {})}, policy, state_path, report)
         self.stages = stages
 

@@ -53,17 +53,23 @@ def _row(cells: list[str]) -> str:
 
 def stage_compute_lines(plan: Plan, levels: list[dict[str, Any]]) -> list[str]:
     """Each planned stage's predicted compute per token next to its measured CPU per token: the cost model's
-    compute side checked by CPU time, which other work on the machine moves far less than wall time."""
+    compute side checked by CPU time, which other work on the machine moves far less than wall time. Tokens are
+    every stream's: a replica serving s of c streams computes s / c of them."""
     lines = ["per stage, compute ms per token: predicted (the calibration, one micro-batch / its rows)"
              " vs measured (the stage process's CPU time / tokens)"]
+    names = plan.stage_ids()
     for level in levels:
         c = level["concurrency"]
-        predicted = plan.at(plan.chosen, c)
+        per_token = [] if plan.replicated else [ms / p.rows for p in [plan.predicted(c)] for ms in p.stage_ms]
+        for i, replica in enumerate(plan.replicas if plan.replicated else ()):
+            share = c // len(plan.replicas) + (i < c % len(plan.replicas))
+            p = plan.at(replica, max(share, 1))
+            per_token.append(p.stage_ms[0] / p.rows * share / c)
         cells = []
-        for i, ms in enumerate(predicted.stage_ms):
-            measured = level.get("cpu_ms_per_token", {}).get(f"stage:stage{i}")
-            shown = "-" if measured is None else f"{measured:.2f} ({measured / (ms / predicted.rows):.2f}x)"
-            cells.append(f"stage{i} {ms / predicted.rows:.2f} / {shown}")
+        for name, ms in zip(names, per_token):
+            measured = level.get("cpu_ms_per_token", {}).get(f"stage:{name}")
+            shown = "-" if measured is None or not ms else f"{measured:.2f} ({measured / ms:.2f}x)"
+            cells.append(f"{name} {ms:.2f} / {shown}")
         lines.append(f"  c={c:<3} " + "; ".join(cells))
     return lines
 
@@ -74,7 +80,7 @@ def hosts_and_flags(args: argparse.Namespace, concurrency: int) -> tuple[list[Ho
     undelayed); or, with `--netns PREFIX`, the hosts of that namespace set, one stage in each, on plain TCP links
     whose conditions are the set's (every hop delayed, the return to stage 0 included)."""
     pin = ["--stage-cpus", args.stage_cpus, "--plan-concurrency", str(concurrency),
-           *(["--no-speculative"] if args.plain else [])]
+           *(["--no-speculative"] if args.plain else []), *([] if args.replicas else ["--no-replicas"])]
     if args.netns:
         if args.delay_ms or args.even:
             raise ConfigError("bench plan --netns: the set's links carry the delay (scripts/netns-hosts up N"
@@ -90,7 +96,7 @@ def predicted_plan(args: argparse.Namespace, model: Path, hosts: list[Host], lan
     predicts (unless --cached-costs): on a shared VM the speed of a core moved by 30-50% within an hour (a
     cached table from earlier predicted 25 ms a token where 16 ms was measured)."""
     return make_plan(model, hosts, ServingShape(lanes, 512, True), concurrency, stages=len(args.stage_cpus.split(",")),
-                     refresh=not args.cached_costs)
+                     refresh=not args.cached_costs, replicate=args.replicas)
 
 
 def run_plan_bench(args: argparse.Namespace) -> int:
@@ -119,8 +125,10 @@ def run_plan_bench(args: argparse.Namespace) -> int:
         finally:
             for server in servers:
                 stop(server)
-    lines = [f"model {model.name}; hosts: {', '.join(h.describe() for h in hosts)}; plan: layers "
-             + ", ".join(f"{s.start}-{s.end}" for s in plan.chosen.stages) + f"; llama-server pinned to CPUs {first};"
+    served = " | ".join(", ".join(f"{s.start}-{s.end}" for s in split.stages) for split in plan.served)
+    lines = [f"model {model.name}; hosts: {', '.join(h.describe() for h in hosts)}; plan: "
+             + (f"{len(plan.replicas)} replicas, layers " if plan.replicated else "layers ")
+             + served + f"; llama-server pinned to CPUs {first};"
              f" {args.max_tokens}-token streams, {args.rounds} round(s) per level (median)",
              f"machine shared with other work: 1-min load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
              _row(["server", "c", "pred TPOT", "TPOT p50", "pred tok/s", "tok/s", "meas/pred", "vs llama-s", "CPU ms/tok"])]
@@ -128,7 +136,7 @@ def run_plan_bench(args: argparse.Namespace) -> int:
     for name, split in [("skippy-plan", plan.chosen), ("skippy-even", None), ("llama-server", plan.single)]:
         for level in results.get(name, []):
             c = level["concurrency"]
-            predicted = plan.at(split, c) if split is not None else None
+            predicted = (plan.predicted(c) if name == "skippy-plan" else plan.at(split, c)) if split is not None else None
             ratio = f"{level['tok_s'] / predicted.tok_s:.2f}" if predicted else "-"
             lines.append(_row([name, str(c), f"{predicted.tpot_ms:.1f}" if predicted else "-", f"{level['tpot_p50_ms']:.1f}",
                                f"{predicted.tok_s:.1f}" if predicted else "-", f"{level['tok_s']:.1f}", ratio,
@@ -158,5 +166,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
                    help="predict from the cached cost tables (default: calibrate again, just before the runs)")
     p.add_argument("--plain", action="store_true",
                    help="skippy with --no-speculative: plain decoding, what the cost model predicts (for validating it)")
+    p.add_argument("--no-replicas", dest="replicas", action="store_false",
+                   help="splits only (skippy up --no-replicas): no whole-model replica per host")
     p.add_argument("--json", default=None, help="write the tables and every level here")
     p.set_defaults(run=run_plan_bench)

@@ -17,6 +17,7 @@ one launch recipe of the front.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,10 +41,12 @@ class FrontProcesses:
     (`starters`, for a ChildRestarter): the broker on the same endpoint, the adapter on the port it
     first bound (`--bind HOST:0` picks one the first time only), so clients reconnect to the same URL."""
 
-    def __init__(self, children: Children, options: ServingOptions, topology: Path) -> None:
+    def __init__(self, children: Children, options: ServingOptions, topology: Path,
+                 replicas: Sequence[Path] = ()) -> None:
         openai = options.openai
         assert openai is not None
         self.children, self.options, self.topology = children, options, topology
+        self.pipelines = [topology, *replicas]  # the broker routes over each (the adapter shows the first's stages)
         self.level = TelemetryOptions.from_serving(options).to_flags()  # every child at the stages' telemetry settings
         self.broker = f"ipc://{children.run_dir}/broker.sock"
         self.events = f"ipc://{children.run_dir}/events.sock"  # token events straight from stage 0 (direct_events)
@@ -61,7 +64,8 @@ class FrontProcesses:
     def start_broker(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         openai = self.options.openai
         assert openai is not None
-        self.children.start_process("broker", ["broker", "--bind", self.broker, "--pipeline", str(self.topology),
+        pipelines = [arg for topology in self.pipelines for arg in ("--pipeline", str(topology))]
+        self.children.start_process("broker", ["broker", "--bind", self.broker, *pipelines,
                                                *openai.admission.to_flags(), *self.level,
                                                "--metrics-bind", self.options.metrics_bind], timeout_s)
 

@@ -8,7 +8,9 @@ write the topology.
 Hosts come from a hosts file (skippy.plan.hosts), from `--stage-cpus` (one loopback host per CPU set),
 or from a namespace host set (its addresses, link conditions and `--mem-mb`). The split maximises
 tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency`;
-it fits every host's memory. With `--out DIR` the topology and stage configs go to DIR (plan.json
+it fits every host's memory. When every host holds the whole model on cores of its own, replicas (one pipeline
+per host) are weighed too and served when faster (`--no-replicas`, or `--stages K`: a split).
+With `--out DIR` the topology and stage configs go to DIR (plan.json
 beside them) and the `skippy up` command serving it is printed. `skippy up` without `--split` plans the
 same way for the hosts it is given (`add_host_arguments`, `plan_for`).
 """
@@ -39,6 +41,9 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan-concurrency", type=int, default=None, metavar="C",
                    help="streams the split is chosen for (default: the lane count)")
     p.add_argument("--recalibrate", action="store_true", help="measure the cost tables again (else cached)")
+    p.add_argument("--no-replicas", dest="replicas", action="store_false",
+                   help="splits only: never the whole model on each host, one pipeline per host (default: weighed"
+                        " when every host holds the model on cores of its own)")
 
 
 def hosts_given(args: argparse.Namespace) -> bool:
@@ -58,12 +63,14 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
     return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms, args.link_mbps)
 
 
-def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bool = False) -> Plan:
-    """The plan for the model, hosts and serving shape in `args`."""
+def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bool = False,
+             replicate: bool = True) -> Plan:
+    """The plan for the model, hosts and serving shape in `args` (replicas weighed unless `--no-replicas`)."""
     model = resolve_model_path(args.model)
     shape = ServingShape(args.lane_count, args.ctx_size, args.prefix_cache)
     concurrency = 1 if latency else (args.plan_concurrency or args.lane_count)
-    return make_plan(model, _hosts(args), shape, concurrency, stages=stages, refresh=args.recalibrate)
+    return make_plan(model, _hosts(args), shape, concurrency, stages=stages, refresh=args.recalibrate,
+                     replicate=replicate and args.replicas)
 
 
 def model_id_of(spec: str) -> str:
@@ -81,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-size", type=int, default=512, help="context per session (default 512)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", help="size stages without it")
     p.add_argument("--latency", action="store_true", help="minimise single-stream latency instead")
-    p.add_argument("--stages", type=int, default=None, help="exactly this many stages")
+    p.add_argument("--stages", type=int, default=None, help="exactly this many stages (a split: no replicas)")
     p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrencies to predict (default 1,4,16)")
     p.add_argument("--out", type=Path, default=None, help="write topology.json, stage configs and plan.json here")
     p.set_defaults(run=run)
@@ -92,12 +99,15 @@ def run(args: argparse.Namespace) -> int:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--levels must be concurrencies separated by commas, got '{args.levels}'") from None
-    plan = plan_for(args, stages=args.stages, latency=args.latency)
+    plan = plan_for(args, stages=args.stages, latency=args.latency, replicate=args.stages is None)
     print(plan.report(levels))
     if args.out is not None:
         written = write_plan(plan, args.out.resolve(), model_id=model_id_of(args.model),
                              extra={"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None})
-        pin = f" --stage-cpus {written.stage_cpus}" if written.stage_cpus else ""
-        print(f"wrote {written.topology} ({len(written.configs)} stage configs, {written.summary.name});"
-              f" serve it with: skippy up --topology {written.topology}{pin}")
+        pinned = [p.stage_cpus for p in written.pipelines]
+        pin = f" --stage-cpus {','.join(c for c in pinned if c)}" if all(pinned) else ""
+        topologies = " ".join(f"--topology {p.topology}" for p in written.pipelines)
+        configs = sum(len(p.configs) for p in written.pipelines)
+        print(f"wrote {', '.join(str(p.topology) for p in written.pipelines)} ({configs} stage configs,"
+              f" {written.summary.name}); serve it with: skippy up {topologies}{pin}")
     return 0

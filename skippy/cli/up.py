@@ -7,18 +7,20 @@ or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (
 stderr), else at `--split` or the layers halved (15 of SmolLM2's 30, 9 of Gemma's 18); with the prefix cache on
 (`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
-(<stage_id>.json beside it). `skippy up` takes every serving flag of `skippy stage` except the
-per-stage files and sockets, resolves them as stage 0 with an OpenAI front would (so a bad or
-unsupported flag fails before anything starts) and hands each to its owner: stage flags to every
-stage, prefill and speculative flags to stage 0, admission flags to the broker, the model id and
-default max tokens to the adapter. The API key ($SKIPPY_OPENAI_API_KEY, `--openai-api-key-file`, or
-`--openai-api-key`, which stays on this command line and is warned about) reaches every child through
-its environment, never a command line: the adapter's routes and every /metrics want it. A non-loopback
-`--bind` without a key is warned about (here and in the adapter's log). Children are supervised: any
-child that dies (a stage, stage 0 included, the broker, the adapter) is restarted with backoff
-(skippy.restarts, `--max-stage-restarts`, which also bounds deaths in a row before everything is
-stopped); the adapter comes back on the same port. Ctrl-C stops everything cleanly. All logs land in
-the run directory.
+(<stage_id>.json beside it); `--topology` repeated serves each as a replica, a pipeline of its own behind the
+one broker (its least-loaded routing spreads the streams), as a replicated plan does: `skippy plan` weighs
+replicas when every host holds the whole model (`--no-replicas`: splits only), and `--stage-cpus` then names one
+CPU set per stage of every pipeline in turn (each pipeline's own share goes to its stages). `skippy up` takes
+every serving flag of `skippy stage` except the per-stage files and sockets, resolves them as stage 0 with an
+OpenAI front would (so a bad or unsupported flag fails before anything starts) and hands each to its owner:
+stage flags to every stage, prefill and speculative flags to stage 0, admission flags to the broker, the model
+id and default max tokens to the adapter. The API key ($SKIPPY_OPENAI_API_KEY, `--openai-api-key-file`, or
+`--openai-api-key`, which stays on this command line and is warned about) reaches every child through its
+environment, never a command line: the adapter's routes and every /metrics want it. A non-loopback `--bind`
+without a key is warned about (here and in the adapter's log). Children are supervised: any child that dies (a
+stage, stage 0 included, the broker, the adapter) is restarted with backoff (skippy.restarts,
+`--max-stage-restarts`, which also bounds deaths in a row before everything is stopped); the adapter comes back on the same
+port. Ctrl-C stops everything cleanly. All logs land in the run directory.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from skippy.cli.front import FrontProcesses
@@ -41,10 +44,11 @@ from skippy.config import (
     parse_serving_args,
     refuse_unsupported,
 )
+from skippy.config.affinity import CpuSet, parse_cpu_list
 from skippy.config.api_key import API_KEY_ENV, COMMAND_LINE_WARNING, api_key_from, open_bind_warning
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
-from skippy.launcher import StageProcesses, default_kv_cache, write_local_topology
+from skippy.launcher import PipelineFiles, StageProcesses, default_kv_cache, write_local_topology
 from skippy.plan.write import write_plan
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
 from skippy.runtime.models import PACKAGED, model_id_for, resolve_model_path
@@ -57,7 +61,9 @@ UP_OWNERS = (Owner.EVERY_STAGE, Owner.STAGE0, Owner.BROKER, Owner.ADAPTER)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start stages, broker and OpenAI adapter; serve until Ctrl-C",
                        epilog="flags after -- are passed to every `skippy stage`")
-    p.add_argument("--topology", type=Path, default=None, help="default: the packaged model split over 2 stages")
+    p.add_argument("--topology", type=Path, action="append", default=None,
+                   help="a topology to serve (default: the packaged model split over 2 stages); repeat it to serve"
+                        " replicas behind one broker")
     p.add_argument("--model", default="default",
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
                         " (default: smollm2-135m, SmolLM2-135M-Instruct)")
@@ -78,28 +84,57 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _topology(args: argparse.Namespace, run_dir: Path) -> tuple[Path, list[Path]]:
-    if args.topology is not None:
-        return args.topology, stage_config_paths(args.topology, StageTopology.load(args.topology))
+def _pipelines(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:
+    """What to serve: the given topologies, the plan for the hosts given, or the model split at `--split`; each
+    pipeline with its share of `--stage-cpus` (which then no longer goes to every stage)."""
+    if args.topology:
+        pipelines = [PipelineFiles(t, stage_config_paths(t, StageTopology.load(t))) for t in args.topology]
+    else:
+        pipelines = _split_or_planned(args, run_dir)
+    stage_cpus = FlagReader(args).text("--stage-cpus")
+    args.stage_cpus = None
+    if stage_cpus is None:
+        return pipelines
+    sets = stage_cpus.split(",")
+    if len(sets) != sum(len(p.configs) for p in pipelines):
+        names = " + ".join(f"{len(p.configs)} in {p.topology}" for p in pipelines)
+        raise ConfigError(f"--stage-cpus must give one CPU set per stage ({names}), got {len(sets)}: '{stage_cpus}'")
+    shares, start = [], 0
+    for p in pipelines:
+        shares.append(replace(p, stage_cpus=",".join(sets[start:start + len(p.configs)])))
+        start += len(p.configs)
+    return shares
+
+
+def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:
     model = resolve_model_path(args.model)
     extra: dict[str, object] = {"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None}
     if args.split is None and hosts_given(args):
         return _planned(args, run_dir, extra)
     n_layer = read_model_info(model).n_layer
     splits = [int(x) for x in (args.split or str(n_layer // 2)).split(",") if x.strip()]
-    return write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
-                                ctx_size=args.ctx_size, model_id=model_id_for(args.model, model), extra=extra)
+    return [PipelineFiles(*write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
+                                                ctx_size=args.ctx_size, model_id=model_id_for(args.model, model),
+                                                extra=extra))]
 
 
-def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> tuple[Path, list[Path]]:
-    """The split skippy.plan picks for the hosts given (`--stage-cpus`: exactly one stage per CPU set)."""
+def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> list[PipelineFiles]:
+    """The split (or replicas) skippy.plan picks for the hosts given (`--stage-cpus`: one stage per CPU set)."""
     stage_cpus = FlagReader(args).text("--stage-cpus")
     plan = plan_for(args, stages=len(stage_cpus.split(",")) if stage_cpus else None)
     print(plan.report(), file=sys.stderr, flush=True)
     written = write_plan(plan, run_dir / "topology", model_id=model_id_of(args.model), extra=extra)
-    if stage_cpus is None and written.stage_cpus is not None:
-        args.stage_cpus = written.stage_cpus  # each stage pinned to its host's CPUs
-    return written.topology, written.configs
+    pinned = [p.stage_cpus for p in written.pipelines]
+    if stage_cpus is None and all(pinned):
+        args.stage_cpus = ",".join(c for c in pinned if c)  # each stage pinned to its host's CPUs
+    return list(written.pipelines)
+
+
+def _cpu_sets(pipeline: PipelineFiles) -> list[CpuSet]:
+    """Each stage's CPUs from the pipeline's `--stage-cpus` share (none: every CPU)."""
+    if pipeline.stage_cpus is None:
+        return [() for _ in pipeline.configs]
+    return [parse_cpu_list(entry, "+") for entry in pipeline.stage_cpus.split(",")]
 
 
 def stage0_options(args: argparse.Namespace, topology: Path, config: Path) -> ServingOptions:
@@ -136,8 +171,11 @@ def native_mtp_sidecar_flags(options: ServingOptions) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     run_dir = (args.run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    topology, configs = _topology(args, run_dir)
-    options = stage0_options(args, topology, configs[0])
+    pipelines = _pipelines(args, run_dir)
+    first = pipelines[0]
+    args.stage_cpus = first.stage_cpus  # stage 0's own view, as its command line will say
+    options = stage0_options(args, first.topology, first.configs[0])
+    args.stage_cpus = None  # each pipeline's share goes to its own stages
     if options.insecure_links:
         print("skippy up: warning: --insecure-links: stage links are plain ZeroMQ, neither authenticated nor"
               " encrypted (`skippy keys --topology T` makes keys)", file=sys.stderr, flush=True)
@@ -148,16 +186,19 @@ def run(args: argparse.Namespace) -> int:
     open_bind = open_bind_warning(args.bind, key, "--bind")
     for warning in ([COMMAND_LINE_WARNING] if flags.given("--openai-api-key") else []) + ([open_bind] if open_bind else []):
         print(f"skippy up: warning: {warning}", file=sys.stderr, flush=True)
-    children = StageProcesses(topology, configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
+    children = StageProcesses(first.topology, first.configs, run_dir, [*flags.argv([Owner.EVERY_STAGE]), *args.passthrough],
                               include_stage0=True, first_flags=flags.argv([Owner.STAGE0]),
                               last_flags=native_mtp_sidecar_flags(options),
                               env={API_KEY_ENV: key} if key else None,  # every /metrics and the adapter want it
-                              stage_cpus=options.stage_cpus)
+                              stage_cpus=[s for p in pipelines for s in _cpu_sets(p)], replicas=pipelines[1:],
+                              own_stage_cpus=first.stage_cpus)
 
-    front = FrontProcesses(children, options, topology)
+    front = FrontProcesses(children, options, first.topology, replicas=[p.topology for p in pipelines[1:]])
 
     def start() -> str:
-        print(f"starting {len(configs)} stages, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
+        stages = sum(len(p.configs) for p in pipelines)
+        what = f"{len(pipelines)} replicas ({stages} stages)" if len(pipelines) > 1 else f"{stages} stages"
+        print(f"starting {what}, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
         url = front.start()
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "

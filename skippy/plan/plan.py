@@ -3,15 +3,20 @@
 `make_plan` calibrates (or loads) every host's cost table, runs the search (skippy.plan.search) at the
 target concurrency (1 for `latency`), and picks the split with the most tok/s there. It says "don't
 split" when one host holds the whole model and no split beats it, and names the hosts whose memory
-cannot hold the whole model (the reason a split is necessary). `Plan.report()` is what `skippy plan`
-prints: the hosts, each stage's layers, predicted compute and memory, and TPOT and tok/s at every
-level for the plan and for the best single host.
+cannot hold the whole model (the reason a split is necessary). When every host holds the whole model on
+cores of its own, it also weighs replicas, one pipeline per host behind the broker (`replicate`, on by
+default; `--no-replicas` turns it off), and serves them when they beat one host alone at the target
+concurrency (at one stream they cannot) unless a split is predicted SPLIT_MARGIN faster: measured at 16
+streams on two cores, splits ran at 0.90x their prediction or less and replicas at 1.01x (docs/plan.md),
+and a replica that dies leaves the others serving. `Plan.report()` is what `skippy plan` prints: the
+hosts, each stage's layers, predicted compute and memory, and TPOT and tok/s at every level for the plan,
+the best split and the best single host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from skippy.config.errors import ConfigError
@@ -19,12 +24,13 @@ from skippy.plan.calibrate import calibrated_costs
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 from skippy.plan.memory import DEFAULT_SHAPE, MIB, ModelFacts, ServingShape, read_model_facts, stage_memory
-from skippy.plan.predict import Prediction, predict
+from skippy.plan.predict import Prediction, StageCost, predict, predict_replicas, shared_cores
 from skippy.plan.search import Split, best_splits
 
-__all__ = ["LEVELS", "Plan", "host_costs", "make_plan"]
+__all__ = ["LEVELS", "SPLIT_MARGIN", "Plan", "host_costs", "make_plan", "plan_from_costs"]
 
 LEVELS = (1, 4, 16)
+SPLIT_MARGIN = 1.1  # a split is served over replicas only when predicted this much faster
 
 
 def host_costs(model: Path, hosts: Sequence[Host], refresh: bool = False) -> list[tuple[Host, ComputeCosts]]:
@@ -57,16 +63,46 @@ class Plan:
     whole_need: int  # bytes one stage holding every layer needs
     overheads: Overheads = field(default_factory=Overheads)
     prefill_ratio: float = 0.0  # prompt tokens per generated token of the workload
+    replicas: tuple[Split, ...] = ()  # the whole model on each host (weighed when every host holds it apart)
+    replicated: bool = False  # serve `replicas` (one pipeline each) rather than `chosen`
 
     @property
     def single(self) -> Split | None:
         return self.splits.get(1)
 
+    @property
+    def served(self) -> tuple[Split, ...]:
+        """The pipelines to serve: each replica, or the chosen split alone."""
+        return self.replicas if self.replicated else (self.chosen,)
+
+    @property
+    def stage_prefixes(self) -> list[str]:
+        """Each served pipeline's stage-id prefix (`replica<i>-`; none for a split), as skippy.plan.write names them."""
+        return [f"replica{i}-" for i in range(len(self.replicas))] if self.replicated else [""]
+
+    def stage_ids(self) -> list[str]:
+        return [f"{prefix}stage{i}" for prefix, split in zip(self.stage_prefixes, self.served) for i in range(len(split.stages))]
+
     def at(self, split: Split, concurrency: int) -> Prediction:
         return predict(split.stages, concurrency, self.facts.n_embd, self.overheads, self.prefill_ratio)
 
+    def replicas_at(self, concurrency: int) -> Prediction:
+        return predict_replicas([r.stages for r in self.replicas], concurrency, self.facts.n_embd, self.overheads,
+                                self.prefill_ratio)
+
+    def predicted(self, concurrency: int) -> Prediction:
+        """What is served, at `concurrency` streams."""
+        return self.replicas_at(concurrency) if self.replicated else self.at(self.chosen, concurrency)
+
     def verdict(self) -> str:
         c, chosen, single = self.concurrency, self.chosen, self.single
+        if self.replicated:
+            names = ", ".join(r.stages[0].host.name for r in self.replicas)
+            tok_s = self.replicas_at(c).tok_s
+            split = f"the best split ({len(chosen.stages)} stage(s))" if len(chosen.stages) > 1 else "one host alone"
+            return (f"replicate: the whole model on each of {len(self.replicas)} hosts ({names}), one pipeline each:"
+                    f" {tok_s / chosen.prediction.tok_s:.2f}x the tok/s of {split} at {c} stream(s)"
+                    f" (predicted {tok_s:.1f} tok/s)")
         if len(chosen.stages) == 1:
             return (f"don't split: {chosen.stages[0].host.name} holds the whole model and no split is faster at"
                     f" {c} stream(s) (predicted {chosen.prediction.tok_s:.1f} tok/s)")
@@ -86,25 +122,47 @@ class Plan:
                  f" x {shape.ctx_size} context, prefix cache {'on' if shape.prefix_cache else 'off'}"]
         hosts = list(dict.fromkeys(s.host for split in self.splits.values() if split for s in split.stages))
         lines += ["hosts:", *(f"  {h.describe()}" for h in hosts)]
-        lines.append(f"plan, chosen for the most tok/s at {self.concurrency} stream(s): {len(self.chosen.stages)} stage(s)")
-        for i, (stage, memory) in enumerate(zip(self.chosen.stages, self.chosen.memory)):
-            ms = "; ".join(f"{r} rows {stage.costs.stage_ms(stage.start, stage.end, r):.1f} ms" for r in (1, 16))
-            lines.append(f"  stage{i} on {stage.host.name}: layers {stage.start}-{stage.end}; compute {ms};"
-                         f" memory {memory.describe()}")
-        rows = [("this plan", self.chosen)] + ([(f"{self.single.stages[0].host.name} alone", self.single)]
-                                               if self.single is not None and len(self.chosen.stages) > 1 else [])
+        shown = (f"{len(self.replicas)} replicas of 1 stage" if self.replicated
+                 else f"{len(self.chosen.stages)} stage(s)")
+        lines.append(f"plan, chosen for the most tok/s at {self.concurrency} stream(s): {shown}")
+        for r, split in enumerate(self.served):
+            for i, (stage, memory) in enumerate(zip(split.stages, split.memory)):
+                ms = "; ".join(f"{n} rows {stage.costs.stage_ms(stage.start, stage.end, n):.1f} ms" for n in (1, 16))
+                name = f"replica{r}" if self.replicated else f"stage{i}"
+                lines.append(f"  {name} on {stage.host.name}: layers {stage.start}-{stage.end}; compute {ms};"
+                             f" memory {memory.describe()}")
+        rows: list[tuple[str, Callable[[int], Prediction]]] = [("this plan", self.predicted)]
+        if self.replicated and len(self.chosen.stages) > 1:
+            rows.append((f"best split ({len(self.chosen.stages)})", lambda c: self.at(self.chosen, c)))
+        single = self.single
+        if single is not None and (self.replicated or len(self.chosen.stages) > 1):
+            rows.append((f"{single.stages[0].host.name} alone", lambda c: self.at(single, c)))
         lines.append("predicted".ljust(24) + "".join(f"c={c}: TPOT ms, tok/s".rjust(24) for c in levels))
-        for name, split in rows:
-            cells = [self.at(split, c) for c in levels]
+        for name, at in rows:
+            cells = [at(c) for c in levels]
             lines.append(f"  {name}".ljust(24) + "".join(f"{p.tpot_ms:.1f}, {p.tok_s:.1f}".rjust(24) for p in cells))
         lines.append(self.verdict())
         return "\n".join(lines)
 
 
+def _replicas(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape, concurrency: int,
+              overheads: Overheads, prefill_ratio: float) -> tuple[Split, ...]:
+    """The whole model on each host, when there are several, each holds it and no two share cores (else none)."""
+    hosts = [h for h, _ in costed]
+    memory = stage_memory(facts, 0, facts.n_layer, shape)
+    if len(hosts) < 2 or len(shared_cores(hosts)) < len(hosts) or any(
+            h.mem_bytes is not None and h.mem_bytes < memory.total for h in hosts):
+        return ()
+    copies = [(StageCost(h, costs, 0, facts.n_layer),) for h, costs in costed]
+    return tuple(Split(c, (memory,), predict(c, concurrency, facts.n_embd, overheads, prefill_ratio)) for c in copies)
+
+
 def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_SHAPE, concurrency: int = 16, *,
               stages: int | None = None, refresh: bool = False, overheads: Overheads = DEFAULT_OVERHEADS,
-              prefill_ratio: float = 0.0) -> Plan:
-    """The split to serve `model` on `hosts` (`stages`: exactly that many), chosen for `concurrency` streams."""
+              prefill_ratio: float = 0.0, replicate: bool = True) -> Plan:
+    """The split to serve `model` on `hosts` (`stages`: exactly that many), chosen for `concurrency` streams;
+    `replicate`: or the whole model on every host, one pipeline each, when that is faster (and `stages`, if
+    given, is one per host)."""
     if not hosts:
         raise ConfigError("a plan needs at least one host")
     if concurrency < 1:
@@ -114,14 +172,31 @@ def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_
         raise ConfigError(f"cannot plan {stages} stages over {len(hosts)} host(s) and {facts.n_layer} layers")
     if prefill_ratio < 0:
         raise ConfigError(f"prompt tokens per generated token must be >= 0, got {prefill_ratio:g}")
-    splits = best_splits(host_costs(model, hosts, refresh), facts, shape, concurrency, overheads, prefill_ratio)
+    return plan_from_costs(host_costs(model, hosts, refresh), facts, shape, concurrency, stages=stages,
+                           overheads=overheads, prefill_ratio=prefill_ratio, replicate=replicate)
+
+
+def plan_from_costs(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape,
+                    concurrency: int, *, stages: int | None = None, overheads: Overheads = DEFAULT_OVERHEADS,
+                    prefill_ratio: float = 0.0, replicate: bool = True) -> Plan:
+    """make_plan's choice once every host has its cost table."""
+    hosts = [h for h, _ in costed]
+    splits = best_splits(costed, facts, shape, concurrency, overheads, prefill_ratio)
     whole = stage_memory(facts, 0, facts.n_layer, shape).total
     too_small = tuple(h for h in hosts if h.mem_bytes is not None and h.mem_bytes < whole)
     options = [s for k, s in splits.items() if s is not None and (stages is None or k == stages)]
     if not options:
         budgets = ", ".join(f"{h.name} {h.mem_mb:g} MiB" if h.mem_mb else f"{h.name} unlimited" for h in hosts)
         counts = f"{stages} stage(s)" if stages else "any split"
-        raise ConfigError(f"{model.name} does not fit {counts} of these hosts ({budgets}); the whole model needs"
+        raise ConfigError(f"{facts.path.name} does not fit {counts} of these hosts ({budgets}); the whole model needs"
                           f" {whole / MIB:.0f} MiB at {shape.lane_count} lanes x {shape.ctx_size} context")
     chosen = min(options, key=lambda s: (s.prediction.tpot_ms, len(s.stages)))
-    return Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio)
+    plan = Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio)
+    if not replicate or stages not in (None, len(hosts)):
+        return plan
+    plan = replace(plan, replicas=_replicas(costed, facts, shape, concurrency, overheads, prefill_ratio))
+    if not plan.replicas:
+        return plan
+    tok_s = plan.replicas_at(concurrency).tok_s
+    alone = max(r.prediction.tok_s for r in plan.replicas)
+    return replace(plan, replicated=tok_s > alone * 1.001 and tok_s * SPLIT_MARGIN >= chosen.prediction.tok_s)

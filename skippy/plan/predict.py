@@ -9,7 +9,9 @@ overlapping CPU sets of this machine, as 3 stages on `--stage-cpus 0,1,0`, are o
 up). One stage alone is its compute plus the step loop's overhead. TPOT = the round, tok/s = c / round. A workload whose requests
 prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G prefill rows to every decode
 row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
-decode rows go through the head).
+decode rows go through the head). Replicas (the whole model on each of several hosts, one pipeline each, the
+broker routing each stream to the least loaded): the c streams spread evenly over them; tok/s is the sum of each
+replica's, TPOT the slowest replica's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from skippy.config.affinity import parse_cpu_list
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
-__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "shared_cores", "stage_compute_ms",
-           "transfer_ms"]
+__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "predict_replicas", "shared_cores",
+           "stage_compute_ms", "transfer_ms"]
 
 WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
 
@@ -106,3 +108,13 @@ def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overhead
         total = round_ms(ms, hops, transfers, overheads.return_ms + stages[-1].host.delay_ms, in_flight,
                          shared_cores([s.host for s in stages]))
     return Prediction(concurrency, total, concurrency * 1e3 / total, ms, rows, in_flight)
+
+
+def predict_replicas(copies: Sequence[Sequence[StageCost]], concurrency: int, n_embd: int,
+                     overheads: Overheads = DEFAULT_OVERHEADS, prefill_ratio: float = 0.0) -> Prediction:
+    """Replicas serving `concurrency` streams together: replica i gets c // n streams, one more for i < c % n."""
+    n = len(copies)
+    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+    each = [predict(stages, share, n_embd, overheads, prefill_ratio) for stages, share in zip(copies, shares) if share]
+    return Prediction(concurrency, max(p.tpot_ms for p in each), sum(p.tok_s for p in each),
+                      tuple(ms for p in each for ms in p.stage_ms), max(p.rows for p in each), len(each))

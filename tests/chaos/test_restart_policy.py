@@ -26,6 +26,9 @@ class FakeStages:
     def log_path(self, name: str) -> Path:
         return self.run_dir / f"{name}.log"
 
+    def stage_ids(self) -> list[tuple[int, str, int]]:
+        return [(i, s.stage_id, i) for i, s in enumerate(self.topology.stages)]
+
     def start_stage(self, index: int, timeout_s: float) -> None:
         self.started.append(index)
         self.started_event.set()

@@ -13,11 +13,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from skippy.bench.plan import add_to, predicted_plan
+from skippy.launcher import read_events, write_local_topology
 from skippy.plan import calibrate
 from skippy.plan.calibrate import calibrated_costs, cost_cache_path
 from skippy.plan.costs import ROWS
@@ -83,7 +85,7 @@ def test_a_budget_below_the_model_is_refused_naming_it(model: Path, skippy_cache
 
 
 def test_up_with_stage_cpus_and_no_split_serves_the_plan(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
-    with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--stage-cpus", STAGE_CPUS,
+    with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--stage-cpus", STAGE_CPUS, "--no-replicas",
                                                       "--lane-count", "2", "--ctx-size", "128"]) as server:
         reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": "hello", "max_tokens": 4,
                                                            "ignore_eos": True})
@@ -108,3 +110,55 @@ def test_bench_plan_calibrates_again_unless_told_to_use_the_cached_tables(model:
     first = stamp_after("--cached-costs")  # measured once if not cached yet
     assert stamp_after("--cached-costs") == first  # the cached table
     assert stamp_after() != first  # measured again, just before the runs
+
+
+def test_up_serves_replicas_one_pipeline_per_topology_each_pinned(model: Path, skippy_cache_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """`skippy up --topology A --topology B --stage-cpus X,Y` (what a replicated plan prints): one whole-model pipeline
+    per topology behind the one broker, each pinned to its share of --stage-cpus; concurrent requests use both."""
+    topologies = [write_local_topology(tmp_path / f"replica{i}", model, 6, [], lane_count=2, ctx_size=128, model_id="m",
+                                       topology_id=f"replica{i}", stage_prefix=f"replica{i}-")[0] for i in range(2)]
+    args = [arg for t in topologies for arg in ("--topology", str(t))]
+    with launch_up(tmp_path, skippy_cache_dir, None, [*args, "--stage-cpus", STAGE_CPUS]) as server:
+        body = {"model": server.model_id, "prompt": "hello", "max_tokens": 24, "ignore_eos": True}
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: server.request("POST", "/v1/completions", body, timeout=120), range(4)))
+        assert [r.status for r in replies] == [200] * 4, [r.body for r in replies]
+        assert [r.json()["usage"]["completion_tokens"] for r in replies] == [24] * 4
+    run = tmp_path / "run"
+    assert "starting 2 replicas (2 stages)" in (tmp_path / "up.stderr").read_text()
+    for i, cpu in enumerate(STAGE_CPUS.split(",")):
+        events = read_events(run / f"replica{i}-stage0.log")
+        assert [e["cpu_affinity"] for e in events if e["event"] == "loading"] == [cpu]
+        assert any(e["event"] == "request_done" for e in events), f"replica{i} served nothing"
+    broker = read_events(run / "broker.log")
+    assert len({e["pipeline"] for e in broker if e["event"] == "pipeline_ready"}) == 2
+
+
+def test_up_refuses_stage_cpus_that_do_not_cover_every_replica(model: Path, skippy_cache_dir: Path,
+                                                                tmp_path: Path) -> None:
+    topologies = [write_local_topology(tmp_path / f"r{i}", model, 6, [], model_id="m", stage_prefix=f"r{i}-")[0]
+                  for i in range(2)]
+    done = skippy("up", "--topology", str(topologies[0]), "--topology", str(topologies[1]), "--stage-cpus",
+                  str(CPUS[0]), "--run-dir", str(tmp_path / "run"), "--bind", "127.0.0.1:0", cache=skippy_cache_dir)
+    assert done.returncode != 0
+    assert "--stage-cpus must give one CPU set per stage (1 in" in done.stderr and "got 1" in done.stderr
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="replicas need two CPUs that no other replica uses")
+def test_up_with_stage_cpus_serves_replicas_when_the_plan_says_so(model: Path, skippy_cache_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """Every core holds the tiny model: at 2 streams a replica per core beats one core, and no split beats them."""
+    with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--stage-cpus", STAGE_CPUS,
+                                                      "--lane-count", "2", "--ctx-size", "128"]) as server:
+        reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": "hi", "max_tokens": 3,
+                                                           "ignore_eos": True})
+        assert reply.status == 200, reply.body
+    err = (tmp_path / "up.stderr").read_text()
+    assert "plan, chosen for the most tok/s at 2 stream(s): 2 replicas of 1 stage" in err
+    assert "replicate: the whole model on each of 2 hosts" in err and "starting 2 replicas (2 stages)" in err
+    for i, cpu in enumerate(STAGE_CPUS.split(",")):
+        topology = json.loads((tmp_path / "run" / "topology" / f"r{i}" / "topology.json").read_text())
+        assert [(s["stage_id"], s["layer_start"], s["layer_end"]) for s in topology["stages"]] == [(f"replica{i}-stage0", 0, 6)]
+        loading = [e for e in read_events(tmp_path / "run" / f"replica{i}-stage0.log") if e["event"] == "loading"]
+        assert [e["cpu_affinity"] for e in loading] == [cpu]
