@@ -6,7 +6,8 @@ Cancel, StatusQuery -> TokenEvents, Status), so a `PipelineClient` works against
 so and answered within `status_timeout_s`.  Admission is one FIFO `AdmissionQueue` for the whole
 broker: total concurrency = sum over ready pipelines of their per-pipeline concurrency.  An
 admitted request goes to the ready pipeline with the fewest requests in flight (preferring one
-with a spare permit) and its TokenEvents are relayed back unchanged (an error without a code
+with a spare permit; or, among replicas, to the one sent its prompt's beginning before: brokers.pool)
+and its TokenEvents are relayed back unchanged (an error without a code
 becomes `pipeline_failed`); the final event releases the permit.  A Submit naming `events_to` (an
 adapter's own endpoint) has stage 0 send the adapter its events itself; the broker gets a copy of the
 final one (`TokenEvents.sent_direct` set) and passes on only finals it makes (skippy.driver.direct_events). Unless adapters,
@@ -269,7 +270,7 @@ class Broker:
         if req.done:  # finished (broker closing) in the instant it was admitted
             permit.release()
             return
-        link = self.pool.route()
+        link = self.pool.route(req.submit.prompt)
         if link is None:
             await self._finish(req, _error(rid, "unavailable", self.pool.unavailable_reason()))
             return

@@ -3,7 +3,9 @@
 Every `poll_interval_s` the pool asks each pipeline's stage 0 for its Status.  A pipeline is ready
 when its Status says ready and stage 0 answered within `status_timeout_s`.  The pool's capacity is
 the sum over ready pipelines of their per-pipeline concurrency (`AdmissionOptions.per_pipeline` of
-each Status's lane_count).  After every refresh it calls `on_change`; when a stage 0 that was
+each Status's lane_count). A request goes to the least loaded ready pipeline, or, with several, to the one
+that was sent its prompt's beginning before unless that one is AFFINITY_SLACK requests busier
+(brokers.affinity: each replica's prefix cache is its own).  After every refresh it calls `on_change`; when a stage 0 that was
 answering goes silent it calls `on_silent(link, reason)` (its requests are stranded) and
 reconnects that link.  Readiness transitions are logged (`pipeline_ready`, `pipeline_unavailable`).
 """
@@ -16,12 +18,15 @@ from collections.abc import Callable, Sequence
 
 import zmq.asyncio
 
+from brokers.affinity import PrefixAffinity
 from brokers.link import OnEvents, PipelineLink
 from skippy.config import AdmissionOptions
 from skippy.log import get_logger
 from skippy.protocol import WireVerdict
 
-__all__ = ["PipelinePool"]
+__all__ = ["AFFINITY_SLACK", "PipelinePool"]
+
+AFFINITY_SLACK = 2  # requests in flight a replica holding a prompt's prefix may have beyond the least loaded
 
 
 class PipelinePool:
@@ -44,6 +49,7 @@ class PipelinePool:
         self.log = get_logger()
         self._on_events, self._on_change, self._on_silent = on_events, on_change, on_silent
         self._seen: dict[PipelineLink, tuple[bool, bool]] = {}  # (answering, ready) at the last refresh
+        self.affinity = PrefixAffinity()
         self._poller: asyncio.Task[None] | None = None
         self._notifiers: set[asyncio.Task[None]] = set()
 
@@ -93,10 +99,17 @@ class PipelinePool:
     def unavailable_reason(self) -> str:
         return next((link.unavailable_reason() for link in self.links if not link.ready()), "no pipeline is ready")
 
-    def route(self) -> PipelineLink | None:
-        """The ready pipeline with the fewest requests in flight, preferring one below its own limit."""
-        return min(self.ready_links(), key=lambda link: (len(link.inflight) >= self.limit(link), len(link.inflight)),
-                   default=None)
+    def route(self, prompt: Sequence[int] = ()) -> PipelineLink | None:
+        """The ready pipeline with the fewest requests in flight, preferring one below its own limit; with several,
+        the one holding the most of `prompt`'s beginning instead, when below its limit and within AFFINITY_SLACK."""
+        ready = self.ready_links()
+        least = min(ready, key=lambda link: (len(link.inflight) >= self.limit(link), len(link.inflight)), default=None)
+        if least is None or len(ready) == 1:
+            return least
+        warm, _ = self.affinity.best(prompt, [link for link in ready if len(link.inflight) < self.limit(link)])
+        chosen = warm if warm is not None and len(warm.inflight) <= len(least.inflight) + AFFINITY_SLACK else least
+        self.affinity.record(chosen, prompt)
+        return chosen
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
         """Wait (bounded) until `predicate()` holds; re-checked after every refresh."""
@@ -113,6 +126,7 @@ class PipelinePool:
                 self.log.info("pipeline_ready" if ready else "pipeline_unavailable", pipeline=link.endpoint,
                               reason=None if ready else link.unavailable_reason())
             if was_answering and not answering:
+                self.affinity.forget(link)  # whatever it held is gone if it comes back
                 self._on_silent(link, f"{link.unavailable_reason()} (no status for {self.status_timeout_s:g} s)")
                 link.reconnect()  # what was queued toward the silent stage 0 is dropped
         self._on_change()

@@ -5,7 +5,8 @@ those cores, with the planner's prediction next to each measurement, in one run.
     scripts/netns-hosts up 3 --delay-ms 20 && scripts/bench-plan --netns skippy --stage-cpus 0,1,0 --plain
 
 Servers, started together and swept level by level in turn (skippy.bench.http_load): `skippy-plan`
-(`skippy up --stage-cpus LIST` without `--split`: the plan's split, each stage pinned to its CPU set),
+(`skippy up --stage-cpus LIST` without `--split`: the plan's split or replicas, each stage pinned to its CPU
+set; `--no-replicas`: a split),
 with `--even` also `skippy-even` (the layers halved, the same pinning), and `llama-server` pinned to the
 first CPU set with as many threads (`--parallel` = the lane count). `--delay-ms` delays each of
 skippy's hops (`--downstream-wire-delay-ms`) and the plan knows it. `--netns PREFIX` puts the stages on

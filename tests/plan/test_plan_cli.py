@@ -15,11 +15,12 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from skippy.bench.plan import add_to, predicted_plan
-from skippy.launcher import read_events, write_local_topology
+from skippy.launcher import default_kv_cache, read_events, write_local_topology
 from skippy.plan import calibrate
 from skippy.plan.calibrate import calibrated_costs, cost_cache_path
 from skippy.plan.costs import ROWS
@@ -162,3 +163,40 @@ def test_up_with_stage_cpus_serves_replicas_when_the_plan_says_so(model: Path, s
         assert [(s["stage_id"], s["layer_start"], s["layer_end"]) for s in topology["stages"]] == [(f"replica{i}-stage0", 0, 6)]
         loading = [e for e in read_events(tmp_path / "run" / f"replica{i}-stage0.log") if e["event"] == "loading"]
         assert [e["cpu_affinity"] for e in loading] == [cpu]
+
+
+def _served_by(run: Path, request_id: str) -> tuple[int, dict[str, Any]]:
+    """(replica index, its request_done line) for an adapter's completion id."""
+    rid = request_id.removeprefix("cmpl-")
+    for i in range(2):
+        for event in read_events(run / f"replica{i}-stage0.log"):
+            if event["event"] == "request_done" and event["request_id"] == rid:
+                return i, event
+    raise AssertionError(f"no replica logged request {rid}")
+
+
+def test_replicas_route_a_prompt_to_the_replica_that_holds_its_prefix(model: Path, skippy_cache_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """Two long prompts served at once land on different replicas; each one's next turn, sent when both are idle
+    (least-loaded alone would pick the first replica for both), goes where its prefix is cached and hits it."""
+    topologies = [write_local_topology(tmp_path / f"r{i}", model, 6, [], lane_count=2, ctx_size=256, model_id="m",
+                                       topology_id=f"r{i}", stage_prefix=f"replica{i}-",
+                                       extra={"kv_cache": default_kv_cache(2)})[0] for i in range(2)]
+    args = [arg for t in topologies for arg in ("--topology", str(t))]
+    prompts = [" ".join(f"{word} {n}" for n in range(12)) for word in ("apple", "river")]
+    with launch_up(tmp_path, skippy_cache_dir, None, [*args, "--no-speculative"]) as server:
+        def complete(prompt: str, max_tokens: int) -> str:
+            reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": prompt,
+                                                               "max_tokens": max_tokens, "ignore_eos": True}, timeout=120)
+            assert reply.status == 200, reply.body
+            return str(reply.json()["id"])
+
+        with ThreadPoolExecutor(2) as pool:
+            first = list(pool.map(lambda p: complete(p, 100), prompts))
+        second = [complete(p + " and then", 2) for p in reversed(prompts)]  # the second replica's prompt first
+    run = tmp_path / "run"
+    where = [_served_by(run, rid)[0] for rid in first]
+    assert sorted(where) == [0, 1], "both long requests went to one replica"
+    for rid, replica in zip(second, reversed(where)):
+        served, done = _served_by(run, rid)
+        assert served == replica and done["cached_prompt_tokens"] > 0, done
