@@ -4,7 +4,8 @@ Each replica keeps its own prefix cache at its stage 0, so a conversation's next
 repeating its system prompt and tools, prefills least on the replica that served the earlier one. Least-loaded
 routing alone sends it wherever fewer requests are in flight. `PrefixAffinity` remembers, per replica, chained
 hashes of the leading `block`-token blocks of the prompts routed there (at most `max_blocks` per replica, the
-least recently used dropped) and names the candidate holding the longest run of a new prompt's leading blocks.
+least recently used dropped) and names the candidate holding the longest run of a new prompt's leading blocks (of
+those holding as many, the least loaded: a prefix every replica holds, such as a shared system prompt, pins none).
 The pool (brokers.pool) takes it unless it has more than `slack` requests in flight beyond the least loaded:
 an idle core beats a warm cache that is busy. A replica whose stage 0 went silent is forgotten (a restarted
 stage 0 starts with an empty cache).
@@ -13,7 +14,7 @@ stage 0 starts with an empty cache).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 __all__ = ["BLOCK", "MAX_BLOCKS", "PrefixAffinity", "prefix_blocks"]
@@ -38,18 +39,19 @@ class PrefixAffinity:
         self.max_blocks, self.block = max_blocks, block
         self._seen: dict[Hashable, OrderedDict[int, None]] = {}
 
-    def best(self, prompt: Sequence[int], candidates: Sequence[Key]) -> tuple[Key | None, int]:
-        """The candidate holding the most leading blocks of `prompt` and how many (None, 0: no block anywhere)."""
+    def best(self, prompt: Sequence[int], candidates: Sequence[Key], load: Callable[[Key], int]) -> tuple[Key | None, int]:
+        """The candidate holding the most leading blocks of `prompt` (the least `load` among equals) and how many;
+        (None, 0): no candidate holds its first block."""
         blocks = prefix_blocks(prompt, self.block)
-        best: tuple[Key | None, int] = (None, 0)
-        for key in candidates:
-            seen = self._seen.get(key)
-            if not seen:
-                continue
-            held = next((i for i, h in enumerate(blocks) if h not in seen), len(blocks))
-            if held > best[1]:
-                best = (key, held)
-        return best
+        held = {key: self._held(blocks, key) for key in candidates}
+        best = max(candidates, key=lambda key: (held[key], -load(key)), default=None)
+        return (best, held[best]) if best is not None and held[best] else (None, 0)
+
+    def _held(self, blocks: Sequence[int], key: Hashable) -> int:
+        seen = self._seen.get(key)
+        if not seen:
+            return 0
+        return next((i for i, h in enumerate(blocks) if h not in seen), len(blocks))
 
     def record(self, key: Hashable, prompt: Sequence[int]) -> None:
         seen = self._seen.setdefault(key, OrderedDict())

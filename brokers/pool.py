@@ -102,12 +102,16 @@ class PipelinePool:
     def route(self, prompt: Sequence[int] = ()) -> PipelineLink | None:
         """The ready pipeline with the fewest requests in flight, preferring one below its own limit; with several,
         the one holding the most of `prompt`'s beginning instead, when below its limit and within AFFINITY_SLACK."""
+        def load(link: PipelineLink) -> int:
+            return len(link.inflight)
+
         ready = self.ready_links()
-        least = min(ready, key=lambda link: (len(link.inflight) >= self.limit(link), len(link.inflight)), default=None)
+        least = min(ready, key=lambda link: (load(link) >= self.limit(link), load(link)), default=None)
         if least is None or len(ready) == 1:
             return least
-        warm, _ = self.affinity.best(prompt, [link for link in ready if len(link.inflight) < self.limit(link)])
-        chosen = warm if warm is not None and len(warm.inflight) <= len(least.inflight) + AFFINITY_SLACK else least
+        below = [link for link in ready if load(link) < self.limit(link)]
+        warm = self.affinity.best(prompt, below, load)[0]
+        chosen = warm if warm is not None and load(warm) <= load(least) + AFFINITY_SLACK else least
         self.affinity.record(chosen, prompt)
         return chosen
 

@@ -1,7 +1,8 @@
 """The broker's prefix affinity (brokers.affinity): which replica holds the longest run of a prompt's leading blocks.
 
-Blocks chain (a prompt sharing only a later block matches nothing), a partial block never counts, memory per replica
-is bounded with the least recently used blocks dropped first, and a forgotten replica holds nothing.
+Blocks chain (a prompt sharing only a later block matches nothing), a partial block never counts, of replicas holding
+as many blocks the least loaded wins, memory per replica is bounded with the least recently used blocks dropped first,
+and a forgotten replica holds nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ def test_the_replica_holding_the_longest_leading_run_wins() -> None:
     affinity = PrefixAffinity(block=BLOCK)
     affinity.record("r0", [1, 2, 3, 4, 9, 9, 9, 9])
     affinity.record("r1", [1, 2, 3, 4, 5, 6, 7, 8, 10])
-    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0], ["r0", "r1"]) == ("r1", 2)
-    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8], ["r0"]) == ("r0", 1)  # among the candidates only
-    assert affinity.best([0, 2, 3, 4, 5, 6, 7, 8], ["r0", "r1"]) == (None, 0)
-    assert affinity.best([1, 2, 3], ["r0", "r1"]) == (None, 0)  # shorter than a block
+    idle = lambda _key: 0  # noqa: E731
+    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0], ["r0", "r1"], idle) == ("r1", 2)
+    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8], ["r0"], idle) == ("r0", 1)  # among the candidates only
+    assert affinity.best([0, 2, 3, 4, 5, 6, 7, 8], ["r0", "r1"], idle) == (None, 0)
+    assert affinity.best([1, 2, 3], ["r0", "r1"], idle) == (None, 0)  # shorter than a block
+    load = {"r0": 3, "r1": 1}
+    assert affinity.best([1, 2, 3, 4, 0, 0, 0, 0], ["r0", "r1"], load.__getitem__) == ("r1", 1)  # equals: less loaded
     affinity.forget("r1")
-    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8], ["r0", "r1"]) == ("r0", 1)
+    assert affinity.best([1, 2, 3, 4, 5, 6, 7, 8], ["r0", "r1"], idle) == ("r0", 1)
 
 
 def test_memory_per_replica_is_bounded_least_recently_used_first() -> None:
@@ -34,5 +38,5 @@ def test_memory_per_replica_is_bounded_least_recently_used_first() -> None:
     affinity.record("r0", [1] * 8)  # two blocks
     affinity.record("r0", [2] * 8)  # two more: the oldest block goes
     assert affinity.blocks("r0") == 3
-    assert affinity.best([1] * 8, ["r0"]) == (None, 0)  # its first block was the one dropped
-    assert affinity.best([2] * 8, ["r0"]) == ("r0", 2)
+    assert affinity.best([1] * 8, ["r0"], lambda _key: 0) == (None, 0)  # its first block was the one dropped
+    assert affinity.best([2] * 8, ["r0"], lambda _key: 0) == ("r0", 2)
