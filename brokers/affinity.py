@@ -39,10 +39,12 @@ class PrefixAffinity:
         self.max_blocks, self.block = max_blocks, block
         self._seen: dict[Hashable, OrderedDict[int, None]] = {}
 
-    def best(self, prompt: Sequence[int], candidates: Sequence[Key], load: Callable[[Key], int]) -> tuple[Key | None, int]:
-        """The candidate holding the most leading blocks of `prompt` (the least `load` among equals) and how many;
-        (None, 0): no candidate holds its first block."""
-        blocks = prefix_blocks(prompt, self.block)
+    def blocks_of(self, prompt: Sequence[int]) -> list[int]:
+        return prefix_blocks(prompt, self.block)
+
+    def best(self, blocks: Sequence[int], candidates: Sequence[Key], load: Callable[[Key], int]) -> tuple[Key | None, int]:
+        """The candidate holding the most of a prompt's leading `blocks` (blocks_of; the least `load` among equals)
+        and how many; (None, 0): no candidate holds its first block."""
         held = {key: self._held(blocks, key) for key in candidates}
         best = max(candidates, key=lambda key: (held[key], -load(key)), default=None)
         return (best, held[best]) if best is not None and held[best] else (None, 0)
@@ -53,9 +55,9 @@ class PrefixAffinity:
             return 0
         return next((i for i, h in enumerate(blocks) if h not in seen), len(blocks))
 
-    def record(self, key: Hashable, prompt: Sequence[int]) -> None:
+    def record(self, key: Hashable, blocks: Sequence[int]) -> None:
         seen = self._seen.setdefault(key, OrderedDict())
-        for h in prefix_blocks(prompt, self.block):
+        for h in blocks:
             seen[h] = None
             seen.move_to_end(h)
         while len(seen) > self.max_blocks:

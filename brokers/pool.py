@@ -109,10 +109,10 @@ class PipelinePool:
         least = min(ready, key=lambda link: (load(link) >= self.limit(link), load(link)), default=None)
         if least is None or len(ready) == 1:
             return least
-        below = [link for link in ready if load(link) < self.limit(link)]
-        warm = self.affinity.best(prompt, below, load)[0]
+        blocks = self.affinity.blocks_of(prompt)
+        warm = self.affinity.best(blocks, [link for link in ready if load(link) < self.limit(link)], load)[0]
         chosen = warm if warm is not None and load(warm) <= load(least) + AFFINITY_SLACK else least
-        self.affinity.record(chosen, prompt)
+        self.affinity.record(chosen, blocks)
         return chosen
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:

@@ -291,10 +291,11 @@ class StageProcesses(Children):
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StageProcesses:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            offset = 0
             for pipeline in self.pipelines:  # each pipeline downstream first
-                for n in sorted((n for n, (p, _, i) in enumerate(self._stages) if p is pipeline and i >= self.first),
-                                reverse=True):
-                    self.start_stage(n, timeout_s)
+                for i in range(len(pipeline.configs) - 1, self.first - 1, -1):
+                    self.start_stage(offset + i, timeout_s)
+                offset += len(pipeline.configs)
         except BaseException:
             self.stop()
             raise

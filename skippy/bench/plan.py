@@ -43,6 +43,7 @@ from skippy.config.errors import ConfigError
 from skippy.plan.hosts import Host, hosts_from_flags, netns_hosts
 from skippy.plan.memory import ServingShape
 from skippy.plan.plan import Plan, make_plan
+from skippy.plan.predict import replica_shares
 from skippy.runtime.models import resolve_model_path
 
 __all__ = ["add_to"]
@@ -62,8 +63,8 @@ def stage_compute_lines(plan: Plan, levels: list[dict[str, Any]]) -> list[str]:
     for level in levels:
         c = level["concurrency"]
         per_token = [] if plan.replicated else [ms / p.rows for p in [plan.predicted(c)] for ms in p.stage_ms]
-        for i, replica in enumerate(plan.replicas if plan.replicated else ()):
-            share = c // len(plan.replicas) + (i < c % len(plan.replicas))
+        shares = replica_shares(c, len(plan.replicas)) if plan.replicated else []
+        for replica, share in zip(plan.replicas, shares):
             p = plan.at(replica, max(share, 1))
             per_token.append(p.stage_ms[0] / p.rows * share / c)
         cells = []

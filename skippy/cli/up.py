@@ -89,10 +89,10 @@ def _pipelines(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:
     pipeline with its share of `--stage-cpus` (which then no longer goes to every stage)."""
     if args.topology:
         pipelines = [PipelineFiles(t, stage_config_paths(t, StageTopology.load(t))) for t in args.topology]
+        _refuse_shared_stage_ids(args.topology)
     else:
         pipelines = _split_or_planned(args, run_dir)
     stage_cpus = FlagReader(args).text("--stage-cpus")
-    args.stage_cpus = None
     if stage_cpus is None:
         return pipelines
     sets = stage_cpus.split(",")
@@ -104,6 +104,18 @@ def _pipelines(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:
         shares.append(replace(p, stage_cpus=",".join(sets[start:start + len(p.configs)])))
         start += len(p.configs)
     return shares
+
+
+def _refuse_shared_stage_ids(topologies: list[Path]) -> None:
+    """Replicas' stages run side by side, each named by its stage id (its process, log and restarts)."""
+    seen: dict[str, Path] = {}
+    for path in topologies:
+        for stage in StageTopology.load(path).stages:
+            if stage.stage_id in seen:
+                raise ConfigError(f"--topology {path}: stage id '{stage.stage_id}' is also in --topology"
+                                  f" {seen[stage.stage_id]}; replicas need distinct stage ids (`skippy plan --out`"
+                                  " writes replica<i>-stage<j>)")
+            seen[stage.stage_id] = path
 
 
 def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:

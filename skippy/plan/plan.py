@@ -147,12 +147,12 @@ class Plan:
 
 def _replicas(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape, concurrency: int,
               overheads: Overheads, prefill_ratio: float) -> tuple[Split, ...]:
-    """The whole model on each host, when there are several, each holds it and no two share cores (else none)."""
+    """The whole model on each host, when there are several and no two share cores (else none); the caller has
+    checked that each holds it."""
     hosts = [h for h, _ in costed]
-    memory = stage_memory(facts, 0, facts.n_layer, shape)
-    if len(hosts) < 2 or len(shared_cores(hosts)) < len(hosts) or any(
-            h.mem_bytes is not None and h.mem_bytes < memory.total for h in hosts):
+    if len(hosts) < 2 or len(shared_cores(hosts)) < len(hosts):
         return ()
+    memory = stage_memory(facts, 0, facts.n_layer, shape)
     copies = [(StageCost(h, costs, 0, facts.n_layer),) for h, costs in costed]
     return tuple(Split(c, (memory,), predict(c, concurrency, facts.n_embd, overheads, prefill_ratio)) for c in copies)
 
@@ -192,11 +192,11 @@ def plan_from_costs(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFac
                           f" {whole / MIB:.0f} MiB at {shape.lane_count} lanes x {shape.ctx_size} context")
     chosen = min(options, key=lambda s: (s.prediction.tpot_ms, len(s.stages)))
     plan = Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio)
-    if not replicate or stages not in (None, len(hosts)):
+    if not replicate or stages not in (None, len(hosts)) or too_small:
         return plan
     plan = replace(plan, replicas=_replicas(costed, facts, shape, concurrency, overheads, prefill_ratio))
     if not plan.replicas:
         return plan
     tok_s = plan.replicas_at(concurrency).tok_s
     alone = max(r.prediction.tok_s for r in plan.replicas)
-    return replace(plan, replicated=tok_s > alone * 1.001 and tok_s * SPLIT_MARGIN >= chosen.prediction.tok_s)
+    return replace(plan, replicated=tok_s > alone and tok_s * SPLIT_MARGIN >= chosen.prediction.tok_s)

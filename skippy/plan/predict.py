@@ -24,8 +24,8 @@ from skippy.config.affinity import parse_cpu_list
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
-__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "predict_replicas", "shared_cores",
-           "stage_compute_ms", "transfer_ms"]
+__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "predict_replicas", "replica_shares",
+           "shared_cores", "stage_compute_ms", "transfer_ms"]
 
 WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
 
@@ -110,11 +110,15 @@ def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overhead
     return Prediction(concurrency, total, concurrency * 1e3 / total, ms, rows, in_flight)
 
 
+def replica_shares(concurrency: int, replicas: int) -> list[int]:
+    """The streams each of `replicas` serves: c // n, one more for the first c % n."""
+    return [concurrency // replicas + (i < concurrency % replicas) for i in range(replicas)]
+
+
 def predict_replicas(copies: Sequence[Sequence[StageCost]], concurrency: int, n_embd: int,
                      overheads: Overheads = DEFAULT_OVERHEADS, prefill_ratio: float = 0.0) -> Prediction:
-    """Replicas serving `concurrency` streams together: replica i gets c // n streams, one more for i < c % n."""
-    n = len(copies)
-    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+    """Replicas serving `concurrency` streams together, each its replica_shares."""
+    shares = replica_shares(concurrency, len(copies))
     each = [predict(stages, share, n_embd, overheads, prefill_ratio) for stages, share in zip(copies, shares) if share]
     return Prediction(concurrency, max(p.tpot_ms for p in each), sum(p.tok_s for p in each),
                       tuple(ms for p in each for ms in p.stage_ms), max(p.rows for p in each), len(each))

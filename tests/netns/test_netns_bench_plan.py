@@ -41,3 +41,5 @@ def test_bench_plan_on_loopback_delays_forward_hops_only() -> None:
     assert flags == ["--stage-cpus", "0,1", "--plan-concurrency", "16", "--downstream-wire-delay-ms", "20.0"]
     _, plain = hosts_and_flags(bench_args("--stage-cpus", "0,1", "--plain"), 16)
     assert "--no-speculative" in plain  # plain decoding: what the cost model predicts
+    _, split = hosts_and_flags(bench_args("--stage-cpus", "0,1", "--no-replicas"), 16)
+    assert "--no-replicas" in split and "--no-replicas" not in flags  # skippy up asked for a split

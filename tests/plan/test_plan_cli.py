@@ -146,6 +146,25 @@ def test_up_refuses_stage_cpus_that_do_not_cover_every_replica(model: Path, skip
     assert "--stage-cpus must give one CPU set per stage (1 in" in done.stderr and "got 1" in done.stderr
 
 
+def test_up_refuses_replicas_whose_stage_ids_collide(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
+    """Two topologies both naming `stage0` would share one process name, log and restart count: refused first."""
+    topologies = [write_local_topology(tmp_path / f"r{i}", model, 6, [], model_id="m")[0] for i in range(2)]
+    done = skippy("up", "--topology", str(topologies[0]), "--topology", str(topologies[1]),
+                  "--run-dir", str(tmp_path / "run"), "--bind", "127.0.0.1:0", cache=skippy_cache_dir)
+    assert done.returncode != 0
+    assert f"--topology {topologies[1]}: stage id 'stage0' is also in --topology {topologies[0]}" in done.stderr
+    assert not list((tmp_path / "run").glob("*.log"))  # nothing started
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="replicas need two CPUs that no other replica uses")
+def test_plan_weighs_replicas_unless_told_not_to(model: Path, skippy_cache_dir: Path) -> None:
+    shape = ["--model", str(model), "--stage-cpus", STAGE_CPUS, "--lane-count", "2", "--ctx-size", "128"]
+    assert "2 replicas of 1 stage" in skippy("plan", *shape, cache=skippy_cache_dir).stdout
+    split = skippy("plan", *shape, "--no-replicas", cache=skippy_cache_dir)
+    assert split.returncode == 0, split.stderr
+    assert "replica" not in split.stdout and "plan, chosen for the most tok/s at 2 stream(s): " in split.stdout
+
+
 @pytest.mark.skipif(len(CPUS) < 2, reason="replicas need two CPUs that no other replica uses")
 def test_up_with_stage_cpus_serves_replicas_when_the_plan_says_so(model: Path, skippy_cache_dir: Path,
                                                                    tmp_path: Path) -> None:
