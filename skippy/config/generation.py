@@ -43,11 +43,12 @@ __all__ = [
 DEFAULT_GLOBAL_TOKENS = 65536  # --openai-speculative-global-tokens: ~14-26 MB of index at stage 0
 NO_SPECULATIVE_FLAG = "--no-speculative"
 # what stage 0 runs when no plan, no draft model and no --no-speculative is given: the suffix proposer (with
-# the cross-request index) under the per-session policy (skippy.driver.speculative.policy), k <= 8, depth <= 2
+# the cross-request index) under the per-session policy (skippy.driver.speculative.policy), k <= 16 (<= 8 a
+# session when a micro-batch holds several: policy.SHARED_MAX_K), depth <= 2
 DEFAULT_POLICY_PLAN = SpeculativeDecodeConfig(
     requested_strategy="auto", effective_strategy="policy",
     ngram=NgramConfig(kind=NgramKind.SUFFIX, min_ngram=3, max_ngram=16, max_proposal_tokens=16),
-    verify_window=VerifyWindowConfig(min_tokens=1, max_tokens=8, pipeline_depth=2),
+    verify_window=VerifyWindowConfig(min_tokens=1, max_tokens=16, pipeline_depth=2),
 )
 
 class PrefillChunkPolicy(enum.StrEnum):

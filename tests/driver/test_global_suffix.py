@@ -1,5 +1,6 @@
-"""The global suffix index (drafting across requests): bounded by tokens, consulted after the session's own
-match, and proposing only while recent sessions agree (per-candidate counts)."""
+"""The global suffix index (drafting across requests): bounded by tokens, consulted with the session's own
+match (the longer match proposes, the own on a tie), and proposing only while recent sessions agree
+(per-candidate counts)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,23 @@ def test_a_finished_session_is_drafted_from_by_the_next_one() -> None:
     assert factory.index.registry.get_sample_value("skippy_speculative_global_proposals_total") == 1
 
 
-def test_the_sessions_own_match_comes_first() -> None:
+def test_the_sessions_own_match_wins_a_tie() -> None:
     factory = GlobalSuffixProposerFactory(NGRAM, 1000)
     factory.index.add([5, 6, 7, 50, 51, 52, 53])
     session = factory.for_session(1)
-    session.extend([5, 6, 7, 60, 61, 62, 5, 6, 7])
+    session.extend([5, 6, 7, 60, 61, 62, 5, 6, 7])  # both match [5, 6, 7]
     assert session.propose(3) == [60, 61, 62] and session.global_drafts == 0
+
+
+def test_a_longer_match_in_the_index_beats_a_short_own_match() -> None:
+    """A sub-task asked again: its prompt matches an earlier session's prompt and answer over many tokens,
+    its own history only a few tokens of its prompt."""
+    factory = GlobalSuffixProposerFactory(NGRAM, 1000)
+    factory.index.add([1, 2, 3, 4, 5, 6, 7, *TOOL_CALL])
+    session = factory.for_session(1)
+    session.extend([5, 6, 7, 90, 91, 1, 2, 3, 4, 5, 6, 7])  # own: [5, 6, 7] -> 90; the index: 7 tokens -> TOOL_CALL
+    assert session.propose(4) == TOOL_CALL[:4] and session.global_drafts == 1
+    assert session.last_source == "global"
 
 
 def test_a_branch_without_a_strict_majority_is_not_proposed() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from skippy.config.speculative import NgramConfig, NgramKind
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.policy import MIN_GAIN, SpeculationPolicy
+from skippy.driver.speculative.policy import MIN_GAIN, SHARED_MAX_K, SpeculationPolicy
 from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import PRIOR_WEIGHT, CostModelWindow, WindowStats
 
@@ -119,6 +119,14 @@ def test_a_batch_gives_its_draft_rows_to_the_sessions_whose_drafts_are_accepted(
     steps = [0.0] + [10.0 * -(-r // 4) for r in range(1, 33)]  # rows cost in steps of 4 (repacked gemm on CPU)
     ks = policy(steps, micro_batches=1).allocate([good] * 3, 3)
     assert (3 + sum(ks)) % 4 == 0 and sum(ks) > 0  # the rows fill the step they pay for
+
+
+def test_a_session_alone_drafts_up_to_max_k_one_among_several_up_to_the_shared_cap() -> None:
+    good = stats_after([(16, 16)] * 8)
+    table = [0.0] + [10.0 + r for r in range(1, 33)]  # memory-bound: long windows pay
+    wide = SpeculationPolicy(16, cost=CostModelWindow(table, 0.0, 2, 16), micro_batches=1)
+    assert wide.allocate([good], 1) == [16]
+    assert max(wide.allocate([good, good], 2)) == SHARED_MAX_K < 16
 
 
 def test_the_engine_sizes_a_batch_together_within_what_each_request_can_commit() -> None:

@@ -43,6 +43,10 @@ from dataclasses import dataclass
 from skippy.driver.speculative.window import CostModelWindow, WindowStats
 
 MIN_GAIN = 1.05  # speculate only for >= 5% more tokens per ms than plain decoding (noise margin)
+# drafts per session when a micro-batch holds several: measured (Gemma 3 270M, 2 stages on one 2-vCPU host, 8
+# sessions of re-emission) windows of up to 16 ran 0.86-0.96x plain where windows of up to 8 ran 0.95-1.00x; a
+# session alone gains from 16 (a repeated sub-task: TPOT 1/2.7 of its first run's, against 1/2 with 8)
+SHARED_MAX_K = 8
 
 
 @dataclass
@@ -100,7 +104,8 @@ class SpeculationPolicy:
                                                             # what they add to the batch, on top of its riders
             E*         = argmax_E (s + top_E gain) / T_E    # s + p + E <= R
         P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
-        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate s / T(s). The
+        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate s / T(s); a
+        session of a batch of several drafts at most SHARED_MAX_K. The
         rows' cost is the batch's: one good session among plain ones pays C(s + p + k) - C(s + p), not
         C(s(k + 1)) as if all drafted like it; a batch that a prompt chunk already makes compute-bound (or
         longer than calibration measured) has no cheap rows left for drafts. (The riders' own cost is not
@@ -110,9 +115,10 @@ class SpeculationPolicy:
         _, in_flight = self.load(active_sessions)
         s = len(batch)
         gains: list[tuple[float, int, int]] = []  # (-P_ij, j, i): best first, a session's drafts in order
+        max_k = self.max_k if s == 1 else min(self.max_k, SHARED_MAX_K)
         for i, stats in enumerate(batch):
             p = 1.0
-            cap = min(self.max_k, caps[i]) if caps is not None else self.max_k
+            cap = min(max_k, caps[i]) if caps is not None else max_k
             for j, a in enumerate(stats.position_alpha(max(cap, 0))):
                 p *= a
                 gains.append((-p, j, i))

@@ -68,12 +68,16 @@ class SuffixProposer(NgramHistory):
         return best_end, best_length
 
     def propose(self, max_tokens: int) -> list[int]:
+        return self.propose_matched(max_tokens)[0]
+
+    def propose_matched(self, max_tokens: int) -> tuple[list[int], int]:
+        """(proposal, L): the proposal and the length of the match behind it (0 when there is none)."""
         budget = self.budget(max_tokens)
         found = self.match() if budget > 0 else None
         if found is None:
-            return []
+            return [], 0
         end, length = found
-        return self.tokens[end : end + min(budget, MATCH_LENGTH_FACTOR * length)]  # the slice stops at n
+        return self.tokens[end : end + min(budget, MATCH_LENGTH_FACTOR * length)], length  # the slice stops at n
 
 
 class SuffixProposerFactory(NgramProposerFactory):
