@@ -202,9 +202,10 @@ plotted in `docs/bench-speculative.png`.) Model {facts['model']} split at layer 
 real process, stage 0's driver in the bench's process; greedy, max_tokens {facts['max_tokens']}, stopping
 at end-of-generation tokens. plain = `--no-speculative`; policy = the default of `skippy up` (the suffix
 proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index emptied before each cell,
-under the per-session policy: k <= 8, pipeline depth <= 2, the draft rows of each batch given to the sessions
-whose drafts pay). Calibrated C(rows) (rows: ms): {facts['calibrated_cost_ms']}; served batches' ms over it
-at each cell's end (attention over every session's KV, other work on the host): {[round(c.served_factor, 2) for c in cells]}.
+under the per-session policy: k <= 16 alone, <= 8 among several sessions, pipeline depth <= 2, the draft
+rows of each batch given to the sessions whose drafts pay). Calibrated C(rows) (rows: ms):
+{facts['calibrated_cost_ms']}; served batches' ms over it at each cell's end (attention over every
+session's KV, other work on the host): {[round(c.served_factor, 2) for c in cells]}.
 {_peers_md(cells, facts)}Load average (1 min) at the start and the end of the run: {facts['load_avg_1min']} (other work shares the
 machine; the modes alternate round by round so it hits them alike).
 

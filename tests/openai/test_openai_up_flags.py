@@ -46,9 +46,9 @@ def test_up_hands_each_flag_to_its_owner(start_up: Callable[..., Any], tiny_llam
         events = list(read_events(server.run_dir / "stage0.log"))
     # no speculative flag: the default plan under the per-session policy, C(rows) calibrated at startup
     policy = [e for e in events if e.get("event") == "speculation_policy"]
-    assert [(e["proposer"], e["max_k"], e["max_depth"]) for e in policy] == [("suffix", 8, 2)]
+    assert [(e["proposer"], e["max_k"], e["max_depth"]) for e in policy] == [("suffix", 16, 2)]
     calibrated = [e for e in events if e.get("event") == "window_cost_calibrated"]
-    assert len(calibrated) == 1 and calibrated[0]["rows"][:9] == list(range(1, 10))  # every row of a window of 8
+    assert len(calibrated) == 1 and calibrated[0]["rows"][:17] == list(range(1, 18))  # every row of a window of 16
     assert len(calibrated[0]["cost_ms"]) == len(calibrated[0]["rows"])
     done = [e for e in events if e.get("event") == "request_done"]
     assert done[-1]["speculative"]["proposer"] == "suffix" and done[-1]["speculative"]["proposer_calls"] > 0
