@@ -23,7 +23,7 @@ from skippy.driver.prefill import ChunkPlanner
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import Sequence
 from skippy.driver.speculative.engine import Speculation
-from skippy.driver.speculative.policy import SHARED_MAX_K, SpeculationPolicy
+from skippy.driver.speculative.policy import SpeculationPolicy, window_rows
 from skippy.driver.speculative.window import calibrate_cost, calibration_rows, sweep_rows
 from skippy.log import get_logger
 from skippy.request_events import RequestHandle
@@ -48,11 +48,10 @@ async def calibrate_speculation(speculation: Speculation, launcher: BatchLaunche
     its share of the `lanes` could hold (under the policy, SHARED_MAX_K + 1 rows a session when it holds several),
     at most BATCH_ROWS_MAX and `n_batch`."""
     sessions = -(-lanes // max(micro_batches, 1))
-    per_session = speculation.max_k + 1  # one of several sessions drafts at most SHARED_MAX_K under the policy
-    if isinstance(speculation.policy, SpeculationPolicy) and sessions > 1:
-        per_session = min(speculation.max_k, SHARED_MAX_K) + 1
     # the final stage keeps the logits of the largest batch it computed resident: measure no more rows than served
-    batch_rows = min(max(speculation.max_k + 1, sessions * per_session), BATCH_ROWS_MAX, n_batch)
+    served = (window_rows(speculation.max_k, sessions) if isinstance(speculation.policy, SpeculationPolicy)
+              else sessions * (speculation.max_k + 1))
+    batch_rows = min(served, BATCH_ROWS_MAX, n_batch)
     cost = await calibrate_rows(launcher, options.prefill, n_vocab, release, speculation.max_k + 1,
                                 extra_rows=calibration_rows(speculation.max_k + 1, batch_rows)[speculation.max_k + 1:])
     topology = options.topology

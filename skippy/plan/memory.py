@@ -11,9 +11,10 @@ sizes). `stage_memory` adds up what a stage holding `[start, end)` keeps residen
   after loading (skippy.runtime.resident), so nothing else of the file stays resident.
 - KV: lanes x context cells (twice that with the prefix cache) over its layers, the stop block included.
 - compute: llama.cpp's compute buffer, ubatch x (8 n_embd + 2 n_ff) floats plus the attention masks
-  (ubatch x n_ctx), or on the final stage the logits rows it writes when that is larger (one per lane:
-  llama.cpp reserves room for a verify window on every lane, 17 rows each, but only fills what a
-  decode asks for), and those rows again in its output buffer.
+  (ubatch x n_ctx), or on the final stage the logits rows it writes when that is larger (`logits_rows`: the
+  largest batch of the default speculation's verify windows, which calibration sweeps at startup, or one a
+  lane; llama.cpp reserves room for a window on every lane but only fills what a decode asks for), and those
+  rows again in its output buffer.
 - the process (Python, numpy, pyzmq, llama.cpp's libraries, skippy: 55 MB measured before the model
   loads), llama.cpp's vocabulary, which every stage loads (about 168 bytes a token: 42 MiB for Gemma 3's
   262k), and a headroom of 10%.
@@ -32,6 +33,9 @@ from pathlib import Path
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from skippy.config.errors import ConfigError
+from skippy.config.generation import DEFAULT_POLICY_PLAN
+from skippy.driver.calibrate import BATCH_ROWS_MAX
+from skippy.driver.speculative.policy import window_rows
 from skippy.netns.cgroups import own_memory_limit
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.prefix_cache import kv_layer_bytes
@@ -153,6 +157,13 @@ class StageMemory:
         return f"{self.total / MIB:.0f} MiB (" + ", ".join(f"{name} {value / MIB:.0f}" for name, value in parts) + ")"
 
 
+def logits_rows(lanes: int) -> int:
+    """Rows of logits the final stage writes at most: a decode's row per lane, or the default speculation's
+    windows, which its startup calibration also sweeps (skippy.driver.calibrate; at most BATCH_ROWS_MAX)."""
+    windows = window_rows(DEFAULT_POLICY_PLAN.verify_window.max_tokens, lanes)
+    return max(lanes, min(windows, BATCH_ROWS_MAX))
+
+
 def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape | None = None) -> StageMemory:
     """What a stage holding layers [start, end) keeps resident serving `shape`."""
     shape = shape or DEFAULT_SHAPE
@@ -169,8 +180,8 @@ def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape | 
     kv = int(shape.n_ctx * sum(kv_layers) * shape.kv_scale)
     ubatch = min(512, shape.n_ctx)
     compute = ubatch * (8 * facts.n_embd + 2 * facts.n_ff) * 4 + ubatch * shape.n_ctx * 4
-    if final:  # the logits rows written: one per lane per decode (speculative windows write more)
-        logits = shape.lane_count * facts.n_vocab * 4
+    if final:  # the logits rows written: the largest batch of the default speculation's windows, or a row a lane
+        logits = logits_rows(shape.lane_count) * facts.n_vocab * 4
         compute = max(compute, logits + MIB) + logits  # the graph's logits, then llama.cpp's output buffer
     return StageMemory(weights=weights, kv=kv, compute=compute,
                        process=PROCESS_BASE_BYTES + facts.n_vocab * VOCAB_BYTES_PER_TOKEN)

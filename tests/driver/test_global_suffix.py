@@ -34,6 +34,8 @@ def test_the_sessions_own_match_wins_a_tie() -> None:
     session = factory.for_session(1)
     session.extend([5, 6, 7, 60, 61, 62, 5, 6, 7])  # both match [5, 6, 7]
     assert session.propose(3) == [60, 61, 62] and session.global_drafts == 0
+    # the index was asked, but its proposal was not used: the metrics count none
+    assert factory.index.registry.get_sample_value("skippy_speculative_global_proposals_total") == 0
 
 
 def test_a_longer_match_in_the_index_beats_a_short_own_match() -> None:

@@ -127,6 +127,8 @@ def test_a_session_alone_drafts_up_to_max_k_one_among_several_up_to_the_shared_c
     wide = SpeculationPolicy(16, cost=CostModelWindow(table, 0.0, 2, 16), micro_batches=1)
     assert wide.allocate([good], 1) == [16]
     assert max(wide.allocate([good, good], 2)) == SHARED_MAX_K < 16
+    uncalibrated = SpeculationPolicy(16, micro_batches=1)  # before C(rows) is measured, the same caps
+    assert uncalibrated.choose(good, 1) == 16 and uncalibrated.choose(good, 2) == SHARED_MAX_K
 
 
 def test_the_engine_sizes_a_batch_together_within_what_each_request_can_commit() -> None:

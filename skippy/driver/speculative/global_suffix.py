@@ -135,10 +135,19 @@ class GlobalSuffixIndex:
 
     def propose(self, history: Sequence[int], max_tokens: int) -> list[int]:
         """Up to max_tokens tokens continuing `history` as earlier sessions did (module docstring)."""
-        return self.propose_matched(history, max_tokens)[0]
+        draft = self.propose_matched(history, max_tokens)[0]
+        self.count(draft)
+        return draft
+
+    def count(self, draft: Sequence[int]) -> None:
+        """A proposal from the index was used: the metrics count it."""
+        if draft:
+            self.proposals.inc()
+            self.proposed_tokens.inc(len(draft))
 
     def propose_matched(self, history: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
-        """(proposal, L): `propose`'s proposal and the length of the match behind it (0 when none)."""
+        """(proposal, L): `propose`'s proposal and the length of the match behind it (0 when none); not counted
+        (the caller may prefer another proposal: `count` the one used)."""
         while self.pending:
             self.add(self.pending.popleft())
         alive, length = self._candidates(history)
@@ -155,9 +164,6 @@ class GlobalSuffixIndex:
                 break
             draft.append(token)
             alive = [(at, stop) for at, stop in alive if at + step < stop and flat[at + step] == token]
-        if draft:
-            self.proposals.inc()
-            self.proposed_tokens.inc(len(draft))
         return draft, length if draft else 0
 
 
@@ -184,6 +190,7 @@ class CrossRequestProposer:
         other, other_length = self.index.propose_matched(self.own.tokens, max_tokens)
         if other_length <= length:
             return draft
+        self.index.count(other)
         self.last_source = "global"
         self.global_drafts += 1
         return other

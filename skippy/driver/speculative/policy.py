@@ -49,6 +49,16 @@ MIN_GAIN = 1.05  # speculate only for >= 5% more tokens per ms than plain decodi
 SHARED_MAX_K = 8
 
 
+def session_max_k(max_k: int, sessions: int) -> int:
+    """The most drafts one session of a micro-batch of `sessions` may get: max_k alone, SHARED_MAX_K among several."""
+    return max_k if sessions <= 1 else min(max_k, SHARED_MAX_K)
+
+
+def window_rows(max_k: int, sessions: int) -> int:
+    """The most rows a micro-batch of `sessions` sessions' verify windows holds (a session alone: max_k + 1)."""
+    return max(max_k + 1, sessions * (session_max_k(max_k, sessions) + 1))
+
+
 @dataclass
 class SpeculationPolicy:
     """`cost`: the calibrated C(rows) and wire (None until calibrated); `max_depth`: the plan's
@@ -87,7 +97,7 @@ class SpeculationPolicy:
         if self.cost is not None:
             return self.allocate([stats] * b, active_sessions)[0]
         plain, best_k, best_rate = 1.0, 0, 1.0  # uncalibrated: every step costs 1, so rate(k) = tau(k)
-        for k in range(1, self.max_k + 1):
+        for k in range(1, session_max_k(self.max_k, b) + 1):
             rate = self.expected_tokens(stats, k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -115,7 +125,7 @@ class SpeculationPolicy:
         _, in_flight = self.load(active_sessions)
         s = len(batch)
         gains: list[tuple[float, int, int]] = []  # (-P_ij, j, i): best first, a session's drafts in order
-        max_k = self.max_k if s == 1 else min(self.max_k, SHARED_MAX_K)
+        max_k = session_max_k(self.max_k, s)
         for i, stats in enumerate(batch):
             p = 1.0
             cap = min(max_k, caps[i]) if caps is not None else max_k
