@@ -21,6 +21,7 @@ from skippy.bench.http import SPECULATIVE_PLAN, vocab_facts
 from skippy.bench.http_load import Results, Server, sweep
 from skippy.bench.http_servers import start_skippy, stop
 from skippy.runtime.models import resolve_model_path
+from skippy.runtime.slices import read_model_info
 
 
 def report(results: Results) -> str:
@@ -38,6 +39,7 @@ def report(results: Results) -> str:
 
 def run_deterministic_bench(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
+    split = args.split or str(read_model_info(model).n_layer // 2)  # 2 stages: activations cross a link
     levels = [int(x) for x in args.levels.split(",")]
     lanes = max(levels)
     banned, prompt_tokens = vocab_facts(model)
@@ -51,13 +53,13 @@ def run_deterministic_bench(args: argparse.Namespace) -> int:
             flags = ["--openai-speculative-config", str(plan), "--openai-adaptive-speculative-window"]
         try:
             for name, extra in (("skippy", []), ("skippy-det", ["--deterministic"])):
-                servers.append(start_skippy(args.model, args.split, Path(tmp) / name / "run", lanes, [*flags, *extra],
+                servers.append(start_skippy(args.model, split, Path(tmp) / name / "run", lanes, [*flags, *extra],
                                             name=name))
             results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, False, args.rounds))
         finally:
             print(f"bench: stopped {({s.name: stop(s) for s in servers})}", file=sys.stderr)
     spec = f"; suffix speculation {json.dumps(SPECULATIVE_PLAN)}" if args.speculative else ""
-    print(f"model {model.name}; 2 stages split at {args.split or 'half'}, {lanes} lanes, each stage on all"
+    print(f"model {model.name}; 2 stages split at {split}, {lanes} lanes, each stage on all"
           f" {len(os.sched_getaffinity(0))} CPUs{spec};"
           f" prompt {prompt_tokens} tokens, max_tokens {args.max_tokens}, temperature 0; N = max(2c, 4) streamed"
           f" requests per level and round; {args.rounds} rounds alternating, the median shown\n{report(results)}")

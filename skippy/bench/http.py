@@ -13,8 +13,9 @@ hits them alike (`--order alternate`), or run one at a time, each alone on the m
 (`--order sequential`) or last (`--order reverse`). Every server gets all cores: llama-cpp-python with
 `--interrupt_requests False` (else a new request cuts the running stream short), llama-server with
 `--parallel N -c N*512 -t <cpus>` (N = 16 or the highest level, as skippy's lanes). skippy is split at
-`--split` (default 9: two stages, each on every CPU), or with `--split plan` served as `skippy plan` chooses
-for this machine as one host of all its CPUs (`--stage-cpus 0-N`: it does not split one host). llama-cpp-python's
+default as plain `skippy up` serves one host (the model whole in one stage), at `--split` (e.g. 9: two stages, each
+on every CPU), or with `--split plan` as `skippy plan` chooses for this machine as one host of all its CPUs
+(`--stage-cpus 0-N`: one stage too, pinned). llama-cpp-python's
 server extras, and matplotlib for the plot, are pip-installed into the venv on first use; the built
 llama-cpp-python itself is reused, never rebuilt; llama-server is built once from the same llama.cpp
 sources (skippy.bench.llama_server_build). This module runs the benchmark; the servers are started in
@@ -108,8 +109,10 @@ PLANNED = "plan"  # --split plan
 def _skippy_shape(args: argparse.Namespace, threads: int) -> tuple[str | None, list[str], str]:
     """`skippy up`'s --split and extra flags for this bench's --split, and how the header says it."""
     flags = shlex.split(args.skippy_flags)
+    if args.split is None:
+        return None, flags, f"as plain `skippy up` serves one host (one stage: no split), on all {threads} CPUs"
     if args.split != PLANNED:
-        return args.split, flags, f"2 stages split at {args.split}, each stage on all {threads} CPUs"
+        return args.split, flags, f"split at {args.split}, each stage on all {threads} CPUs"
     cpus = f"0-{threads - 1}" if threads > 1 else "0"
     return None, [*flags, "--stage-cpus", cpus], f"as planned for one host of CPUs {cpus} (one stage: no split)"
 
@@ -190,8 +193,9 @@ def run_http_bench(args: argparse.Namespace) -> int:
 def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("http", help="skippy up vs llama-cpp-python's server and llama-server: tok/s, TTFT, TPOT")
     p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
-    p.add_argument("--split", default="9", help="skippy's split points (default 9); 'plan': as `skippy plan` chooses"
-                                                " for this machine as one host (it does not split one host)")
+    p.add_argument("--split", default=None, help="skippy's split points, e.g. 9 (default: none, as plain `skippy up`"
+                                                 " serves one host: one stage); 'plan': as `skippy plan` chooses for"
+                                                 " this machine as one host of pinned CPUs (one stage as well)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels, comma separated")
     p.add_argument("--rounds", type=int, default=1, help="runs of each level per server, alternating (median shown)")

@@ -1,10 +1,11 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
 Default: the packaged SmolLM2-135M-Instruct (skippy.runtime.models; `--model gemma3-270m` for the
-packaged Gemma 3 270M base, or a GGUF path) split over 2 stages on ipc:// endpoints inside the run directory,
-serving http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU set; `--hosts FILE`
+packaged Gemma 3 270M base, or a GGUF path) on ipc:// endpoints inside the run directory, serving
+http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU set; `--hosts FILE`
 or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
-stderr), else at `--split` or the layers halved (15 of SmolLM2's 30, 9 of Gemma's 18); with the prefix cache on
+stderr), else at `--split`, else as the plan for one host: the model whole in one stage (with a link flag,
+`--downstream-wire-delay-ms` and the like, the layers halved: 15 of SmolLM2's 30, 9 of Gemma's 18); with the prefix cache on
 (`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
 (<stage_id>.json beside it); `--topology` repeated serves each as a replica, a pipeline of its own behind the
@@ -62,14 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start stages, broker and OpenAI adapter; serve until Ctrl-C",
                        epilog="flags after -- are passed to every `skippy stage`")
     p.add_argument("--topology", type=Path, action="append", default=None,
-                   help="a topology to serve (default: the packaged model split over 2 stages); repeat it to serve"
+                   help="a topology to serve (default: the packaged model, planned for this host); repeat it to serve"
                         " replicas behind one broker")
     p.add_argument("--model", default="default",
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
                         " (default: smollm2-135m, SmolLM2-135M-Instruct)")
     p.add_argument("--split", default=None,
                    help="without --topology: split points, e.g. 9 or 5,13 (default: planned for the hosts given by"
-                        " --stage-cpus / --hosts / --netns, else half the model's layers)")
+                        " --stage-cpus / --hosts / --netns, else one stage: one host is not split)")
     p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -124,10 +125,29 @@ def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineF
     if args.split is None and hosts_given(args):
         return _planned(args, run_dir, extra)
     n_layer = read_model_info(model).n_layer
-    splits = [int(x) for x in (args.split or str(n_layer // 2)).split(",") if x.strip()]
+    splits = [int(x) for x in args.split.split(",") if x.strip()] if args.split else _one_host_splits(args, n_layer)
     return [PipelineFiles(*write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
                                                 ctx_size=args.ctx_size, model_id=model_id_for(args.model, model),
                                                 extra=extra))]
+
+
+# Flags describing a link between stages: given without --split, they ask for a split to put a link in.
+LINK_FLAGS = ("--downstream-wire-delay-ms", "--downstream-wire-mbps", "--activation-wire-dtype")
+
+
+def _one_host_splits(args: argparse.Namespace, n_layer: int) -> list[int]:
+    """No --split and no hosts: this machine is the one host, and the plan for one host is the model whole in one
+    stage (a split there only adds hops: docs/bench-http.md); with a link flag, the layers halved so it has a link."""
+    flags = FlagReader(args)
+    passed = {arg.split("=", 1)[0] for arg in args.passthrough}  # flags after --
+    link = next((flag for flag in LINK_FLAGS if flags.given(flag) or flag in passed), None)
+    if link is None:
+        print("skippy up: one host (no --split, --stage-cpus, --hosts or --netns): the model whole in one stage;"
+              " `--split N` splits it", file=sys.stderr, flush=True)
+        return []
+    print(f"skippy up: {link} describes a link between stages: split at {n_layer // 2} of {n_layer} layers"
+          " (`--split N` chooses)", file=sys.stderr, flush=True)
+    return [n_layer // 2]
 
 
 def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> list[PipelineFiles]:
@@ -209,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
     def start() -> str:
         stages = sum(len(p.configs) for p in pipelines)
-        what = f"{len(pipelines)} replicas ({stages} stages)" if len(pipelines) > 1 else f"{stages} stages"
+        what = f"{len(pipelines)} replicas ({stages} stages)" if len(pipelines) > 1 else f"{stages} stage{'s' * (stages != 1)}"
         print(f"starting {what}, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
         children.start()
         url = front.start()

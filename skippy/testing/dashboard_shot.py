@@ -1,6 +1,7 @@
 """`scripts/dashboard-screenshot`: a picture of /dashboard while `skippy up` serves a steady load.
 
-Starts `skippy up` (default: SmolLM2-135M-Instruct over 2 stages; extra `skippy up` flags may follow `--`),
+Starts `skippy up` (default: SmolLM2-135M-Instruct over 2 stages, `--split 15`, so the page shows a link; other
+`skippy up` flags may follow `--`, in place of that default),
 keeps `--streams` completions running, opens the page in headless Chromium, waits until it has
 polled `--polls` times, saves a PNG (default docs/dashboard.png) and stops everything.
 """
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
     parser.add_argument("--streams", type=int, default=4, help="concurrent completions (default 4)")
     parser.add_argument("--polls", type=int, default=60, help="page updates (1 s apart) before the picture (default 60)")
-    parser.add_argument("up_flags", nargs="*", help="after --: flags for skippy up")
+    parser.add_argument("up_flags", nargs="*", default=["--split", "15"],
+                        help="after --: flags for skippy up (default: --split 15, the default model over 2 stages)")
     args = parser.parse_args(argv)
     missing = chromium_missing()
     if missing is not None:

@@ -132,9 +132,9 @@ def test_bench_http_starts_skippy_spec_unless_told_not_to(tmp_path: Path, monkey
     args = parser.parse_args(["--skippy-flags=--no-prefix-cache", *extra])
     starters = bench_http._skippy_starters(args, tmp_path, 16, 2)
     assert [start() for start in starters] == ["skippy"] + ([] if extra else ["skippy-spec"])
-    assert started[0] == ("skippy", "9", ["--no-prefix-cache", "--no-speculative"])  # plain
+    assert started[0] == ("skippy", None, ["--no-prefix-cache", "--no-speculative"])  # plain, split as skippy up
     if not extra:  # skippy-spec: default skippy up, the speculation policy
-        assert started[1] == ("skippy-spec", "9", ["--no-prefix-cache"])
+        assert started[1] == ("skippy-spec", None, ["--no-prefix-cache"])
 
 
 def test_bench_http_split_plan_serves_skippy_as_planned_for_one_host(tmp_path: Path,
@@ -149,3 +149,4 @@ def test_bench_http_split_plan_serves_skippy_as_planned_for_one_host(tmp_path: P
         [start() for start in bench_http._skippy_starters(args, tmp_path, 16, threads)]
         assert started == [("skippy", *expected)]
         assert ("one stage" in bench_http._skippy_shape(args, threads)[2]) == (split == "plan")
+    assert "one stage" in bench_http._skippy_shape(parser.parse_args([]), 2)[2]  # the default: as skippy up serves

@@ -1,4 +1,5 @@
-"""`skippy up` with its defaults (the packaged SmolLM2-135M-Instruct over 2 stages, its ChatML template from the
+"""`skippy up` with its defaults (the packaged SmolLM2-135M-Instruct, whole in one stage as the plan for one host
+says, its ChatML template from the
 GGUF) serves the official client: the README's first example, sent as printed, names colours; a request that
 sets no sampling fields gets its model card's temperature and top_p (the GGUF states none) and llama.cpp's
 top_k and min_p, shown by /props; the model has no
@@ -44,12 +45,11 @@ def ask(client: openai.OpenAI, server: SkippyServer, **kwargs: Any) -> str:
 
 
 @pytest.mark.gemma
-def test_default_is_smollm2_over_two_stages_with_its_own_template(default_server: SkippyServer,
+def test_default_is_smollm2_in_one_stage_with_its_own_template(default_server: SkippyServer,
                                                                   default_client: openai.OpenAI) -> None:
     assert default_server.model_id == "smollm2-135m-instruct-q4_1"
     props = default_server.request("GET", "/props").json()
-    assert props["stages"] == [{"stage_id": "stage0", "layer_start": 0, "layer_end": 15},
-                               {"stage_id": "stage1", "layer_start": 15, "layer_end": 30}]
+    assert props["stages"] == [{"stage_id": "stage0", "layer_start": 0, "layer_end": 30}]  # one host: not split
     assert props["chat_template_source"] == "gguf" and "<|im_start|>" in props["chat_template"]
     assert props["eos_token"] == "<|im_end|>"
     r = default_client.chat.completions.create(model=default_server.model_id, max_tokens=32, temperature=0,

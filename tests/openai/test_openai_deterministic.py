@@ -26,7 +26,7 @@ MAX_TOKENS = 48
 _PLAN = {"requested_strategy": "ngram", "effective_strategy": "ngram-suffix",
          "ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 6},
          "verify_window": {"min_tokens": 1, "max_tokens": 6}}
-_COMMON = ("--deterministic", "--lane-count", "8", "--openai-generation-concurrency", "8")
+_COMMON = ("--deterministic", "--split", "15", "--lane-count", "8", "--openai-generation-concurrency", "8")
 
 
 @pytest.fixture(scope="module")

@@ -219,3 +219,27 @@ def test_replicas_route_a_prompt_to_the_replica_that_holds_its_prefix(model: Pat
     for rid, replica in zip(second, reversed(where)):
         served, done = _served_by(run, rid)
         assert served == replica and done["cached_prompt_tokens"] > 0, done
+
+
+@pytest.mark.parametrize(("flags", "ranges"), [
+    ([], [(0, 6)]),  # one host: the model whole, as the plan for one host says
+    (["--split", "2"], [(0, 2), (2, 6)]),  # --split wins
+    (["--downstream-wire-delay-ms", "20"], [(0, 3), (3, 6)]),  # a link flag asks for a link: the layers halved
+    (["--", "--downstream-wire-mbps", "100"], [(0, 3), (3, 6)]),  # after -- as well
+])
+def test_up_without_hosts_serves_one_host_whole_unless_split_or_a_link_is_asked_for(
+        model: Path, tmp_path: Path, flags: list[str], ranges: list[tuple[int, int]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from skippy.cli import up  # noqa: PLC0415
+    from skippy.cli.main import build_parser  # noqa: PLC0415
+    from skippy.config import StageTopology  # noqa: PLC0415
+
+    argv = ["up", "--model", str(model), *flags]
+    cut = argv.index("--") if "--" in argv else len(argv)  # as skippy.cli.main splits them
+    args = build_parser().parse_args(argv[:cut])
+    args.passthrough = argv[cut + 1:]
+    [pipeline] = up._pipelines(args, tmp_path)
+    stages = StageTopology.load(pipeline.topology).stages
+    assert [(s.layer_start, s.layer_end) for s in stages] == ranges
+    said = capsys.readouterr().err
+    assert ("the model whole in one stage" in said) == (not flags)
