@@ -1,4 +1,5 @@
-"""`skippy bench speculative`: plain vs speculative decoding on one 2-stage pipeline, side by side in one run.
+"""`skippy bench speculative`: plain vs speculative decoding on one 2-stage pipeline (or one stage, `--split 0`),
+side by side in one run.
 
 Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this process, as in
 `skippy bench pipeline`, so the bench can switch the driver's speculation between rounds of requests:
@@ -114,7 +115,7 @@ class ReturnRelay:
 @dataclass
 class Bench:
     driver: Driver
-    relay: ReturnRelay
+    relay: ReturnRelay | None  # None: one stage, no hop
     modes: dict[str, Speculation | None]
     stop: frozenset[int]
     max_tokens: int
@@ -122,6 +123,9 @@ class Bench:
     peers: dict[str, Server] = field(default_factory=dict)  # llama-servers, in the 0 ms cells (one host, no hop)
 
     def set_delay(self, delay_ms: float) -> None:
+        if self.relay is None:
+            assert delay_ms == 0, "one stage has no hop to delay"
+            return
         for link in (self.driver.downstream, self.relay.link):
             apply_wire(link, SetWire(delay_ms), self.driver.log)
 
@@ -159,15 +163,18 @@ class Bench:
 @contextlib.asynccontextmanager
 async def running_bench(directory: Path, model: Path, split: int, lanes: int, ctx_size: int, stop: frozenset[int],
                         max_tokens: int) -> AsyncIterator[Bench]:
+    """The pipeline split at `split` (0: the model whole in one stage, this process's driver, as plain `skippy up`
+    serves one host), its driver switchable between plain and the policy."""
     n_layer = read_model_info(model).n_layer
-    topology, configs = write_local_topology(directory, model, n_layer, [split], lane_count=lanes, ctx_size=ctx_size)
+    topology, configs = write_local_topology(directory, model, n_layer, [split] if split else [], lane_count=lanes,
+                                             ctx_size=ctx_size)
     driver_endpoint = f"ipc://{directory.resolve()}/stage0-driver.sock"
     with StageProcesses(topology, configs, directory / "run"):
         options = parse_serving_args(["--config", str(configs[0]), "--topology", str(topology), "--max-inflight", "4",
                                       "--bind-addr", driver_endpoint])
         ctx = zmq.asyncio.Context()
         assert options.topology is not None
-        relay = ReturnRelay(ctx, options.topology.first().endpoint, driver_endpoint)
+        relay = ReturnRelay(ctx, options.topology.first().endpoint, driver_endpoint) if split else None
         runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
         window = DEFAULT_POLICY_PLAN.verify_window  # what build_speculation makes of the default plan
         policy = Speculation(policy_factory(), SpeculationPolicy(window.max_tokens, max_depth=window.pipeline_depth),
@@ -182,7 +189,8 @@ async def running_bench(directory: Path, model: Path, split: int, lanes: int, ct
             await driver.close()
             policy.close()
             runtime.close()
-            relay.close()
+            if relay is not None:
+                relay.close()
             ctx.term()
 
 
@@ -235,6 +243,8 @@ def measure_margins(model: Path, cells: list[Cell], ctx_size: int) -> None:
 
 
 def run_speculative_bench(args: argparse.Namespace) -> int:
+    if args.split == 0 and any(float(d) for d in args.delays_ms.split(",")):
+        raise SystemExit(f"bench: --split 0 is one stage, no hop to delay: --delays-ms must be 0, got {args.delays_ms}")
     configure_logging("off")
     model = resolve_model_path(args.model)
     tokenizer = Tokenizer(model)
@@ -258,7 +268,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("speculative", help="plain vs the default speculation policy, 2 stages, by workload, delay"
                          " and concurrency")
     p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
-    p.add_argument("--split", type=int, default=9)
+    p.add_argument("--split", type=int, default=9,
+                   help="split point (default 9: 2 stages); 0: one stage, as plain `skippy up` serves one host"
+                        " (--delays-ms 0 only)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests", type=int, default=4, help="requests per cell at least (whole waves of c)")
     p.add_argument("--concurrency", default="1,4,8,16", help="requests in flight, comma separated")

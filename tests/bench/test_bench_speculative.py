@@ -70,9 +70,10 @@ def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", [[], ["--split", "0", "--model", "smollm2-135m"]], ids=["2-stages", "one-stage"])
+def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str]) -> None:
     done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "3", "--max-tokens", "12", "--workloads",
-                   "prose", "--peers", "none", "--out-dir", str(tmp_path)], 300)
+                   "prose", "--peers", "none", "--out-dir", str(tmp_path), *shape], 300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "bench-speculative.json").read_text())
     (cell,) = [c for c in report["cells"]]
@@ -81,6 +82,13 @@ def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path) -> None:
     for mode in cell["modes"].values():
         assert mode["decode_tokens"] == 4 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
     assert "| prose | 0 | 2 | 4 |" in (tmp_path / "bench-speculative.md").read_text()
+
+
+def test_one_stage_has_no_hop_to_delay(tmp_path: Path) -> None:
+    done = _bench(["--split", "0", "--delays-ms", "0,20", "--out-dir", str(tmp_path)], 60)
+    assert done.returncode != 0 and "--split 0 is one stage, no hop to delay: --delays-ms must be 0, got 0,20" \
+        in done.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def _built_llama_server() -> Path | None:
