@@ -147,7 +147,7 @@ def cpu_model() -> str:
     return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
 
 
-def plot(cells: list[Cell], path: Path) -> None:
+def plot(cells: list[Cell], path: Path, split: int = 9) -> None:
     import matplotlib  # noqa: PLC0415  (installed by skippy.bench.http.ensure_matplotlib)
 
     matplotlib.use("Agg")
@@ -172,9 +172,19 @@ def plot(cells: list[Cell], path: Path) -> None:
         ax.set_ylabel("decode tok/s, speculative ÷ plain")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("suffix-proposer speculative decoding vs plain, 2 stages, same run")
+    fig.suptitle(f"suffix-proposer speculative decoding vs plain, {_shape(split)}, same run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _shape(split: int) -> str:
+    return "2 stages" if split else "one stage"
+
+
+def _where(split: int) -> str:
+    if not split:
+        return "whole in one stage (as plain `skippy up` serves one host), its driver in the bench's process"
+    return f"split at layer {split}: stage 1 a real process, stage 0's driver in the bench's process"
 
 
 def _peers_md(cells: list[Cell], facts: dict[str, Any]) -> str:
@@ -191,18 +201,17 @@ def _peers_md(cells: list[Cell], facts: dict[str, Any]) -> str:
 def _markdown(cells: list[Cell], facts: dict[str, Any], goals: list[dict[str, Any]], notes: str) -> str:
     mism = {m: (sum(c.mismatches(m) for c in cells), sum(c.wide(m) for c in cells)) for m in cells[0].speculative()}
     total = sum(c.n for c in cells)
-    return f"""# `skippy bench speculative`: plain vs speculative decoding, 2 stages
+    return f"""# `skippy bench speculative`: plain vs speculative decoding, {_shape(facts['split'])}
 
 Measured {facts['date']} on {facts['machine']} with:
 
     {facts['command']}
 
 (= `.venv/bin/skippy bench speculative`; every number also in `docs/bench-speculative.json`, ratios
-plotted in `docs/bench-speculative.png`.) Model {facts['model']} split at layer {facts['split']}: stage 1 a
-real process, stage 0's driver in the bench's process; greedy, max_tokens {facts['max_tokens']}, stopping
-at end-of-generation tokens. plain = `--no-speculative`; policy = the default of `skippy up` (the suffix
-proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index emptied before each cell,
-under the per-session policy: k <= 16 alone, <= 8 among several sessions, pipeline depth <= 2, the draft
+plotted in `docs/bench-speculative.png`.) Model {facts['model']} {_where(facts['split'])}; greedy, max_tokens
+{facts['max_tokens']}, stopping at end-of-generation tokens. plain = `--no-speculative`; policy = the default
+of `skippy up` (the suffix proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index
+emptied before each cell, under the per-session policy: k <= 16 alone, <= 8 among several sessions, pipeline depth <= 2, the draft
 rows of each batch given to the sessions whose drafts pay). Calibrated C(rows) (rows: ms):
 {facts['calibrated_cost_ms']}; served batches' ms over it at each cell's end (attention over every
 session's KV, other work on the host): {[round(c.served_factor, 2) for c in cells]}.
@@ -253,7 +262,7 @@ def write_report(out: Path, cells: list[Cell], facts: dict[str, Any]) -> str:
                 "decode_s": r.decode_s, "totals": asdict(r.totals), "mismatched": c.mismatched(m),
                 "margins": c.margins.get(m, []), **latency_json(r)}
             for m, r in c.results.items()}} for c in cells]}, indent=2) + "\n")
-    plot(cells, out / "bench-speculative.png")
+    plot(cells, out / "bench-speculative.png", facts["split"])
     md = out / "bench-speculative.md"
     old = md.read_text() if md.exists() else ""
     notes = old.split(NOTES_MARKER, 1)[1].lstrip("\n") if NOTES_MARKER in old else ""
