@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from skippy.config import StageTopology
 from skippy.config.affinity import CpuSet, stages_sharing_cores
 from skippy.log import READY_FD_ENV
-from skippy.netns.owner import stage_command_prefix
+from skippy.netns.owner import stage_address, stage_command_prefix
 from skippy.openmp import stage_env
 from skippy.telemetry.targets import record_target
 
@@ -307,9 +307,13 @@ class StageProcesses(Children):
         extra = self.first_flags if i == 0 else self.last_flags if i == len(pipeline.configs) - 1 else []
         own = ["--stage-cpus", pipeline.stage_cpus] if pipeline.stage_cpus else []
         stage = topology.stages[i]  # a stage whose address a network namespace owns starts inside it
+        prefix = stage_command_prefix(stage.endpoint, stage.host)
+        # inside a namespace its loopback is its own: /metrics at the host's address, where the dashboard reaches it
+        metrics = (["--metrics-bind", str(stage_address(stage.endpoint, stage.host))]
+                   if prefix and not any(f.split("=", 1)[0] == "--metrics-bind" for f in self.flags) else [])
         self.start_process(stage.stage_id,
                            ["stage", "--config", str(pipeline.configs[i]), "--topology", str(pipeline.topology),
-                            *self.flags, *own, *extra], timeout_s, prefix=stage_command_prefix(stage.endpoint, stage.host),
+                            *self.flags, *metrics, *own, *extra], timeout_s, prefix=prefix,
                            env=stage_env(self.shares_cores[index], self.env))
 
     def __enter__(self) -> StageProcesses:

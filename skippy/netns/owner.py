@@ -59,7 +59,12 @@ def namespace_of(address: str) -> str | None:
 def stage_command_prefix(endpoint: str, host: str | None = None) -> list[str]:
     """``["ip", "netns", "exec", NS]`` when the stage's address (its tcp:// endpoint's host, else
     ``host``) belongs to namespace NS; ``[]`` when the stage runs here."""
-    parts = urlsplit(endpoint)
-    address = parts.hostname if parts.scheme == "tcp" else host
+    address = stage_address(endpoint, host)
     namespace = namespace_of(address) if address else None
     return [*join_prefix(namespace), "ip", "netns", "exec", namespace] if namespace else []
+
+
+def stage_address(endpoint: str, host: str | None = None) -> str | None:
+    """The stage's address: its tcp:// endpoint's host, else ``host`` (None for an ipc:// stage without one)."""
+    parts = urlsplit(endpoint)
+    return parts.hostname if parts.scheme == "tcp" else host
