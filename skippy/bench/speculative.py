@@ -78,6 +78,16 @@ def _workloads(text: str) -> str:
     return text
 
 
+def _split(text: str) -> int:
+    """A split point, or none (0): one stage."""
+    if text == "none":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a layer number or none, got '{text}'") from None
+
+
 def _peers(text: str) -> str:
     try:
         parse_peers(text)
@@ -244,7 +254,7 @@ def measure_margins(model: Path, cells: list[Cell], ctx_size: int) -> None:
 
 def run_speculative_bench(args: argparse.Namespace) -> int:
     if args.split == 0 and any(float(d) for d in args.delays_ms.split(",")):
-        raise SystemExit(f"bench: --split 0 is one stage, no hop to delay: --delays-ms must be 0, got {args.delays_ms}")
+        raise SystemExit(f"bench: --split none is one stage, no hop to delay: --delays-ms must be 0, got {args.delays_ms}")
     configure_logging("off")
     model = resolve_model_path(args.model)
     tokenizer = Tokenizer(model)
@@ -268,9 +278,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("speculative", help="plain vs the default speculation policy, 2 stages, by workload, delay"
                          " and concurrency")
     p.add_argument("--model", default=BENCH_MODEL, help=BENCH_MODEL_HELP)
-    p.add_argument("--split", type=int, default=9,
-                   help="split point (default 9: 2 stages); 0: one stage, as plain `skippy up` serves one host"
-                        " (--delays-ms 0 only)")
+    p.add_argument("--split", type=_split, default=9,
+                   help="split point (default 9: 2 stages); none (or 0): one stage, as plain `skippy up` serves one"
+                        " host (--delays-ms 0 only)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests", type=int, default=4, help="requests per cell at least (whole waves of c)")
     p.add_argument("--concurrency", default="1,4,8,16", help="requests in flight, comma separated")

@@ -69,8 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
                         " (default: smollm2-135m, SmolLM2-135M-Instruct)")
     p.add_argument("--split", default=None,
-                   help="without --topology: split points, e.g. 9 or 5,13 (default: planned for the hosts given by"
-                        " --stage-cpus / --hosts / --netns, else one stage: one host is not split)")
+                   help="without --topology: split points, e.g. 9 or 5,13, or none: one stage (default: planned for the"
+                        " hosts given by --stage-cpus / --hosts / --netns, else one stage: one host is not split)")
     p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
     p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -125,29 +125,54 @@ def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineF
     if args.split is None and hosts_given(args):
         return _planned(args, run_dir, extra)
     n_layer = read_model_info(model).n_layer
-    splits = [int(x) for x in args.split.split(",") if x.strip()] if args.split else _one_host_splits(args, n_layer)
+    if args.split == WHOLE:
+        splits: list[int] = []
+    elif args.split:
+        splits = _split_points(args.split, n_layer)
+    else:
+        splits = _one_host_splits(args, n_layer)
     return [PipelineFiles(*write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
                                                 ctx_size=args.ctx_size, model_id=model_id_for(args.model, model),
                                                 extra=extra))]
 
 
+WHOLE = "none"  # --split none: the model whole in one stage
 # Flags describing a link between stages: given without --split, they ask for a split to put a link in.
 LINK_FLAGS = ("--downstream-wire-delay-ms", "--downstream-wire-mbps", "--activation-wire-dtype")
 
 
-def _one_host_splits(args: argparse.Namespace, n_layer: int) -> list[int]:
+def _split_points(text: str, n_layer: int) -> list[int]:
+    """`--split 9` / `5,13`: rising layer numbers inside the model (each stage gets at least one layer)."""
+    try:
+        points = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        points = []
+    if not points or points != sorted(set(points)) or points[0] < 1 or points[-1] >= n_layer:
+        raise ConfigError(f"--split must be rising layer numbers between 1 and {n_layer - 1} separated by commas"
+                          f" (the model has {n_layer} layers), or {WHOLE} for one stage; got '{text}'")
+    return points
+
+
+def _one_host_link(args: argparse.Namespace) -> str | None:
     """No --split and no hosts: this machine is the one host, and the plan for one host is the model whole in one
-    stage (a split there only adds hops: docs/bench-http.md); with a link flag, the layers halved so it has a link."""
+    stage (a split there only adds hops: docs/bench-http.md); a link flag given asks for a link: the layers halved."""
     flags = FlagReader(args)
     passed = {arg.split("=", 1)[0] for arg in args.passthrough}  # flags after --
-    link = next((flag for flag in LINK_FLAGS if flags.given(flag) or flag in passed), None)
+    return next((flag for flag in LINK_FLAGS if flags.given(flag) or flag in passed), None)
+
+
+def _one_host_splits(args: argparse.Namespace, n_layer: int) -> list[int]:
+    return [] if _one_host_link(args) is None else [n_layer // 2]
+
+
+def _layout_note(args: argparse.Namespace) -> str | None:
+    """What plain `skippy up` chose on one host, and why (said once the flags are known good: a refusal is one line)."""
+    if args.topology or args.split is not None or hosts_given(args):
+        return None
+    link = _one_host_link(args)
     if link is None:
-        print("skippy up: one host (no --split, --stage-cpus, --hosts or --netns): the model whole in one stage;"
-              " `--split N` splits it", file=sys.stderr, flush=True)
-        return []
-    print(f"skippy up: {link} describes a link between stages: split at {n_layer // 2} of {n_layer} layers"
-          " (`--split N` chooses)", file=sys.stderr, flush=True)
-    return [n_layer // 2]
+        return "one host (no --split, --stage-cpus, --hosts or --netns): the model whole in one stage; `--split N` splits it"
+    return f"{link} describes a link between stages: the layers halved (`--split N` chooses)"
 
 
 def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> list[PipelineFiles]:
@@ -208,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     args.stage_cpus = first.stage_cpus  # stage 0's own view, as its command line will say
     options = stage0_options(args, first.topology, first.configs[0])
     args.stage_cpus = None  # each pipeline's share goes to its own stages
+    if (note := _layout_note(args)) is not None:
+        print(f"skippy up: {note}", file=sys.stderr, flush=True)
     if options.insecure_links:
         print("skippy up: warning: --insecure-links: stage links are plain ZeroMQ, neither authenticated nor"
               " encrypted (`skippy keys --topology T` makes keys)", file=sys.stderr, flush=True)

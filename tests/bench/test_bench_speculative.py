@@ -70,7 +70,7 @@ def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("shape", [[], ["--split", "0", "--model", "smollm2-135m"]], ids=["2-stages", "one-stage"])
+@pytest.mark.parametrize("shape", [[], ["--split", "none", "--model", "smollm2-135m"]], ids=["2-stages", "one-stage"])
 def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str]) -> None:
     done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "3", "--max-tokens", "12", "--workloads",
                    "prose", "--peers", "none", "--out-dir", str(tmp_path), *shape], 300)
@@ -86,7 +86,7 @@ def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: lis
 
 def test_one_stage_has_no_hop_to_delay(tmp_path: Path) -> None:
     done = _bench(["--split", "0", "--delays-ms", "0,20", "--out-dir", str(tmp_path)], 60)
-    assert done.returncode != 0 and "--split 0 is one stage, no hop to delay: --delays-ms must be 0, got 0,20" \
+    assert done.returncode != 0 and "--split none is one stage, no hop to delay: --delays-ms must be 0, got 0,20" \
         in done.stderr
     assert not list(tmp_path.iterdir())
 

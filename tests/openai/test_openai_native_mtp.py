@@ -60,7 +60,8 @@ def plain_text(start_up: Callable[..., Any], tiny_model: Callable[..., Path]) ->
     return text
 
 
-@pytest.mark.parametrize(("name", "plan", "split"), [("native-mtp", NATIVE_MTP, "3"), ("composite", COMPOSITE, "2,4")])
+@pytest.mark.parametrize(("name", "plan", "split"), [("native-mtp", NATIVE_MTP, "3"), ("composite", COMPOSITE, "2,4"),
+                                                     ("one-stage", NATIVE_MTP, "none")])
 def test_native_mtp_plan_serves_plain_greedy_text_with_drafts(
     name: str, plan: dict[str, Any], split: str, plain_text: str, start_up: Callable[..., Any],
     tiny_model: Callable[..., Path], tmp_path: Path,
@@ -70,7 +71,7 @@ def test_native_mtp_plan_serves_plain_greedy_text_with_drafts(
     with start_up(f"mtp-{name}", tiny_model("mtp"), "--split", split, "--openai-speculative-config", str(path)) as server:
         reply = complete(server)
         sources = by_source(server)
-        final = server.run_dir / f"stage{split.count(',') + 1}.log"
+        final = server.run_dir / f"stage{0 if split == 'none' else split.count(',') + 1}.log"
         native = [e for e in read_events(final) if e.get("event") == "native_mtp"]
     assert reply.choices[0].text == plain_text
     timings = (reply.model_extra or {})["timings"]

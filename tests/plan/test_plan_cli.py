@@ -224,12 +224,12 @@ def test_replicas_route_a_prompt_to_the_replica_that_holds_its_prefix(model: Pat
 @pytest.mark.parametrize(("flags", "ranges"), [
     ([], [(0, 6)]),  # one host: the model whole, as the plan for one host says
     (["--split", "2"], [(0, 2), (2, 6)]),  # --split wins
+    (["--split", "none", "--downstream-wire-delay-ms", "20"], [(0, 6)]),  # one stage, said outright
     (["--downstream-wire-delay-ms", "20"], [(0, 3), (3, 6)]),  # a link flag asks for a link: the layers halved
     (["--", "--downstream-wire-mbps", "100"], [(0, 3), (3, 6)]),  # after -- as well
 ])
 def test_up_without_hosts_serves_one_host_whole_unless_split_or_a_link_is_asked_for(
-        model: Path, tmp_path: Path, flags: list[str], ranges: list[tuple[int, int]],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        model: Path, tmp_path: Path, flags: list[str], ranges: list[tuple[int, int]]) -> None:
     from skippy.cli import up  # noqa: PLC0415
     from skippy.cli.main import build_parser  # noqa: PLC0415
     from skippy.config import StageTopology  # noqa: PLC0415
@@ -241,5 +241,17 @@ def test_up_without_hosts_serves_one_host_whole_unless_split_or_a_link_is_asked_
     [pipeline] = up._pipelines(args, tmp_path)
     stages = StageTopology.load(pipeline.topology).stages
     assert [(s.layer_start, s.layer_end) for s in stages] == ranges
-    said = capsys.readouterr().err
-    assert ("the model whole in one stage" in said) == (not flags)
+    note = up._layout_note(args) or ""  # what `skippy up` says once the flags are known good
+    assert ("the model whole in one stage" in note) == (not flags)
+    assert ("describes a link between stages" in note) == (len(ranges) == 2 and "--split" not in flags)
+
+
+@pytest.mark.parametrize("split", ["abc", "0", "6", "4,2", "3,3", ","])
+def test_up_refuses_a_split_outside_the_model_naming_it(model: Path, skippy_cache_dir: Path, tmp_path: Path,
+                                                        split: str) -> None:
+    done = skippy("up", "--model", str(model), "--split", split, "--bind", "127.0.0.1:0", "--run-dir",
+                  str(tmp_path / "run"), cache=skippy_cache_dir)
+    assert done.returncode == 2, done.stderr
+    assert f"--split must be rising layer numbers between 1 and 5 separated by commas (the model has 6 layers), or" \
+           f" none for one stage; got '{split}'" in done.stderr
+    assert not list((tmp_path / "run").glob("*.log")), "nothing may start"
