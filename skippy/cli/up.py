@@ -228,12 +228,13 @@ def native_mtp_sidecar_flags(options: ServingOptions) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     run_dir = (args.run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    note = _layout_note(args)  # before args.stage_cpus changes hands below
     pipelines = _pipelines(args, run_dir)
     first = pipelines[0]
     args.stage_cpus = first.stage_cpus  # stage 0's own view, as its command line will say
     options = stage0_options(args, first.topology, first.configs[0])
     args.stage_cpus = None  # each pipeline's share goes to its own stages
-    if (note := _layout_note(args)) is not None:
+    if note is not None:
         print(f"skippy up: {note}", file=sys.stderr, flush=True)
     if options.insecure_links:
         print("skippy up: warning: --insecure-links: stage links are plain ZeroMQ, neither authenticated nor"

@@ -94,6 +94,7 @@ def test_up_with_stage_cpus_and_no_split_serves_the_plan(model: Path, skippy_cac
         assert reply.json()["usage"]["completion_tokens"] == 4
     err = (tmp_path / "up.stderr").read_text()
     assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in err
+    assert "one host (no --split" not in err  # hosts were given: no one-host note
     topology = json.loads((tmp_path / "run" / "topology" / "topology.json").read_text())
     assert len(topology["stages"]) == 2 and topology["topology_id"] == "plan"
 
