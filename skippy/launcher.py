@@ -125,7 +125,9 @@ class Children:
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ready: dict[str, dict[str, Any]] = {}
-        self._exits: queue.Queue[tuple[str, int] | None] = queue.Queue()  # None: a signal asked to stop
+        # None: a signal asked to stop. A SimpleQueue because the signal handlers put into it: Queue.put takes the
+        # lock that the main thread holds inside get(), and a signal landing there deadlocked `skippy up` for good
+        self._exits: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._async_exits: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, int]]]] = []
         self._lock = threading.Lock()
         self._stopping = False
