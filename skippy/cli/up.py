@@ -129,8 +129,8 @@ def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineF
         splits: list[int] = []
     elif args.split:
         splits = _split_points(args.split, n_layer)
-    else:
-        splits = _one_host_splits(args, n_layer)
+    else:  # one host: the model whole, or halved when a link flag asks for a link
+        splits = [] if _one_host_link(args) is None else [n_layer // 2]
     return [PipelineFiles(*write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
                                                 ctx_size=args.ctx_size, model_id=model_id_for(args.model, model),
                                                 extra=extra))]
@@ -159,10 +159,6 @@ def _one_host_link(args: argparse.Namespace) -> str | None:
     flags = FlagReader(args)
     passed = {arg.split("=", 1)[0] for arg in args.passthrough}  # flags after --
     return next((flag for flag in LINK_FLAGS if flags.given(flag) or flag in passed), None)
-
-
-def _one_host_splits(args: argparse.Namespace, n_layer: int) -> list[int]:
-    return [] if _one_host_link(args) is None else [n_layer // 2]
 
 
 def _layout_note(args: argparse.Namespace) -> str | None:
