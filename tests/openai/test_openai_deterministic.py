@@ -1,5 +1,7 @@
-"""`skippy up --deterministic` on the default model (SmolLM2-135M-Instruct Q4_1, 2 stages, 8 lanes), through
-the `openai` client: greedy output with speculative decoding equals plain decoding bitwise, 8 concurrent
+"""`skippy up --deterministic` on the default model (SmolLM2-135M-Instruct Q4_1, 8 lanes), through the `openai`
+client, served as plain `skippy up` serves it (one stage, the default speculation policy) and split in 2 stages
+(a fixed-window suffix plan): greedy output with speculative decoding equals plain decoding (`--no-speculative`)
+bitwise, 8 concurrent
 requests give the texts each gives alone, and a seeded sampled request run twice (the second from the
 prefix cache) gives the same text. Without --deterministic these differ (issue 25: 2 of 6 re-emission
 texts matched); docs/deterministic.md says why.
@@ -21,12 +23,20 @@ PROMPTS = (
     "Write a Python function that returns the sum of the squares of a list of numbers.",
     "Explain in three sentences why the sky is blue.",
     "List the planets of the solar system in order from the Sun, one per line.",
+    # over 256 KV cells alone: a lone decode row then takes llama.cpp's split-KV attention (docs/deterministic.md)
+    "Rename `total` to `running_sum` in this code and print the whole code again:\n\n```python\n"
+    + "".join(f"def scale_{i}(values, factor={i}):\n    total = 0\n    for v in values:\n        total += v * factor\n"
+              f"    return total\n\n" for i in range(8)) + "```",
 )
 MAX_TOKENS = 48
 _PLAN = {"requested_strategy": "ngram", "effective_strategy": "ngram-suffix",
          "ngram": {"kind": "suffix", "min_ngram": 3, "max_ngram": 8, "max_proposal_tokens": 6},
          "verify_window": {"min_tokens": 1, "max_tokens": 6}}
-_COMMON = ("--deterministic", "--split", "15", "--lane-count", "8", "--openai-generation-concurrency", "8")
+_COMMON = ("--deterministic", "--lane-count", "8", "--openai-generation-concurrency", "8")
+# layout: (flags of both servers, flags of the speculative one)
+_LAYOUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "one-stage-policy": ((), ()),
+    "two-stages-plan": (("--split", "15"), ("--openai-speculative-window", "6"))}
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +46,17 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", params=sorted(_LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def speculative(start_up: Callable[..., Any], plan: Path) -> Iterator[SkippyServer]:
-    with start_up("det-spec", None, *_COMMON, "--openai-speculative-config", str(plan),
-                  "--openai-speculative-window", "6") as server:
+def speculative(start_up: Callable[..., Any], plan: Path, layout: str) -> Iterator[SkippyServer]:
+    shape, speculation = _LAYOUTS[layout]
+    if speculation:  # a plan file; without one the server runs the default policy
+        speculation = ("--openai-speculative-config", str(plan), *speculation)
+    with start_up(f"det-spec-{layout}", None, *_COMMON, *shape, *speculation) as server:
         yield server
 
 
@@ -54,12 +71,12 @@ def _greedy(server: SkippyServer, prompt: str) -> tuple[str, dict[str, Any]]:
 
 
 def test_concurrent_speculative_greedy_equals_plain_one_at_a_time(start_up: Callable[..., Any],
-                                                                  speculative: SkippyServer) -> None:
+                                                                  speculative: SkippyServer, layout: str) -> None:
     alone = [_greedy(speculative, p) for p in PROMPTS]
     with ThreadPoolExecutor(8) as pool:  # 8 at once: every lane busy, rows batched together
         together = list(pool.map(lambda p: _greedy(speculative, p)[0], PROMPTS * 2))
     assert sum(t.get("draft_n_accepted", 0) for _, t in alone) > 0  # speculation really ran
-    with start_up("det-plain", None, *_COMMON) as plain_server:
+    with start_up(f"det-plain-{layout}", None, *_COMMON, *_LAYOUTS[layout][0], "--no-speculative") as plain_server:
         plain = [_greedy(plain_server, p)[0] for p in PROMPTS]
     assert [text for text, _ in alone] == plain
     assert together == plain * 2
