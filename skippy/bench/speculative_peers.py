@@ -24,7 +24,8 @@ from pathlib import Path
 from skippy.bench.http_load import Server
 from skippy.bench.http_servers import llama_server_args, start_llama_server, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
-from skippy.bench.speculative_load import Prompt, Timed, closed_loop
+from skippy.bench.speculative_load import Timed, closed_loop
+from skippy.bench.speculative_workloads import Prompt
 
 __all__ = ["PEERS", "parse_peers", "peer_facts", "peer_wave", "running_peers"]
 

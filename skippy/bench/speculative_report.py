@@ -198,6 +198,11 @@ def _peers_md(cells: list[Cell], facts: dict[str, Any]) -> str:
             f" Their greedy output differs from skippy plain's in: {differ} requests.\n")
 
 
+def _format_md(name: str) -> str:
+    return ("chat messages in the model's own template (an instruct model; skippy.bench.speculative_workloads)"
+            if name == "chat" else "completion text (a base model; skippy.bench.speculative_workloads)")
+
+
 def _markdown(cells: list[Cell], facts: dict[str, Any], goals: list[dict[str, Any]], notes: str) -> str:
     mism = {m: (sum(c.mismatches(m) for c in cells), sum(c.wide(m) for c in cells)) for m in cells[0].speculative()}
     total = sum(c.n for c in cells)
@@ -208,7 +213,8 @@ Measured {facts['date']} on {facts['machine']} with:
     {facts['command']}
 
 (= `.venv/bin/skippy bench speculative`; every number also in `docs/bench-speculative.json`, ratios
-plotted in `docs/bench-speculative.png`.) Model {facts['model']} {_where(facts['split'])}; greedy, max_tokens
+plotted in `docs/bench-speculative.png`.) Model {facts['model']} {_where(facts['split'])}; prompts as
+{_format_md(facts.get('prompt_format', 'completion'))}; greedy, max_tokens
 {facts['max_tokens']}, stopping at end-of-generation tokens. plain = `--no-speculative`; policy = the default
 of `skippy up` (the suffix proposer, min n-gram 3, max 16, at most 16 drafts, with the cross-request index
 emptied before each cell, under the per-session policy: k <= 16 alone, <= 8 among several sessions, pipeline depth <= 2, the draft

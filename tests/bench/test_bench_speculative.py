@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from skippy.bench import llama_server_build
-from skippy.bench.speculative_load import ModeResult, Prompt, Timed, closed_loop, prose_prompts
+from skippy.bench.speculative_load import ModeResult, Timed, closed_loop
 from skippy.bench.speculative_peers import parse_peers, peer_wave, running_peers
 from skippy.bench.speculative_report import Cell, table, targets
+from skippy.bench.speculative_workloads import PROSE, Prompt, PromptFormat, prose_prompts, reemission_prompts, subtask_prompts
 from skippy.runtime.models import BENCH_MODEL, resolve_model_path
 from skippy.runtime.tokenizer import Tokenizer
 
@@ -70,18 +71,44 @@ def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("shape", [[], ["--split", "none", "--model", "smollm2-135m"]], ids=["2-stages", "one-stage"])
-def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str]) -> None:
+@pytest.mark.parametrize(("shape", "prompt_format"), [([], "completion"),
+                                                    (["--split", "none", "--model", "smollm2-135m"], "chat")],
+                         ids=["2-stages", "one-stage"])
+def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str], prompt_format: str) -> None:
     done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "3", "--max-tokens", "12", "--workloads",
                    "prose", "--peers", "none", "--out-dir", str(tmp_path), *shape], 300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "bench-speculative.json").read_text())
     (cell,) = [c for c in report["cells"]]
+    assert report["prompt_format"] == prompt_format  # the base model's completion text, the instruct model's chat
     assert (cell["workload"], cell["concurrency"], cell["n"]) == ("prose", 2, 4)  # a whole round: 2c requests
     assert set(cell["modes"]) == {"plain", "policy"}
     for mode in cell["modes"].values():
         assert mode["decode_tokens"] == 4 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
     assert "| prose | 0 | 2 | 4 |" in (tmp_path / "bench-speculative.md").read_text()
+
+
+@pytest.mark.parametrize(("model", "wanted", "chat"), [("smollm2-135m", "auto", True), (BENCH_MODEL, "auto", False),
+                                                     (BENCH_MODEL, "chat", True), ("smollm2-135m", "completion", False)])
+def test_workloads_reach_an_instruct_model_as_chat_and_a_base_model_as_text(model: str, wanted: str,
+                                                                            chat: bool) -> None:
+    path = resolve_model_path(model)
+    tokenizer = Tokenizer(path)
+    try:
+        fmt = PromptFormat.choose(tokenizer, path, wanted)
+        code, = reemission_prompts(fmt, 1, 1024)
+        text = tokenizer.decode(code.tokens)
+        prose = tokenizer.decode(prose_prompts(fmt, 1)[0].tokens)
+        subtasks = subtask_prompts(fmt, 4, 2, 1024)
+    finally:
+        tokenizer.close()
+    assert fmt.name == ("chat" if chat else "completion")
+    assert "def has_close_elements(" in text  # the code to give back, in either form
+    assert ("Rename the function `has_close_elements` to `has_close_elements_v2`" in text) == chat
+    assert ("# The same function, renamed to has_close_elements_v2" in text) == (not chat)
+    assert PROSE[0] in prose
+    assert [p.name for p in subtasks] == ["HumanEval/0", "HumanEval/1", "HumanEval/0/again", "HumanEval/1/again"]
+    assert subtasks[0].tokens == subtasks[2].tokens  # the same request again
 
 
 def test_one_stage_has_no_hop_to_delay(tmp_path: Path) -> None:
@@ -107,7 +134,7 @@ def test_a_peer_wave_streams_greedy_tokens_from_a_real_llama_server(tmp_path: Pa
     model = resolve_model_path(BENCH_MODEL)
     tokenizer = Tokenizer(model)
     try:
-        prompts = prose_prompts(tokenizer, 2)
+        prompts = prose_prompts(PromptFormat(tokenizer, None), 2)
     finally:
         tokenizer.close()
     with running_peers(["llama-server", "llama-server-ngram"], model, tmp_path, 2, 256,
