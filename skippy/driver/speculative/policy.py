@@ -16,7 +16,9 @@ Inputs, all measured:
     rate(k) = tau(k) / (C(b(k+1)) + w)                  # tokens per ms per session
     w       = hops*hop_ms while min(n, m) < stages, else 0  # other micro-batches in flight hide the wire; with
               m = 1 (stages sharing cores) none is, so a slow wire is paid on every step at any load
-    k*      = argmax_k rate(k) over k with b(k+1) <= R;  k = 0 when rate(k*)/rate(0) < max(MIN_GAIN, 1 + e)
+    k*      = argmax_k rate(k) over k with b(k+1) <= R;  k = 0 when rate(k*)/rate(0) < max(G, 1 + e), G = MIN_GAIN
+              for a session alone in its micro-batch, SHARED_MIN_GAIN for one of several (what drafting costs
+              them that C(rows) does not price: see the constant)
               (`choose`: as if the b sessions of a micro-batch drafted alike; the engine `allocate`s the
               rows of each micro-batch over its sessions, the best expected tokens per ms of the batch)
     R       = the most rows calibration measured (every row to max_k + 1, then every 8 to a micro-batch's share
@@ -47,6 +49,12 @@ MIN_GAIN = 1.05  # speculate only for >= 5% more tokens per ms than plain decodi
 # sessions of re-emission) windows of up to 16 ran 0.86-0.96x plain where windows of up to 8 ran 0.95-1.00x; a
 # session alone gains from 16 (a repeated sub-task: TPOT 1/2.7 of its first run's, against 1/2 with 8)
 SHARED_MAX_K = 8
+# the gain a micro-batch of several sessions must expect: drafting desynchronises sessions that plain decoding
+# keeps in step, so prompts that would have prefilled together prefill one by one inside decode batches, and every
+# row attends over the other sessions' KV too; neither is priced by C(rows). Measured (2-vCPU AMD EPYC, SmolLM2 in
+# one stage, chat workloads, c = 8-16): the policy's draft rows left decode compute within 1-9% of plain's while
+# prefill cost 2-5% more, and whole cells read 0.84-0.96x plain at predicted gains of 5-15%
+SHARED_MIN_GAIN = 1.2
 
 
 def session_max_k(max_k: int, sessions: int) -> int:
@@ -115,7 +123,7 @@ class SpeculationPolicy:
             E*         = argmax_E (s + top_E gain) / T_E    # s + p + E <= R
         P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
         the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate s / T(s); a
-        session of a batch of several drafts at most SHARED_MAX_K. The
+        session of a batch of several drafts at most SHARED_MAX_K, and only for a gain of SHARED_MIN_GAIN. The
         rows' cost is the batch's: one good session among plain ones pays C(s + p + k) - C(s + p), not
         C(s(k + 1)) as if all drafted like it; a batch that a prompt chunk already makes compute-bound (or
         longer than calibration measured) has no cheap rows left for drafts. (The riders' own cost is not
@@ -142,7 +150,7 @@ class SpeculationPolicy:
             if rate > best_rate:
                 best_e, best_rate = e, rate
         ks = [0] * s
-        if best_rate >= max(MIN_GAIN, 1.0 + self.cost.error) * plain:
+        if best_rate >= max(MIN_GAIN if s <= 1 else SHARED_MIN_GAIN, 1.0 + self.cost.error) * plain:
             for _, _, i in gains[:best_e]:
                 ks[i] += 1
         return ks
