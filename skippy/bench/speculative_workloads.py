@@ -125,5 +125,5 @@ def subtask_prompts(fmt: PromptFormat, n: int, wave: int, max_prompt_tokens: int
 
 
 def prose_prompts(fmt: PromptFormat, n: int) -> list[Prompt]:
-    return [Prompt(f"prose/{i % len(PROSE)}", fmt.encode(PROSE[i % len(PROSE)], PROSE_ASK + PROSE[i % len(PROSE)]))
-            for i in range(n)]
+    openings = [(f"prose/{i % len(PROSE)}", PROSE[i % len(PROSE)]) for i in range(n)]
+    return [Prompt(name, fmt.encode(text, PROSE_ASK + text)) for name, text in openings]

@@ -181,6 +181,9 @@ def test_several_sessions_draft_only_for_a_gain_that_pays_what_desynchronising_t
     assert sum(p.allocate([sure], 1)) > 0  # one session's windows: 1.5x and more
     slow_wire = SpeculationPolicy(8, max_depth=1, cost=CostModelWindow(table, 100.0, 2, 8), micro_batches=1)
     assert sum(slow_wire.allocate([sure] * 4, 4)) > 0  # 200 ms of wire a step: a window saves whole round trips
+    thin = stats_after([(4, 0)] * 3)  # before calibration every step costs 1: 8 drafts promise ~6% more tokens
+    uncalibrated = SpeculationPolicy(8, micro_batches=1)
+    assert uncalibrated.choose(thin, 1) == 8 and uncalibrated.choose(thin, 2) == 0  # the same rule
 
 
 def test_drafts_are_priced_on_top_of_the_prompt_rows_riding_in_the_batch() -> None:

@@ -34,7 +34,7 @@ Inputs, all measured:
             with a micro-batch on every stage already, a chain only adds rows
 
 Before the pipeline's C(rows) is measured every row costs the same (C = 1, no wire): k is then the
-largest k whose gain is >= MIN_GAIN. While k = 0 the engine still drafts a shadow proposal, checked against
+largest k whose gain is >= min_gain(b). While k = 0 the engine still drafts a shadow proposal, checked against
 what plain decoding commits, so alpha stays measured and k comes back when drafts start to match.
 """
 
@@ -50,16 +50,21 @@ MIN_GAIN = 1.05  # speculate only for >= 5% more tokens per ms than plain decodi
 # session alone gains from 16 (a repeated sub-task: TPOT 1/2.7 of its first run's, against 1/2 with 8)
 SHARED_MAX_K = 8
 # the gain a micro-batch of several sessions must expect: drafting desynchronises sessions that plain decoding
-# keeps in step, so prompts that would have prefilled together prefill one by one inside decode batches, and every
-# row attends over the other sessions' KV too; neither is priced by C(rows). Measured (2-vCPU AMD EPYC, SmolLM2 in
-# one stage, chat workloads, c = 8-16): the policy's draft rows left decode compute within 1-9% of plain's while
-# prefill cost 2-5% more, and whole cells read 0.84-0.96x plain at predicted gains of 5-15%
+# keeps in step, so prompts that would have prefilled together prefill one by one inside decode batches, a cost
+# C(rows) does not price. Measured (2-vCPU AMD EPYC, SmolLM2 in one stage, chat workloads, c = 8-16): the policy's
+# draft rows left decode compute within 1-9% of plain's while prefill cost 2-5% more, and whole cells read
+# 0.84-0.96x plain at predicted gains of 5-15%
 SHARED_MIN_GAIN = 1.2
 
 
 def session_max_k(max_k: int, sessions: int) -> int:
     """The most drafts one session of a micro-batch of `sessions` may get: max_k alone, SHARED_MAX_K among several."""
     return max_k if sessions <= 1 else min(max_k, SHARED_MAX_K)
+
+
+def min_gain(sessions: int) -> float:
+    """The expected gain over plain decoding a micro-batch of `sessions` sessions must promise to draft."""
+    return MIN_GAIN if sessions <= 1 else SHARED_MIN_GAIN
 
 
 def window_rows(max_k: int, sessions: int) -> int:
@@ -109,7 +114,7 @@ class SpeculationPolicy:
             rate = self.expected_tokens(stats, k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        return best_k if best_rate >= MIN_GAIN * plain else 0
+        return best_k if best_rate >= min_gain(b) * plain else 0
 
     def allocate(self, batch: list[WindowStats], active_sessions: int, caps: list[int] | None = None,
                  riders: int = 0) -> list[int]:
@@ -122,8 +127,8 @@ class SpeculationPolicy:
                                                             # what they add to the batch, on top of its riders
             E*         = argmax_E (s + top_E gain) / T_E    # s + p + E <= R
         P_ij falls with j, so the E largest gains take each session's drafts in order. k = 0 for all when
-        the best rate is below max(MIN_GAIN, 1 + the cost model's error) x the plain rate s / T(s); a
-        session of a batch of several drafts at most SHARED_MAX_K, and only for a gain of SHARED_MIN_GAIN. The
+        the best rate is below max(min_gain(s), 1 + the cost model's error) x the plain rate s / T(s); a
+        session of a batch of several drafts at most SHARED_MAX_K. The
         rows' cost is the batch's: one good session among plain ones pays C(s + p + k) - C(s + p), not
         C(s(k + 1)) as if all drafted like it; a batch that a prompt chunk already makes compute-bound (or
         longer than calibration measured) has no cheap rows left for drafts. (The riders' own cost is not
@@ -150,7 +155,7 @@ class SpeculationPolicy:
             if rate > best_rate:
                 best_e, best_rate = e, rate
         ks = [0] * s
-        if best_rate >= max(MIN_GAIN if s <= 1 else SHARED_MIN_GAIN, 1.0 + self.cost.error) * plain:
+        if best_rate >= max(min_gain(s), 1.0 + self.cost.error) * plain:
             for _, _, i in gains[:best_e]:
                 ks[i] += 1
         return ks
