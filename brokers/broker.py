@@ -181,7 +181,7 @@ class Broker:
     def _on_silent(self, link: PipelineLink, reason: str) -> None:
         """Stage 0 stopped answering or lost its connection: the requests it held are lost (cancelled there, in case
         it is only slow, so their lanes come free); each ends with pipeline_lost, so that its client may resubmit it
-        with the tokens it has (skippy.http.resubmit)."""
+        with the tokens it has (skippy.adapter.resume)."""
         for req in list(link.inflight.values()):
             self._spawn(link.cancel(req.submit.request_id))
             self._spawn(self._finish(req, _error(req.submit.request_id, ErrorCode.PIPELINE_LOST, reason)))

@@ -5,7 +5,8 @@ when its Status says ready and stage 0 answered within `status_timeout_s`.  The 
 the sum over ready pipelines of their per-pipeline concurrency (`AdmissionOptions.per_pipeline` of
 each Status's lane_count). A request goes to the least loaded ready pipeline, or, with several, to the one
 that was sent its prompt's beginning before unless that one is AFFINITY_SLACK requests busier
-(brokers.affinity: each replica's prefix cache is its own).  After every refresh it calls `on_change`; when a stage 0 that was
+(brokers.prefix_routing: each replica's prefix cache is its own).
+After every refresh it calls `on_change`; when a stage 0 that was
 answering goes silent it calls `on_silent(link, reason)` (its requests are stranded) and
 reconnects that link.  Readiness transitions are logged (`pipeline_ready`, `pipeline_unavailable`).
 """
@@ -18,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import zmq.asyncio
 
-from brokers.affinity import PrefixAffinity
 from brokers.link import OnEvents, PipelineLink
+from brokers.prefix_routing import PrefixAffinity
 from skippy.config import AdmissionOptions
 from skippy.log import get_logger
 from skippy.protocol import WireVerdict

@@ -12,7 +12,7 @@ killed and restarted): nobody reads them, so the request is cancelled, once, wit
 proof the broker asks of a client that is not the submitter (`orphans_cancelled` counts them).
 
 A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
-event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.http.resubmit) when the
+event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.adapter.resume) when the
 DEALER's connection is lost (its monitor reports a
 disconnect: the peer exited, e.g. a killed broker; whatever it held for us is lost with it), or when,
 with requests pending, the peer leaves a status query unanswered for `dead_after_s` (a hung peer).
@@ -31,7 +31,7 @@ import zmq.asyncio
 
 from skippy.log import get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents
-from skippy.request_events import PipelineUnavailable, RequestHandle, TokenEvent
+from skippy.request_events import PipelineUnavailable, RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, PullQueue
 
@@ -100,21 +100,21 @@ class PipelineClient:
         if handle is None:
             return
         if msg.progress is not None:
-            handle.put(TokenEvent(progress=msg.progress))
+            handle.put(RequestEvent(progress=msg.progress))
         logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
         last = len(msg.tokens) - 1
         for i, (token, logprob) in enumerate(zip(msg.tokens, logprobs)):
-            handle.put(TokenEvent(token=token, logprob=logprob, draws=msg.draws if i == last else 0,
+            handle.put(RequestEvent(token=token, logprob=logprob, draws=msg.draws if i == last else 0,
                                   chunks=msg.chunks if i == 0 else ()))
         if msg.finish_reason is not None:
-            handle.put(TokenEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
+            handle.put(RequestEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
             del self.handles[msg.request_id]
 
     def fail_pending(self, message: str, code: ErrorCode = ErrorCode.UNAVAILABLE) -> int:
         """Give every pending request its final event now: an error with `code` and `message`; how many."""
         handles, self.handles = list(self.handles.values()), {}
         for handle in handles:
-            handle.put(TokenEvent(finish_reason=FinishReason.ERROR, error=message, code=code))
+            handle.put(RequestEvent(finish_reason=FinishReason.ERROR, error=message, code=code))
         return len(handles)
 
     def _lost(self, why: str) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skippy.config import StageTopology
-from skippy.config.affinity import CpuSet, stages_sharing_cores
+from skippy.config.cpu_sets import CpuSet, stages_sharing_cores
 from skippy.log import READY_FD_ENV
 from skippy.netns.owner import stage_address, stage_command_prefix
 from skippy.openmp import stage_env

@@ -19,7 +19,7 @@ class QueueFull(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TokenEvent:
+class RequestEvent:
     token: int | None = None  # a generated token, or None on the final event
     finish_reason: FinishReason | None = None  # set on the final event
     error: str | None = None  # why, when finish_reason is "error"
@@ -40,19 +40,19 @@ class RequestHandle:
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._events: asyncio.Queue[RequestEvent] = asyncio.Queue()
 
-    def put(self, event: TokenEvent) -> None:
+    def put(self, event: RequestEvent) -> None:
         self._events.put_nowait(event)
 
-    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+    async def __aiter__(self) -> AsyncIterator[RequestEvent]:
         while True:
             event = await self._events.get()
             yield event
             if event.final:
                 return
 
-    async def collect(self) -> tuple[list[int], TokenEvent]:
+    async def collect(self) -> tuple[list[int], RequestEvent]:
         """All generated tokens and the final event."""
         tokens: list[int] = []
         async for event in self:

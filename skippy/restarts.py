@@ -15,7 +15,7 @@ thread that started it exits (PR_SET_PDEATHSIG), so that thread lives as long as
 starts may. Stage 0's own OpenAI front (skippy.cli.front) restarts its broker and adapter the same way.
 
 Every restart is recorded in `<run_dir>/restarts.json` (total restarts, the last one's duration from
-death to ready, exit codes); the adapter reads it at each scrape (`RestartsCollector`) and serves
+death to ready, exit codes); the adapter reads it at each scrape (skippy.telemetry.restart_counts) and serves
 `skippy_stage_restarts_total{stage}` and `skippy_stage_last_restart_seconds{stage}` (the broker and the
 adapter listed as stages "broker" and "adapter"). Each death is reported (`child_died`) and each
 restart (`child_restarted`): by `skippy up` on its stderr, by stage 0 in its log.
@@ -29,13 +29,10 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from skippy.launcher import READY_TIMEOUT_S, Children, LaunchError, StageProcesses
 
@@ -178,31 +175,3 @@ def say(event: str, line: str, fields: dict[str, Any]) -> None:
 
 def _say(line: str) -> None:
     print(f"skippy up: {line}", file=sys.stderr, flush=True)
-
-
-def read_restarts(path: Path) -> dict[str, dict[str, Any]]:
-    """The records of a restarts.json (none when it is missing or unreadable)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
-
-
-class RestartsCollector(Collector):
-    """Prometheus families read from a run's restarts.json at each scrape."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        restarts = CounterMetricFamily("skippy_stage_restarts", "stage processes restarted by skippy up",
-                                       labels=["stage"])
-        took = GaugeMetricFamily("skippy_stage_last_restart_seconds",
-                                 "a stage's last restart: from its death to its ready line", labels=["stage"])
-        for stage, record in sorted(read_restarts(self.path).items()):
-            restarts.add_metric([stage], float(record.get("restarts", 0)))
-            if isinstance(record.get("last_restart_seconds"), int | float):
-                took.add_metric([stage], float(record["last_restart_seconds"]))
-        yield restarts
-        yield took

@@ -9,6 +9,7 @@ while the rest of the process keeps reporting ready.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -60,3 +61,18 @@ class Supervisor:
     @property
     def exit_code(self) -> int:
         return 0 if self.failure is None else 1
+
+
+def stop_on_signals(stopped: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set `stopped`; call `ignore_signals` when shutdown starts so a second one cannot
+    kill the process halfway through closing (the launcher escalates to SIGKILL if it hangs)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+
+
+def ignore_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)

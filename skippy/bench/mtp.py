@@ -13,7 +13,7 @@ from pathlib import Path
 
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.spec import RuntimeSpec
-from skippy.testing.replay import mtp_greedy
+from skippy.testing.reference_runs import mtp_greedy
 from skippy.testing.tiny_models import tiny_model_path
 
 PROMPT = [1, *range(40, 80)]

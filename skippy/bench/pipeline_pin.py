@@ -4,7 +4,7 @@ core and with each stage pinned to its own cores, side by side in one run.
 Two pipelines run at once, each stage 1 a real `skippy stage` process and each stage 0 a driver in this
 process: *shared* (stage 1 and stage 0 each use every core, as `skippy up` does by default) and *pinned*
 (stage 1 started with `--cpu-affinity` on the upper half of the CPUs; this process, stage 0 and its driver,
-pinned to the lower half with `skippy.affinity.pin_process` while the pinned pipeline runs). Each stage's
+pinned to the lower half with `skippy.cpu_pinning.pin_process` while the pinned pipeline runs). Each stage's
 llama.cpp thread count is its default, one per CPU it may use. Rounds alternate shared and pinned, one
 batch and two micro-batches (the driver's `max_iterations`), 16 streams each, with the wire delay on the
 stage 0 -> stage 1 hop, so machine noise hits all four alike; the table reports medians over rounds.
@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from skippy.affinity import pin_process
 from skippy.bench.streams import Row, pipeline_rate, random_prompts
 from skippy.config import parse_serving_args
-from skippy.config.affinity import format_cpu_list
+from skippy.config.cpu_sets import format_cpu_list
+from skippy.cpu_pinning import pin_process
 from skippy.driver.driver import Driver
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.protocol import SetWire

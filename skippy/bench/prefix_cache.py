@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import zmq.asyncio
 
+from skippy.adapter.chat_template import ChatMessage, ChatTemplate
 from skippy.bench.http import DOCS
 from skippy.bench.prefix_cache_report import ChatTurn, Wave, write_report
 from skippy.bench.speculative import ReturnRelay
 from skippy.client import PipelineClient
 from skippy.config import WireCondition
-from skippy.http.chat_template import ChatMessage, ChatTemplate
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging, get_logger
 from skippy.protocol import SetWire

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from skippy.http.chat_template import ChatMessage, ChatTemplate
+from skippy.adapter.chat_template import ChatMessage, ChatTemplate
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 

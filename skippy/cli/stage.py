@@ -21,10 +21,10 @@ from typing import Any
 
 import zmq
 
-from skippy.affinity import pin_process
 from skippy.config import FlagReader, add_serving_arguments, refuse_unsupported, resolve_mtp_source, resolve_serving_options
-from skippy.config.affinity import format_cpu_list
 from skippy.config.api_key import COMMAND_LINE_WARNING
+from skippy.config.cpu_sets import format_cpu_list
+from skippy.cpu_pinning import pin_process
 from skippy.log import configure_logging, get_logger
 from skippy.plan.memory import MIB, ServingShape, kv_scale, refuse_if_too_big
 from skippy.runtime.models import resolve_model_path

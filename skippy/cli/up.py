@@ -45,8 +45,8 @@ from skippy.config import (
     parse_serving_args,
     refuse_unsupported,
 )
-from skippy.config.affinity import CpuSet, parse_cpu_list
 from skippy.config.api_key import API_KEY_ENV, COMMAND_LINE_WARNING, api_key_from, open_bind_warning
+from skippy.config.cpu_sets import CpuSet, parse_cpu_list
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import PipelineFiles, StageProcesses, default_kv_cache, write_local_topology

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from skippy.config.admission import AdmissionOptions, default_queue_capacity, resolve_admission
-from skippy.config.affinity import resolve_affinity
 from skippy.config.api_key import read_api_key_file
+from skippy.config.cpu_sets import resolve_affinity
 from skippy.config.endpoint import normalize_host, normalize_http_addr, normalize_otlp_url, normalize_zmq_endpoint
 from skippy.config.errors import ConfigError, FieldError
 from skippy.config.generation import (

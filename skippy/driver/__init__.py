@@ -14,5 +14,5 @@
 - `speculative/`: proposers, window policies and the per-session engine.
 
 Requests arrive as `skippy.protocol.Submit` (from `skippy.client.PipelineClient`, or the broker) and
-leave as `skippy.request_events.TokenEvent`s.
+leave as `skippy.request_events.RequestEvent`s.
 """

@@ -3,7 +3,7 @@
 `BatchLauncher` owns what a batch needs between planning and its predictions coming back: the
 batch ids, the record of every batch in flight, stage 0's compute, and the downstream link (its
 credits and wire condition). `complete` hands a returned batch's record to the driver, except for a
-batch launched by `round_trip` (the speculation calibration's sweeps, skippy.driver.calibrate): its
+batch launched by `round_trip` (the speculation calibration's sweeps, skippy.driver.verify_costs): its
 predictions go to the one awaiting them, and never reach the driver's post-processing. An
 `OpRecorder`, when a test installs one, sees every batch and release in stage order so the run can
 be replayed on the unsplit model; nothing is kept otherwise.
@@ -24,8 +24,8 @@ from skippy.driver.scheduler import PlannedWindow
 from skippy.log import get_logger
 from skippy.protocol import KeptPrefix, Predictions, PrefixRef, StageTiming, Window
 from skippy.runtime.windows import SessionWindow
+from skippy.stage.final_sampling import VerifySpec
 from skippy.stage.links import DownstreamLink
-from skippy.stage.predict import VerifySpec
 from skippy.stage.worker import RuntimeWorker
 
 # session, pos_start, tokens, outputs, draft, head, (restore, record, evict) (see skippy.protocol.Window)

@@ -5,7 +5,7 @@ One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `B
 `postprocess` (committed tokens, finishes) and delivery. Requests live in a `SequenceTable`;
 downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which calls back the driver
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
-`submit(...)` returns a handle whose async iterator yields `TokenEvent`s ending with a finish reason;
+`submit(...)` returns a handle whose async iterator yields `RequestEvent`s ending with a finish reason;
 `cancel(request_id)`. A finished request's session is released on every stage. When a later stage dies
 the requests in flight pause and replay once it is back (`Replays`, skippy.driver.replay); new requests
 wait at stage 0 meanwhile (nobody is admitted), within the same deadline. `submit` checks a request with
@@ -26,9 +26,8 @@ import numpy as np
 import zmq.asyncio
 
 from skippy.config import ServingOptions
-from skippy.config.affinity import stage_groups
+from skippy.config.cpu_sets import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
-from skippy.driver.calibrate import calibrate_speculation
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
 from skippy.driver.postprocess import Outcome, postprocess
@@ -40,6 +39,7 @@ from skippy.driver.sequence import Resumed, Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.submission import WaitingRoom, check_submission, default_max_waiting
 from skippy.driver.telemetry import DriverTelemetry
+from skippy.driver.verify_costs import calibrate_speculation
 from skippy.driver.wire_certify import calibration_prompt, certify_wire, set_chain_wire, verdict_fields
 from skippy.faults import fault_point
 from skippy.log import get_logger

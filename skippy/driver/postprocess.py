@@ -16,7 +16,7 @@ from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
 from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenLogprob
-from skippy.request_events import TokenEvent
+from skippy.request_events import RequestEvent
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Outcome:
     """What one window's return means for its request."""
 
     seq: Sequence
-    events: list[TokenEvent] = field(default_factory=list)  # tokens to deliver, in order
+    events: list[RequestEvent] = field(default_factory=list)  # tokens to deliver, in order
     finish: FinishReason | None = None
     error: str | None = None
     committed: list[int] = field(default_factory=list)  # tokens added to the sequence
@@ -46,7 +46,7 @@ def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | 
         if token in seq.stop_tokens:
             out.finish = FinishReason.STOP
             break
-        out.events.append(TokenEvent(token=token, logprob=logprob))
+        out.events.append(RequestEvent(token=token, logprob=logprob))
         if len(seq.generated) >= seq.max_tokens or len(seq.prompt) + len(seq.generated) >= ctx_size:
             out.finish = FinishReason.LENGTH
             break
@@ -103,12 +103,12 @@ def _resumable(outcome: Outcome) -> None:
         events[0] = replace(events[0], chunks=tuple(seq.chunk_ends))
 
 
-def progress_event(pw: PlannedWindow) -> TokenEvent:
+def progress_event(pw: PlannedWindow) -> RequestEvent:
     """The prompt's progress once this prefill chunk came back through every stage."""
     seq = pw.seq
     started = seq.admitted_at if seq.admitted_at is not None else seq.submitted_at
     processed = min(len(seq.prompt), pw.pos_start + len(pw.tokens))
-    return TokenEvent(progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
+    return RequestEvent(progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
                                               round((time.perf_counter() - started) * 1000, 3)))
 
 

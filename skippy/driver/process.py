@@ -23,8 +23,7 @@ from skippy.driver.speculative.setup import build_speculation
 from skippy.driver.wire_certify import verdict_fields
 from skippy.log import announce_ready, get_logger
 from skippy.runtime.stage_runtime import StageRuntime
-from skippy.stage.links import ignore_signals, stop_on_signals
-from skippy.supervise import Supervisor
+from skippy.supervise import Supervisor, ignore_signals, stop_on_signals
 from skippy.transport.endpoints import request_endpoint
 from skippy.transport.queues import RouterQueue
 

@@ -18,7 +18,7 @@ import numpy as np
 from skippy.driver.prefill import ChunkPlanner
 from skippy.protocol import ErrorCode, FinishReason, PrefixRef, StageTiming
 from skippy.protocol.stats import PrefixStats, RequestStats
-from skippy.request_events import RequestHandle, TokenEvent
+from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 
@@ -200,7 +200,7 @@ class SequenceTable:
             self._releases.append(seq.session_id)
         seq.state = SeqState.FINISHED
         del self._by_request[seq.request_id]
-        seq.handle.put(TokenEvent(finish_reason=reason, error=error, code=code, stats=stats))
+        seq.handle.put(RequestEvent(finish_reason=reason, error=error, code=code, stats=stats))
         return True
 
     def take_releases(self) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ A format asked by name that fails refuses the start (`WireRefused`, naming the f
 agreement and the flag); `auto` tries q8 then f16 and falls back to f32. The links are left in the
 format used, and the `WireVerdict` goes into stage 0's `pipeline_ready`/`ready` lines and its Status.
 When a later stage is back after a restart, stage 0 sets the format used on the chain again. The
-calibration runs on the reserved session that the speculation calibration uses (skippy.driver.calibrate),
+calibration runs on the reserved session that the speculation calibration uses (skippy.driver.verify_costs),
 and is released on every stage after.
 """
 
@@ -26,8 +26,8 @@ import numpy as np
 
 from skippy.config import ConfigError, ServingOptions, WireChoice
 from skippy.driver.batches import BatchLauncher
-from skippy.driver.calibrate import CALIBRATION_SESSION, Release, calibration_sequence
 from skippy.driver.scheduler import PlannedWindow
+from skippy.driver.verify_costs import CALIBRATION_SESSION, Release, calibration_sequence
 from skippy.log import get_logger
 from skippy.protocol import ConfigureSession, Predictions, SetWire, WireDtype, WireVerdict
 from skippy.runtime.llama_model import LlamaModel

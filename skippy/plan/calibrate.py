@@ -147,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.cpus != "all":
-        from skippy.affinity import pin_process  # noqa: PLC0415
-        from skippy.config.affinity import parse_cpu_list  # noqa: PLC0415
+        from skippy.config.cpu_sets import parse_cpu_list  # noqa: PLC0415
+        from skippy.cpu_pinning import pin_process  # noqa: PLC0415
 
         pin_process(parse_cpu_list(args.cpus))
     costs = measure_costs(args.model, args.cpus)

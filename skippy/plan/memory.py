@@ -34,8 +34,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from skippy.config.errors import ConfigError
 from skippy.config.generation import DEFAULT_POLICY_PLAN
-from skippy.driver.calibrate import BATCH_ROWS_MAX
 from skippy.driver.speculative.policy import window_rows
+from skippy.driver.verify_costs import BATCH_ROWS_MAX
 from skippy.netns.cgroups import own_memory_limit
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.prefix_cache import kv_layer_bytes
@@ -159,7 +159,7 @@ class StageMemory:
 
 def logits_rows(lanes: int) -> int:
     """Rows of logits the final stage writes at most: a decode's row per lane, or the default speculation's
-    windows, which its startup calibration also sweeps (skippy.driver.calibrate; at most BATCH_ROWS_MAX)."""
+    windows, which its startup calibration also sweeps (skippy.driver.verify_costs; at most BATCH_ROWS_MAX)."""
     windows = window_rows(DEFAULT_POLICY_PLAN.verify_window.max_tokens, lanes)
     return max(lanes, min(windows, BATCH_ROWS_MAX))
 

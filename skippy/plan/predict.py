@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from skippy.config.affinity import parse_cpu_list
+from skippy.config.cpu_sets import parse_cpu_list
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 
@@ -63,7 +63,7 @@ def hop_ms(host: Host, rows: float, n_embd: int, overheads: Overheads) -> float:
 def shared_cores(hosts: Sequence[Host], *, same_address: bool = False) -> list[list[int]]:
     """The stages (indexes) computing on the same cores: hosts whose CPU sets of this machine overlap share them;
     a host without a CPU set is a machine of its own. `same_address`: only hosts at one address are grouped, as
-    the driver counts its micro-batches (one per group, skippy.config.affinity.stage_groups)."""
+    the driver counts its micro-batches (one per group, skippy.config.cpu_sets.stage_groups)."""
     groups: list[tuple[set[int], list[int]]] = []
     for index, host in enumerate(hosts):
         cpus = set(parse_cpu_list(host.cpus)) if host.cpus else None

@@ -6,7 +6,7 @@ top_p 0 goes to llama.cpp's top-p sampler like any other value: it keeps at leas
 1), the most likely, so the draw is greedy's token at any temperature. repeat_penalty must be > 0
 (llama.cpp divides positive logits by it; 1 is off).
 A GBNF `grammar` (structured output, tool calls) constrains every sampled token; it is checked and
-advanced outside the chain (skippy.runtime.grammar) and only with the tokens this chain returns, which
+advanced outside the chain (skippy.runtime.grammar_sampler) and only with the tokens this chain returns, which
 the final stage returns as committed. Under a grammar a -inf logit bias becomes a very large finite
 penalty, so that the grammar can always be satisfied.
 A chain counts the draws of its seeded RNG (`draws`): llama.cpp's dist sampler (this build's
@@ -28,7 +28,7 @@ import numpy as np
 
 from skippy.protocol import TokenLogprob
 from skippy.runtime.errors import RuntimeUsageError
-from skippy.runtime.grammar import MAX_GRAMMAR_BYTES, GrammarSampler, sample_with_grammar
+from skippy.runtime.grammar_sampler import MAX_GRAMMAR_BYTES, GrammarSampler, sample_with_grammar
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 

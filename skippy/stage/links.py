@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -198,18 +197,3 @@ def apply_wire(link: DownstreamLink | None, msg: SetWire, log: Any) -> None:
         return
     log.info("wire_changed", downstream=link.endpoint, delay_ms=msg.delay_ms, mbps=msg.mbps,
              activation_dtype=str(link.wire.activation_dtype))
-
-
-def stop_on_signals(stopped: asyncio.Event) -> None:
-    """SIGTERM/SIGINT set `stopped`; call `ignore_signals` when shutdown starts so a second one cannot
-    kill the process halfway through closing (the launcher escalates to SIGKILL if it hangs)."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopped.set)
-
-
-def ignore_signals() -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)
-        signal.signal(sig, signal.SIG_IGN)

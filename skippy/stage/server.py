@@ -49,12 +49,12 @@ from skippy.runtime.prefix_cache import chain_caps
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.windows import SessionWindow
+from skippy.stage.final_sampling import VerifySpec, input_tokens
 from skippy.stage.handshake import PROCESS_INCARNATION, check_upstream, greet_again, open_downstream, stage0_endpoint
-from skippy.stage.links import DownstreamLink, handle_link_control, ignore_signals, stop_on_signals
-from skippy.stage.predict import VerifySpec, input_tokens
+from skippy.stage.links import DownstreamLink, handle_link_control
 from skippy.stage.telemetry import StageTelemetry
 from skippy.stage.worker import RuntimeWorker
-from skippy.supervise import Supervisor
+from skippy.supervise import Supervisor, ignore_signals, stop_on_signals
 from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import PullQueue, PushQueue
 

@@ -32,7 +32,7 @@ import numpy as np
 from skippy.protocol import KeptPrefix, SessionPrediction
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.windows import SessionWindow
-from skippy.stage.predict import Frontier, VerifySpec, predict
+from skippy.stage.final_sampling import Frontier, VerifySpec, predict
 
 P = ParamSpec("P")
 R = TypeVar("R")

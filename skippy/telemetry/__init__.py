@@ -11,7 +11,7 @@
 - `links`: the CURVE link guard's counts (admitted, refused, refused beyond its bound) for an observer's registry.
 
 Each component's observer lives with it and feeds these: skippy.stage.telemetry, skippy.driver.telemetry,
-brokers.telemetry, skippy.http.metrics; the adapter's /dashboard page is skippy.http.dashboard. Nothing
+brokers.telemetry, skippy.adapter.request_metrics; the adapter's /dashboard page is skippy.adapter.dashboard. Nothing
 here imports a component (driver, stage, broker, adapter).
 
 The hot path only ever puts an event on a bounded queue or bumps a prometheus_client counter;

@@ -1,4 +1,4 @@
-"""The broker's prefix affinity (brokers.affinity): which replica holds the longest run of a prompt's leading blocks.
+"""The broker's prefix affinity (brokers.prefix_routing): which replica holds the longest run of a prompt's leading blocks.
 
 Blocks chain (a prompt sharing only a later block matches nothing), a partial block never counts, of replicas holding
 as many blocks the least loaded wins, memory per replica is bounded with the least recently used blocks dropped first,
@@ -7,7 +7,7 @@ and a forgotten replica holds nothing.
 
 from __future__ import annotations
 
-from brokers.affinity import PrefixAffinity, prefix_blocks
+from brokers.prefix_routing import PrefixAffinity, prefix_blocks
 
 BLOCK = 4
 

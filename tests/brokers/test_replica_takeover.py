@@ -1,7 +1,7 @@
 """Two replicas behind one broker: a request whose replica's stage 0 dies moves to the other, with its tokens.
 
 Two real pipelines (stage 0 a process too) behind one broker; the adapter's resubmission
-(skippy.http.resubmit.Resubmitter) over a PipelineClient to the broker, as the adapter runs it. Stage 0 of the
+(skippy.adapter.resume.Resubmitter) over a PipelineClient to the broker, as the adapter runs it. Stage 0 of the
 replica holding a stream is SIGKILLed mid-stream and not restarted: the broker ends its requests with
 pipeline_lost, the resubmission goes to the replica still ready, and every stream completes with the tokens of
 an undisturbed run of the same greedy requests, each token once (the replicas run `deterministic`: bitwise
@@ -15,15 +15,15 @@ from collections.abc import AsyncIterator, Callable
 
 from broker_helpers import WAIT_S, PipelineProcs, run, running_broker
 
+from skippy.adapter.resume import Resubmitter
 from skippy.client import PipelineClient
-from skippy.http.resubmit import Resubmitter
-from skippy.request_events import TokenEvent
+from skippy.request_events import RequestEvent
 
 MAX_TOKENS = 120
 PROMPTS = [[5, 6, 7, 8 + i] for i in range(2)]
 
 
-async def _collect(events: AsyncIterator[TokenEvent], started: asyncio.Event) -> tuple[list[int], TokenEvent]:
+async def _collect(events: AsyncIterator[RequestEvent], started: asyncio.Event) -> tuple[list[int], RequestEvent]:
     tokens: list[int] = []
     async for event in events:
         if event.final:
@@ -36,7 +36,7 @@ async def _collect(events: AsyncIterator[TokenEvent], started: asyncio.Event) ->
 
 
 async def _generate(resubmitter: Resubmitter, prefix: str,
-                    on_started: Callable[[], None] | None = None) -> list[tuple[list[int], TokenEvent]]:
+                    on_started: Callable[[], None] | None = None) -> list[tuple[list[int], RequestEvent]]:
     started = [asyncio.Event() for _ in PROMPTS]
     runs = [asyncio.create_task(_collect(await resubmitter.submit(p, None, MAX_TOKENS, frozenset(), f"{prefix}{i}"), s))
             for i, (p, s) in enumerate(zip(PROMPTS, started))]

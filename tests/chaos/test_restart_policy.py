@@ -10,7 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from skippy.restarts import RestartPolicy, RestartsCollector, StageRestarter, read_restarts
+from skippy.restarts import RestartPolicy, StageRestarter
+from skippy.telemetry.restart_counts import RestartsCollector, read_restarts
 
 
 class FakeStages:

@@ -2,7 +2,7 @@
 reason or an error event, the dead process is restarted, and a new request is served on the same URL.
 
 Nothing is lost when stage 0 or the broker dies: the adapter resubmits each stream's request with the
-tokens it has sent (skippy.http.resubmit) once the pipeline is back, and every stream completes with the
+tokens it has sent (skippy.adapter.resume) once the pipeline is back, and every stream completes with the
 text of an undisturbed run of the same greedy request, each token once. A dead adapter takes its HTTP
 connections with it (they drop; the clients reconnect).
 

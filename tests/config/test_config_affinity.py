@@ -12,7 +12,7 @@ import pytest
 from config_helpers import Serve, ServeError
 
 from skippy.config import StageTopology
-from skippy.config.affinity import format_cpu_list, parse_cpu_list, stage_groups, stages_sharing_cores
+from skippy.config.cpu_sets import format_cpu_list, parse_cpu_list, stage_groups, stages_sharing_cores
 
 CPUS = os.cpu_count() or 1
 

@@ -24,7 +24,7 @@ from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
 from skippy.driver.sequence import Resumed
 from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents, decode
-from skippy.request_events import RequestHandle, TokenEvent
+from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, RouterQueue
 
@@ -51,7 +51,7 @@ class ScriptedStage0:
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
-        self.handles[request_id].put(TokenEvent(finish_reason=FinishReason.CANCELLED))
+        self.handles[request_id].put(RequestEvent(finish_reason=FinishReason.CANCELLED))
 
     def status(self, nonce: int) -> Status:
         return Status(nonce, True, None, len(self.handles), 0, 2, 512)
@@ -129,7 +129,7 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             while final is None:  # events as fast as stage 0 makes them, until its socket toward the client is full
                 assert put < 200 * BURST, "no overflow: the events queue somewhere without bound"
                 for _ in range(BURST):
-                    stuck.put(TokenEvent(token=put % 1000))
+                    stuck.put(RequestEvent(token=put % 1000))
                     put += 1
                 try:
                     final = await asyncio.wait_for(submitter.recv(), 0.2)  # poll interval of a bounded poll
@@ -150,9 +150,9 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "fine"
             got = []
             for token in range(50):  # as a decode step makes them: one, read, the next (a burst may overflow too)
-                stage0.handles["fine"].put(TokenEvent(token=token))
+                stage0.handles["fine"].put(RequestEvent(token=token))
                 got += await _read(reading, 1)
-            stage0.handles["fine"].put(TokenEvent(finish_reason=FinishReason.LENGTH))
+            stage0.handles["fine"].put(RequestEvent(finish_reason=FinishReason.LENGTH))
             copy = await _recv(submitter)
             assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("fine", FinishReason.LENGTH, 50)
             got += await _read_until_final(reading)
@@ -166,8 +166,8 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             await submitter.send(Submit("later", (1, 2), {}, 3, (), stalled_at))
             assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "later"
             for token in (7, 8):  # the socket still holds the stuck request's events: these wait
-                stage0.handles["later"].put(TokenEvent(token=token))
-            stage0.handles["later"].put(TokenEvent(finish_reason=FinishReason.STOP))
+                stage0.handles["later"].put(RequestEvent(token=token))
+            stage0.handles["later"].put(RequestEvent(finish_reason=FinishReason.STOP))
             left = sinks.taken[stalled_at]
             # the stalled client reads again: the left events come first, in order, then the new request's; the
             # episode ends

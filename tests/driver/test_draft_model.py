@@ -23,7 +23,7 @@ from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.slices import ensure_slice
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.tokenizer import Tokenizer
-from skippy.testing.replay import check_against_alone, clear_prefix, greedy_with_margins
+from skippy.testing.reference_runs import check_against_alone, clear_prefix, greedy_with_margins
 from skippy.testing.tiny_models import _vocab
 
 CTX = 128

@@ -11,9 +11,9 @@ import pytest
 
 from skippy.config import PrefillChunkOptions
 from skippy.driver.batches import BatchLauncher, InFlight
-from skippy.driver.calibrate import CALIBRATION_SESSION, calibrate_rows
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import Liveness
+from skippy.driver.verify_costs import CALIBRATION_SESSION, calibrate_rows
 from skippy.log import get_logger
 from skippy.protocol import CacheCaps, ErrorCode, ErrorReport, Predictions, ProtocolError, Ready, StageIdentity
 from skippy.stage.links import DownstreamLink

@@ -17,11 +17,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from skippy.http.adapter import OpenAIAdapter
-from skippy.http.chat_template import ChatTemplate
+from skippy.adapter.chat_template import ChatTemplate
+from skippy.adapter.routes import OpenAIAdapter
 from skippy.http.server import HttpLimits, HttpServer
 from skippy.protocol import Status
-from skippy.request_events import RequestHandle, TokenEvent
+from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 
@@ -57,15 +57,15 @@ class FakeBroker:
         if self.lose_after is not None:
             lose, self.lose_after, self.not_ready = self.lose_after, None, self.not_ready_after_loss
             for token in TOKENS[:lose]:
-                handle.put(TokenEvent(token=token))
-            handle.put(TokenEvent(finish_reason="error", error="stage 0 at ipc://x lost its connection", code="pipeline_lost"))
+                handle.put(RequestEvent(token=token))
+            handle.put(RequestEvent(finish_reason="error", error="stage 0 at ipc://x lost its connection", code="pipeline_lost"))
             return handle
         for token in TOKENS[len(history):max_tokens if self.fail_after is None else self.fail_after]:
-            handle.put(TokenEvent(token=token))
+            handle.put(RequestEvent(token=token))
         if self.fail_after is not None:
-            handle.put(TokenEvent(finish_reason="error", error="stage 1 at ipc://x lost", code="pipeline_failed"))
+            handle.put(RequestEvent(finish_reason="error", error="stage 1 at ipc://x lost", code="pipeline_failed"))
         else:
-            handle.put(TokenEvent(finish_reason="length"))
+            handle.put(RequestEvent(finish_reason="length"))
         return handle
 
     async def cancel(self, request_id: str) -> None:

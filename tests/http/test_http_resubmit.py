@@ -1,4 +1,4 @@
-"""The adapter's resubmission (skippy.http.resubmit) on the real adapter over a fake broker (adapter_helpers):
+"""The adapter's resubmission (skippy.adapter.resume) on the real adapter over a fake broker (adapter_helpers):
 a generation lost after its first tokens (`pipeline_lost`: its stage 0 or the broker died) is resubmitted with
 the tokens already streamed and the client gets every token once, in one stream and one usage count, through
 the official SDK; a request that finds no pipeline ready waits for one instead of a 503; a request lost for good

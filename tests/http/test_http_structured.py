@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from skippy.adapter.chat_messages import parse_messages
+from skippy.adapter.grammar.json_schema import GrammarBuilder, SchemaError
+from skippy.adapter.grammar.schema_pattern import PatternError, safe_pattern
+from skippy.adapter.grammar.tool_output import ToolCallReader, merge_calls
+from skippy.adapter.openai_request import parse_generation
 from skippy.http.errors import HttpError
-from skippy.http.json_schema import GrammarBuilder, SchemaError
-from skippy.http.messages import parse_messages
-from skippy.http.openai_request import parse_generation
-from skippy.http.schema_pattern import PatternError, safe_pattern
-from skippy.http.tool_output import ToolCallReader, merge_calls
-from skippy.runtime.grammar import check_grammar
+from skippy.runtime.grammar_sampler import check_grammar
 from skippy.runtime.tokenizer import Tokenizer
 
 PET = {"type": "object", "required": ["kind", "owner", "tags"], "additionalProperties": False, "properties": {

@@ -103,7 +103,7 @@ def test_bad_json_is_400_envelope(server: SkippyServer) -> None:
     ("seed", "x", "seed"),
     ("logit_bias", {"abc": 1}, "logit_bias"),
     ("top_logprobs", 3, "top_logprobs"),  # without logprobs: true
-    # out of range: refused, never rewritten (ranges: skippy.http.openai_request)
+    # out of range: refused, never rewritten (ranges: skippy.adapter.openai_request)
     *((name, value, name) for name, value in [
         ("top_p", -0.1), ("top_p", 1.5), ("temperature", -1), ("temperature", 2.5), ("temperature", 10**400),
         ("min_p", 1.5), ("top_k", -1), ("top_k", 2**31), ("top_k", 0.5), ("repeat_penalty", 0),

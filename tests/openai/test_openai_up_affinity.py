@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from up_helpers import SkippyServer
 
-from skippy.affinity import allowed_cpus
+from skippy.cpu_pinning import allowed_cpus
 from skippy.launcher import read_events
 from skippy.openmp import stage_env
 
@@ -71,7 +71,7 @@ def test_unpinned_stages_keep_every_cpu(server: SkippyServer) -> None:
 def test_pin_process_moves_existing_threads_and_the_default_thread_count() -> None:
     """In a child: numpy's pool threads exist before pin_process; all end up pinned, default_threads() == 1."""
     cpu = max(os.sched_getaffinity(0))
-    code = ("import os, threading, numpy; from skippy.affinity import pin_process, allowed_cpus;"
+    code = ("import os, threading, numpy; from skippy.cpu_pinning import pin_process, allowed_cpus;"
             "from skippy.runtime.llama_api import default_threads;"
             "t = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True); t.start();"
             f"print(pin_process([{cpu}]), default_threads(),"

@@ -24,13 +24,13 @@ from skippy.driver.liveness import DEAD_AFTER_S
 from skippy.driver.speculative.engine import Speculation
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging
-from skippy.request_events import TokenEvent
+from skippy.request_events import RequestEvent
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
-from skippy.testing.replay import OpLog
+from skippy.testing.reference_runs import OpLog
 
 N_THREADS = 1
 TEST_TIMEOUT_S = 120.0  # whole-test bound: a hang fails instead of stalling the run
@@ -153,7 +153,7 @@ async def generate_then_release(driver: Driver, speculation: Speculation, prompt
 class Result:
     session_id: int
     tokens: list[int]
-    final: TokenEvent
+    final: RequestEvent
 
 
 async def generate_each(driver: Driver, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ import pytest
 from pipeline_helpers import Pipeline, Result, generate_concurrently, random_prompt, run, running_driver
 
 from skippy.runtime.tokenizer import Tokenizer
-from skippy.testing.replay import check_against_alone, clear_prefix, greedy_with_margins, replay_op_log
+from skippy.testing.reference_runs import check_against_alone, clear_prefix, greedy_with_margins, replay_op_log
 
 LANES = 8
 MIN_MARGIN = 0.5

@@ -26,7 +26,7 @@ from pipeline_helpers import (
     session_of,
 )
 
-from skippy.testing.replay import replay_op_log
+from skippy.testing.reference_runs import replay_op_log
 
 LIMIT = 2
 FLAGS = ("--max-inflight", str(LIMIT))

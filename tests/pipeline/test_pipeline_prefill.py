@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline_helpers import Pipeline, random_prompt, reference_generate, run, running_driver
 
 from skippy.protocol import Predictions
-from skippy.testing.replay import replay_op_log
+from skippy.testing.reference_runs import replay_op_log
 
 PROMPT_TOKENS = 112
 CHUNK = 16  # 7 chunks

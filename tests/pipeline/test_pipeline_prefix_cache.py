@@ -24,9 +24,9 @@ from pipeline_helpers import REQUEST_TIMEOUT_S, Pipeline, random_prompt, run, ru
 
 from skippy.driver.driver import Driver
 from skippy.protocol.stats import PrefixStats
-from skippy.request_events import TokenEvent
+from skippy.request_events import RequestEvent
 from skippy.runtime.chain import LocalChain
-from skippy.testing.replay import check_against_alone, greedy_with_margins, replay_op_log
+from skippy.testing.reference_runs import check_against_alone, greedy_with_margins, replay_op_log
 
 KV: dict[str, Any] = {"mode": "lookup-record", "min_tokens": 16, "shared_prefix_stride_tokens": 32,
                       "shared_prefix_record_limit": 1}
@@ -157,7 +157,7 @@ def test_a_miss_at_one_stage_falls_back_to_a_full_prefill(
         pipe.stages.start_stage(index)
     first = random_prompt(50, 30, 400)
 
-    async def body() -> tuple[list[int], list[int], TokenEvent, dict[str, Any]]:
+    async def body() -> tuple[list[int], list[int], RequestEvent, dict[str, Any]]:
         async with running_driver(pipe) as driver:
             _, reply, _ = await ask(driver, first)
             if missing == 0:

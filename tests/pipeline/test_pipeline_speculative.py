@@ -34,7 +34,7 @@ from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import WindowStats
 from skippy.protocol import Predictions
 from skippy.runtime.sampling import SamplingParams
-from skippy.testing.replay import replay_op_log
+from skippy.testing.reference_runs import replay_op_log
 
 MAX_TOKENS = 24
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from runtime_helpers import prompt_tokens, window
 
-from skippy.http.json_schema import GrammarBuilder
+from skippy.adapter.grammar.json_schema import GrammarBuilder
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import RuntimeUsageError
-from skippy.runtime.grammar import Candidates, GrammarSampler
+from skippy.runtime.grammar_sampler import Candidates, GrammarSampler
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.tokenizer import Tokenizer
 from skippy.runtime.windows import DecodeResult
-from skippy.stage.predict import VerifySpec, predict
+from skippy.stage.final_sampling import VerifySpec, predict
 from skippy.testing.tiny_models import EOS_ID
 
 PROMPT = prompt_tokens(16, seed=41)

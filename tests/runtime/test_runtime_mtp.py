@@ -18,7 +18,7 @@ from runtime_helpers import prompt_tokens, tiny_spec
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.errors import ModelError
 from skippy.runtime.stage_runtime import StageRuntime
-from skippy.testing.replay import mtp_greedy
+from skippy.testing.reference_runs import mtp_greedy
 
 PROMPT = prompt_tokens(40, seed=3)
 STEPS = 24

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from skippy.runtime.errors import RuntimeUsageError
-from skippy.runtime.grammar import Candidates
+from skippy.runtime.grammar_sampler import Candidates
 from skippy.runtime.sampling import SamplerChain, SamplingParams
 
 N_VOCAB = 64

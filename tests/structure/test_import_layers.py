@@ -20,14 +20,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("skippy.plan",),  # the cost model and the split planner (`skippy plan`, `skippy up` without --split)
     ("skippy.testing",),  # generated tiny models, op-log replay, browser helpers (tests and benches)
     ("skippy.launcher", "skippy.restarts"),  # child processes of `skippy up`
-    ("skippy.http", "brokers"),  # the adapter and the admission broker
+    ("skippy.adapter", "brokers"),  # the OpenAI/Anthropic adapter process and the admission broker process
     ("skippy.driver",),  # stage 0
     ("skippy.client", "skippy.request_events"),  # the request protocol's client and what a request gives back
     ("skippy.stage",),  # a stage process
     ("skippy.runtime",),  # llama.cpp
     ("skippy.telemetry",),  # shared metric types, spans, the process's telemetry
     ("skippy.transport",),  # ZeroMQ sockets and their CURVE keys
-    ("skippy.affinity", "skippy.netns"),  # small utilities that read configs or run commands
+    ("skippy.http",),  # the small HTTP/1.1 server library under the adapter (h11)
+    ("skippy.cpu_pinning", "skippy.netns"),  # small utilities that read configs or run commands
     ("skippy.config",),
     ("skippy.protocol",),  # the wire
     ("skippy.supervise", "skippy.faults", "skippy.log"),  # small utilities
@@ -144,4 +145,5 @@ def test_the_walk_sees_type_checking_and_function_local_imports(tmp_path: Path) 
         path.write_text(text)
         mods[f"pkg.{name}"] = path
     assert cycles(imports(mods)) == [["pkg.a", "pkg.b"]]
-    assert layer_of("skippy.cli.up") < layer_of("skippy.http.server") < layer_of("skippy.protocol.codec")
+    assert layer_of("skippy.cli.up") < layer_of("skippy.adapter.routes") < layer_of("skippy.http.server")
+    assert layer_of("skippy.http.server") < layer_of("skippy.protocol.codec")

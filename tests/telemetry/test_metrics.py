@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from skippy.adapter.request_metrics import Metrics
 from skippy.config import TelemetryLevel
-from skippy.http.metrics import Metrics
 from skippy.protocol.stats import RequestStats, SpeculativeStats
 from skippy.telemetry.metrics import StageMetrics
 from skippy.telemetry.options import TelemetryOptions

@@ -1,5 +1,5 @@
 """Speculative decoding at stage 0: proposers draft tokens per session, a window policy sizes each verify
-window, and the final stage verifies the window row by row (see skippy.stage.predict).
+window, and the final stage verifies the window row by row (see skippy.stage.final_sampling).
 
 Interfaces every piece implements:
 - `Proposer`: one session's draft source. `extend(tokens)` appends committed tokens to its history

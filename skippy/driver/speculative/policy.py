@@ -5,9 +5,9 @@ Inputs, all measured:
 - alpha_i, the acceptance of draft i given drafts 0..i-1 were accepted (WindowStats.position_alpha: decayed
   per-position counts, shrunk towards the session's overall alpha where a position has little evidence);
 - n, the sessions decoding (the live load), split by the driver over m micro-batches in flight (one per group of
-  stages that share no core: skippy.config.affinity.stage_groups), b = ceil(n / m) to a micro-batch; each
+  stages that share no core: skippy.config.cpu_sets.stage_groups), b = ceil(n / m) to a micro-batch; each
   brings k + 1 rows, so a micro-batch holds b(k + 1) rows;
-- C(rows), ms of one decode of that many rows through the pipeline (skippy.driver.calibrate at startup, then
+- C(rows), ms of one decode of that many rows through the pipeline (skippy.driver.verify_costs at startup, then
   following the served decode batches: CostModelWindow.observe), and the wire's hops x hop_ms (measured live);
 - s, the share of a session's chained-window rows that came back stale.
 

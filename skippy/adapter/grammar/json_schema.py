@@ -18,7 +18,7 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
-from skippy.http.schema_pattern import SUPPORTED, PatternError, safe_pattern
+from skippy.adapter.grammar.schema_pattern import SUPPORTED, PatternError, safe_pattern
 
 ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions"})

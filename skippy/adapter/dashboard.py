@@ -1,6 +1,6 @@
 """`GET /dashboard`, a page of the adapter: a live view of the whole pipeline, and the JSON it polls.
 
-The page is static HTML + JS + CSS shipped in this package (skippy/http/static; no CDN, no build
+The page is static HTML + JS + CSS shipped in this package (skippy/adapter/static; no CDN, no build
 step). It polls `GET /dashboard/data` (every second, `?interval=MS` to change) and computes rates
 between two polls: each stage's utilisation (compute seconds per second), tokens per second,
 TTFT and TPOT of the requests that finished in between, the speculative accept rate; plus
@@ -9,7 +9,7 @@ in the run's metrics-targets.json (skippy.telemetry.targets), with the API key a
 when there is one (every process of a run guards its /metrics with the same key), and adds the
 adapter's own numbers; reading and summarising the samples is skippy.telemetry.scrape's (shared
 with the benchmarks). Its routes (`routes`) are added by the adapter's router, behind the same key,
-CORS and counting as every other route (skippy.http.adapter, skippy.http.auth).
+CORS and counting as every other route (skippy.adapter.routes, skippy.http.auth).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _STATIC = {"/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
 
 
 def _static(name: str) -> bytes:
-    return resources.files("skippy.http").joinpath("static", name).read_bytes()
+    return resources.files("skippy.adapter").joinpath("static", name).read_bytes()
 
 
 class Dashboard:

@@ -1,6 +1,6 @@
 """What the Responses and Anthropic Messages translations share: a request of either API becomes the
 /v1/chat/completions body it means (`Translated`), which runs through the chat route's own parsing and
-pipeline (skippy.http.openai_request, skippy.http.generation): chat template, tool prompt and call
+pipeline (skippy.adapter.openai_request, skippy.adapter.completions): chat template, tool prompt and call
 grammar, response format, sampling checks, stops, admission, usage. An error the chat parsing raises
 names the chat field (`tools[0].function.parameters...`, `max_tokens`); `renames` maps it back to the
 API's own (`tools[2].parameters...`, `max_output_tokens`), message text included.
@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from skippy.adapter.completions import Generation, Piece, Run
+from skippy.adapter.openai_request import GenerationRequest
 from skippy.http.errors import HttpError, invalid
-from skippy.http.generation import Generation, Piece, Run
-from skippy.http.openai_request import GenerationRequest
 from skippy.http.routing import Handler, Response, StreamResponse, json_response
 from skippy.http.sse import with_pings
 from skippy.log import get_logger

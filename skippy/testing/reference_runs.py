@@ -23,7 +23,7 @@ from skippy.protocol import KeptPrefix
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.sampling import SamplingParams
 from skippy.runtime.windows import DecodeResult, SessionWindow
-from skippy.stage.predict import Frontier, VerifySpec, predict
+from skippy.stage.final_sampling import Frontier, VerifySpec, predict
 
 
 class OpLog(list[tuple[str, Any]]):

@@ -14,7 +14,7 @@ and logged (`request_resubmitted`, with the tokens it carried and the pause).
 A new request that finds no pipeline ready waits the same way (`wait_ready`, bounded by the same deadline)
 before it is refused with 503, so requests sent during a restart are served once it is over.
 
-The handle it returns is the one the generation routes iterate (skippy.http.generation); `cancel` takes
+The handle it returns is the one the generation routes iterate (skippy.adapter.completions); `cancel` takes
 the request id they know and cancels whichever submission is current.
 """
 
@@ -29,14 +29,14 @@ from typing import Any, Protocol
 from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.log import get_logger
 from skippy.protocol import ErrorCode, FinishReason, Status
-from skippy.request_events import PipelineUnavailable, TokenEvent
+from skippy.request_events import PipelineUnavailable, RequestEvent
 from skippy.runtime.sampling import SamplingParams
 
 READY_POLL_S = 0.2  # while a lost request waits for a pipeline, the broker's status is asked this often
 
 
 class EventSource(Protocol):
-    def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
+    def __aiter__(self) -> AsyncIterator[RequestEvent]: ...
 
 
 class Submitter(Protocol):
@@ -79,7 +79,7 @@ class Resubmitter:
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str = "", *,
-                     progress: bool = False) -> AsyncIterator[TokenEvent]:
+                     progress: bool = False) -> AsyncIterator[RequestEvent]:
         req = _Request(list(prompt), sampling, max_tokens, stop_tokens, request_id, request_id, progress=progress)
         handle = await self.client.submit(req.prompt, sampling, max_tokens, stop_tokens, request_id=request_id,
                                           progress=progress)
@@ -92,7 +92,7 @@ class Resubmitter:
             req.cancelled = True
         await self.client.cancel(req.current if req is not None else request_id)
 
-    async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[TokenEvent]:
+    async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[RequestEvent]:
         try:
             while True:
                 final = None
@@ -110,14 +110,14 @@ class Resubmitter:
                     yield final
                     return
                 resumed = await self._resubmit(req, final)
-                if isinstance(resumed, TokenEvent):
+                if isinstance(resumed, RequestEvent):
                     yield resumed
                     return
                 handle = resumed
         finally:
             self.active.pop(req.request_id, None)
 
-    async def _resubmit(self, req: _Request, lost: TokenEvent) -> EventSource | TokenEvent:
+    async def _resubmit(self, req: _Request, lost: RequestEvent) -> EventSource | RequestEvent:
         """Wait for a ready pipeline and submit `req` again with what its client has; the final error when it
         cannot be within the deadline (or it was cancelled meanwhile)."""
         since = time.monotonic()
@@ -140,9 +140,9 @@ class Resubmitter:
                               cause=lost.error)
                 return handle
         if req.cancelled:
-            return TokenEvent(finish_reason=FinishReason.CANCELLED)
+            return RequestEvent(finish_reason=FinishReason.CANCELLED)
         error = f"{lost.error}; no pipeline took it back within {self.resume_timeout_s:g} s"
-        return TokenEvent(finish_reason=FinishReason.ERROR, error=error, code=ErrorCode.PIPELINE_FAILED)
+        return RequestEvent(finish_reason=FinishReason.ERROR, error=error, code=ErrorCode.PIPELINE_FAILED)
 
     async def wait_ready(self) -> Status | None:
         """A new request that finds no pipeline ready (a process of it is restarting) waits for one rather than

@@ -4,13 +4,13 @@
   chat template, the tools' system prompt included), as llama-server answers.
 - `POST /v1/chat/completions/input_tokens`: a chat request's body -> `{"input_tokens": n}`, its token count
   as templated (what `usage.prompt_tokens` would say).
-- `POST /tokenize`: llama-server's form `{"content", ...}` (skippy.http.tokenize), or vLLM's: `{"prompt",
+- `POST /tokenize`: llama-server's form `{"content", ...}` (skippy.adapter.tokenize), or vLLM's: `{"prompt",
   "add_special_tokens": true}` or `{"messages", "add_generation_prompt": true, "add_special_tokens": true,
   "tools"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`. (vLLM's messages form defaults
   `add_special_tokens` to false; here it is true, so the count is the chat request's `prompt_tokens`: llama.cpp's
   templates leave BOS to the tokenizer.) Every form takes `model`, which must
   be the served one (else 404, as the generation routes answer).
-These read the request with the generation routes' own parser (skippy.http.generation.Generation.parse),
+These read the request with the generation routes' own parser (skippy.adapter.completions.Generation.parse),
 so a body they accept is one /v1/chat/completions accepts, and their counts are its counts.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from skippy.adapter.completions import Generation
+from skippy.adapter.tokenize import TOKENIZE_KEYS, piece_text, switch, tokenize_content
 from skippy.http.errors import HttpError, invalid
-from skippy.http.generation import Generation
 from skippy.http.routing import Request, Response, json_response
-from skippy.http.tokenize import TOKENIZE_KEYS, piece_text, switch, tokenize_content
 from skippy.protocol import Status
 from skippy.request_events import PipelineUnavailable
 

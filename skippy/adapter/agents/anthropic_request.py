@@ -1,4 +1,4 @@
-"""An Anthropic Messages request (`POST /v1/messages`) -> the chat completions body it means (skippy.http.translation).
+"""An Anthropic Messages request (`POST /v1/messages`) -> the chat completions body it means (skippy.adapter.agents.translation).
 
 - `system`: a string or text blocks (`cache_control` and other block fields accepted and ignored).
 - `messages`: roles user and assistant; content a string or blocks: `text`; a user's `tool_result`
@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from skippy.adapter.agents.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
+from skippy.adapter.chat_messages import MEDIA_PARTS, text_parts
 from skippy.http.errors import invalid
-from skippy.http.messages import MEDIA_PARTS, text_parts
-from skippy.http.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
 
 PASSED = ("model", "stream", "top_p", "top_k")
 MEANINGLESS = ("metadata", "thinking", "service_tier", "cache_control", "inference_geo", "speed", "diagnostics",

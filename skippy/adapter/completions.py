@@ -3,13 +3,13 @@ broker -> text, stream chunks, tool calls and usage back.
 
 It applies the chat template, tokenizes, checks the sampling grammar against the vocabulary,
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
-reads tool calls out of the text (skippy.http.tool_output) and maps broker errors to HTTP by
+reads tool calls out of the text (skippy.adapter.grammar.tool_output) and maps broker errors to HTTP by
 `skippy.protocol.kinds.http_status` (a 429 with Retry-After).
 A client that disconnects has its generation cancelled at once, which frees its lane. No response
 ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
 stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
 a response not streamed is a 502/503 with the error envelope. A request lost with its stage 0 or the
-broker is resubmitted with the tokens it has (skippy.http.resubmit), and one that finds no pipeline ready
+broker is resubmitted with the tokens it has (skippy.adapter.resume), and one that finds no pipeline ready
 waits for one within the same deadline.
 A stream whose first token has not come within the SSE ping interval (a long prompt prefilling, or
 waiting for a lane) starts anyway and carries `: ping` comments while silent (skippy.http.sse.with_pings);
@@ -30,33 +30,33 @@ from typing import Any
 
 import msgspec
 
+from skippy.adapter.chat_template import ChatTemplate
+from skippy.adapter.grammar.tool_output import CallDelta, ToolCallReader, merge_calls
+from skippy.adapter.infill import FimTokens, fim_prompt, infill_completion
+from skippy.adapter.openai_request import GenerationRequest, parse_generation
+from skippy.adapter.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
+from skippy.adapter.request_metrics import Metrics
+from skippy.adapter.resume import Resubmitter
+from skippy.adapter.sampling_defaults import SamplingDefaults
+from skippy.adapter.stops import StopMatcher
+from skippy.adapter.tokenize import check_tokens
 from skippy.config import prompt_length_error
-from skippy.http.chat_template import ChatTemplate
 from skippy.http.errors import HttpError, invalid
-from skippy.http.infill import FimTokens, fim_prompt, infill_completion
-from skippy.http.metrics import Metrics
-from skippy.http.openai_request import GenerationRequest, parse_generation
-from skippy.http.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
-from skippy.http.resubmit import Resubmitter
 from skippy.http.routing import Request, Response, StreamResponse, json_response
-from skippy.http.sampling_defaults import SamplingDefaults
 from skippy.http.sse import DEFAULT_PING_INTERVAL_S, SSE_DONE, sse_event, with_pings
-from skippy.http.stops import StopMatcher
-from skippy.http.tokenize import check_tokens
-from skippy.http.tool_output import CallDelta, ToolCallReader, merge_calls
 from skippy.log import get_logger
 from skippy.protocol import PromptProgress, Status
 from skippy.protocol.kinds import http_status
 from skippy.protocol.stats import RequestStats
-from skippy.request_events import PipelineUnavailable, TokenEvent
+from skippy.request_events import PipelineUnavailable, RequestEvent
 from skippy.runtime.errors import RuntimeUsageError
-from skippy.runtime.grammar import check_grammar
+from skippy.runtime.grammar_sampler import check_grammar
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 TYPE_BY_STATUS = {429: "rate_limit_error", 503: "service_unavailable", 502: "server_error", 400: "invalid_request_error"}
 
 
-def event_error(event: TokenEvent) -> HttpError:
+def event_error(event: RequestEvent) -> HttpError:
     code = event.code or "pipeline_failed"
     status = http_status(code)
     headers = [("retry-after", "1")] if status == 429 else []
@@ -145,7 +145,7 @@ class Generation:
         return await self.serve(request.json(), kind, request.request_id)
 
     async def infill(self, request: Request) -> Response | StreamResponse:
-        """POST /infill (skippy.http.infill): a completion of the FIM prompt, in llama-server's native shape."""
+        """POST /infill (skippy.adapter.infill): a completion of the FIM prompt, in llama-server's native shape."""
         body = infill_completion(request.json(), self.tokenizer, self.fim, self.model_id)
         return await self.serve(body, "completion", request.request_id, shape_kind="infill")
 
@@ -184,7 +184,7 @@ class Generation:
         started = time.perf_counter()
         events = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, rid,
                                           progress=req.progress and req.stream)
-        first: asyncio.Future[TokenEvent] = asyncio.ensure_future(events.__anext__())
+        first: asyncio.Future[RequestEvent] = asyncio.ensure_future(events.__anext__())
         try:  # a stream starts (and pings) once the interval passes without a first event
             await asyncio.wait({first}, timeout=self.ping_interval_s if req.stream else None)
         except BaseException:
@@ -204,11 +204,11 @@ class Generation:
                       grammar=req.sampling.grammar is not None)
         return Run(rid, len(ids), pieces)
 
-    async def _pieces(self, rid: str, first: asyncio.Future[TokenEvent], events: AsyncIterator[TokenEvent],
+    async def _pieces(self, rid: str, first: asyncio.Future[RequestEvent], events: AsyncIterator[RequestEvent],
                       req: GenerationRequest) -> AsyncIterator[Piece]:
         """Text deltas (stop strings held back and enforced) ending with one that has finish_reason."""
         decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
-        event: TokenEvent | None = None
+        event: RequestEvent | None = None
         finished = False
         try:
             event = await first

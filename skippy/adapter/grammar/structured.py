@@ -5,17 +5,17 @@ extension `{"type": "json_object", "schema": {...}}` takes a schema too). `{"typ
 "json_schema": {"name", "description", "schema", "strict"}}`: that schema; `strict` true or false, the
 schema is always enforced. The output then parses and validates whenever it ends with finish_reason
 `stop`; `max_tokens` can still cut it (`length`). A schema the grammar cannot enforce exactly is a
-400 naming the part (skippy.http.json_schema).
+400 naming the part (skippy.adapter.grammar.json_schema).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from skippy.adapter.grammar.json_schema import GrammarBuilder, SchemaError
+from skippy.adapter.grammar.tools import FREE_TEXT, ToolPlan, add_call_rules
 from skippy.http.errors import invalid
-from skippy.http.json_schema import GrammarBuilder, SchemaError
-from skippy.http.tools import FREE_TEXT, ToolPlan, add_call_rules
-from skippy.runtime.grammar import MAX_GRAMMAR_BYTES
+from skippy.runtime.grammar_sampler import MAX_GRAMMAR_BYTES
 
 _FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
 _JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}

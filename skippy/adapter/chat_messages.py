@@ -2,7 +2,7 @@
 
 Roles system, developer, user, assistant and tool. Content is a string, null, or a list of text parts;
 image, audio and file parts are refused (this server has no multimodal projector). An assistant turn's
-`tool_calls` are rendered in the call format of skippy.http.tools, and `tool` results (consecutive ones
+`tool_calls` are rendered in the call format of skippy.adapter.grammar.tools, and `tool` results (consecutive ones
 merged) go back as one user turn of `<tool_response>` blocks, so any chat template can carry them.
 A message's `name` is accepted and not rendered (llama.cpp's templates have no place for it).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from skippy.http.chat_template import ChatMessage
+from skippy.adapter.chat_template import ChatMessage
+from skippy.adapter.grammar.tools import CLOSE, OPEN
 from skippy.http.errors import invalid
 from skippy.http.json_body import JsonBodyError, loads
-from skippy.http.tools import CLOSE, OPEN
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 KEYS = {"system": {"content", "name"}, "developer": {"content", "name"}, "user": {"content", "name"},

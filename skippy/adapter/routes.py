@@ -1,9 +1,9 @@
 """The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /detokenize.
 
-The generation routes are skippy.http.generation, the OpenAI Responses API skippy.http.responses_api and
-the Anthropic Messages API skippy.http.anthropic_api (both translated onto the chat route); /tokenize,
-/apply-template and the chat input-token count are skippy.http.prompt_routes; /props and /slots
-skippy.http.pipeline_info; the live pipeline page /dashboard is skippy.http.dashboard. `router` is the one
+The generation routes are skippy.adapter.completions, the OpenAI Responses API skippy.adapter.agents.responses_api and
+the Anthropic Messages API skippy.adapter.agents.anthropic_api (both translated onto the chat route); /tokenize,
+/apply-template and the chat input-token count are skippy.adapter.prompt_routes; /props and /slots
+skippy.adapter.pipeline_info; the live pipeline page /dashboard is skippy.adapter.dashboard. `router` is the one
 route table of the adapter (what `skippy adapter` serves):
 every route, the dashboard's included, is counted, answers CORS preflights and carries CORS headers
 for the allowed origins (skippy.http.cors), and with an API key wants it as a Bearer token, all but
@@ -17,23 +17,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from skippy.adapter.agents.anthropic_api import MessagesApi, anthropic_envelope
+from skippy.adapter.agents.responses_api import ResponsesApi
+from skippy.adapter.chat_template import ChatTemplate
+from skippy.adapter.completions import Generation
+from skippy.adapter.dashboard import Dashboard
+from skippy.adapter.pipeline_info import PipelineInfo, StageRange
+from skippy.adapter.prompt_routes import PromptRoutes
+from skippy.adapter.request_metrics import Metrics
+from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
+from skippy.adapter.sampling_defaults import model_sampling_defaults
+from skippy.adapter.tokenize import detokenize
 from skippy.client import PipelineClient
-from skippy.http.anthropic_api import MessagesApi, anthropic_envelope
 from skippy.http.auth import ApiKey
-from skippy.http.chat_template import ChatTemplate
 from skippy.http.cors import CorsPolicy
-from skippy.http.dashboard import Dashboard
 from skippy.http.errors import HttpError
-from skippy.http.generation import Generation
-from skippy.http.metrics import Metrics
-from skippy.http.pipeline_info import PipelineInfo, StageRange
-from skippy.http.prompt_routes import PromptRoutes
-from skippy.http.responses_api import ResponsesApi
-from skippy.http.resubmit import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
-from skippy.http.sampling_defaults import model_sampling_defaults
 from skippy.http.server import Request, Response, Router, StreamResponse, json_response
 from skippy.http.sse import DEFAULT_PING_INTERVAL_S
-from skippy.http.tokenize import detokenize
 from skippy.log import get_logger
 from skippy.protocol import Status
 from skippy.request_events import PipelineUnavailable
@@ -48,9 +48,9 @@ class OpenAIAdapter:
                  resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
         `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none);
-        `model_card`: the served model's recommended sampling (skippy.http.sampling_defaults);
+        `model_card`: the served model's recommended sampling (skippy.adapter.sampling_defaults);
         `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to be resubmitted
-        (skippy.http.resubmit)."""
+        (skippy.adapter.resume)."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template

@@ -1,7 +1,7 @@
 """`GET /props` and `GET /slots`: what is served, in llama-server's shapes, plus the pipeline's own view.
 
 /props: `default_generation_settings` (`n_ctx` per lane and `params`: the sampling a request gets for
-the fields it does not set, skippy.http.sampling_defaults, with `max_tokens`), `total_slots` (the
+the fields it does not set, skippy.adapter.sampling_defaults, with `max_tokens`), `total_slots` (the
 generations run at once: the broker's concurrency, by default the stages' lanes),
 `model_alias`, `model_path`, `chat_template` (and where it came from), `bos_token`, `eos_token`,
 `infill` (whether the model has fill-in-the-middle tokens), `stages` (the layer ranges). /slots: one
@@ -20,9 +20,9 @@ from typing import Any
 
 import llama_cpp as L
 
+from skippy.adapter.completions import Generation
 from skippy.config import StageTopology
 from skippy.http.errors import HttpError
-from skippy.http.generation import Generation
 from skippy.http.routing import Request, Response, json_response
 from skippy.protocol import Status
 from skippy.request_events import PipelineUnavailable

@@ -2,7 +2,7 @@
 
 Requests by route and status, error codes, prompt and completion tokens, time to first token and
 time per output token histograms, speculative counts summed over requests (also under llama-server's
-`spec_decode_*` names: skippy.http.spec_metrics), and the pipeline as the
+`spec_decode_*` names: skippy.adapter.spec_metrics), and the pipeline as the
 broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
 generation is tracked from its first token to its end (`generation_started` / `token` /
 `generation_done`), which also emits its summary span `stage.openai_request_summary`.
@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from skippy.http.prefix_metrics import PrefixCacheMetrics
-from skippy.http.spec_metrics import SpecDecodeMetrics
+from skippy.adapter.prefix_metrics import PrefixCacheMetrics
+from skippy.adapter.spec_metrics import SpecDecodeMetrics
 from skippy.protocol import Status
 from skippy.protocol.stats import SPECULATIVE_COUNTS, RequestStats
-from skippy.request_events import TokenEvent
+from skippy.request_events import RequestEvent
 from skippy.telemetry.process import Telemetry, current, wall_time
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -73,7 +73,7 @@ class Metrics:
                                     " head or body not whole in time, or idle between requests", ["reason"],
                                     registry=registry)
         self.resubmitted = Counter("skippy_http_resubmitted", "generations resubmitted with their tokens after their"
-                                   " stage 0 or the broker died (skippy.http.resubmit)", registry=registry)
+                                   " stage 0 or the broker died (skippy.adapter.resume)", registry=registry)
         self.open_connections = Gauge("skippy_http_connections_open", "HTTP connections being served", registry=registry)
         for reason in REFUSALS:
             self.refused.labels(reason)
@@ -144,7 +144,7 @@ class Metrics:
             gen.tokens += 1
             gen.last = time.perf_counter()
 
-    def generation_done(self, rid: str, last: TokenEvent | None, stopped: bool) -> None:
+    def generation_done(self, rid: str, last: RequestEvent | None, stopped: bool) -> None:
         """Generation `rid` ended (`last`: its last event; `stopped`: a stop string ended it)."""
         gen = self._live.pop(rid, None)
         if gen is None:

@@ -1,4 +1,4 @@
-"""An OpenAI Responses request (`POST /v1/responses`) -> the chat completions body it means (skippy.http.translation).
+"""An OpenAI Responses request (`POST /v1/responses`) -> the chat completions body it means (skippy.adapter.agents.translation).
 
 Stateless: nothing is stored, so `store` is accepted and ignored (true or false: there is no retrieval
 route), and `previous_response_id`, `conversation` and `item_reference` items are a 400 naming them
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from skippy.adapter.agents.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
+from skippy.adapter.chat_messages import text_parts
 from skippy.http.errors import invalid
 from skippy.http.json_body import JsonBodyError, loads
-from skippy.http.messages import text_parts
-from skippy.http.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
 
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "service_tier")
 MEANINGLESS = ("reasoning", "include", "metadata", "prompt_cache_key", "prompt_cache_retention", "user",

@@ -1,5 +1,5 @@
 """The OpenAI Responses API: `POST /v1/responses` and `POST /v1/responses/input_tokens`, over the chat route's
-pipeline (the request is translated by skippy.http.responses_request; errors in OpenAI's envelope).
+pipeline (the request is translated by skippy.adapter.agents.responses_request; errors in OpenAI's envelope).
 
 A response is built from the stream's own events, so streamed and whole responses agree: the stream
 is `response.created`, `response.in_progress`, then per output item `response.output_item.added`,
@@ -18,14 +18,14 @@ import time
 import uuid
 from typing import Any
 
+from skippy.adapter.agents.responses_request import echo_fields, translate_responses
+from skippy.adapter.agents.translation import Route, count_translated, respond, start_translated
+from skippy.adapter.completions import Generation, Piece
+from skippy.adapter.grammar.tool_output import CallDelta
+from skippy.adapter.openai_response import usage as chat_usage
 from skippy.http.errors import HttpError
-from skippy.http.generation import Generation, Piece
-from skippy.http.openai_response import usage as chat_usage
-from skippy.http.responses_request import echo_fields, translate_responses
 from skippy.http.routing import Request, Response, StreamResponse, json_response
 from skippy.http.sse import sse_event
-from skippy.http.tool_output import CallDelta
-from skippy.http.translation import Route, count_translated, respond, start_translated
 from skippy.protocol.stats import RequestStats
 
 

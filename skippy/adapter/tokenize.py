@@ -4,7 +4,7 @@
 `{"tokens": [ids]}`, or with pieces `{"tokens": [{"id": 1, "piece": "text"}]}` (a piece that is not
 valid UTF-8 is a list of its bytes). /detokenize: `{"tokens": [ids]}` -> `{"content": str}` (special
 tokens rendered as their text, as llama-server does). Ids outside the vocabulary are a 400.
-/tokenize's route (with `model` and vLLM's forms) is skippy.http.prompt_routes; `tokenize_content` is its
+/tokenize's route (with `model` and vLLM's forms) is skippy.adapter.prompt_routes; `tokenize_content` is its
 llama-server form.
 """
 

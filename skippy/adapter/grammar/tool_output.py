@@ -1,4 +1,4 @@
-"""Generated text in the call format of skippy.http.tools -> content text and OpenAI tool-call deltas.
+"""Generated text in the call format of skippy.adapter.grammar.tools -> content text and OpenAI tool-call deltas.
 
 Works as the text arrives, so a stream sends the call the way OpenAI streams one: a first delta with
 the call's id, type and function name (arguments ""), then argument fragments. The arguments are the

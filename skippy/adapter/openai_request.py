@@ -1,11 +1,11 @@
 """OpenAI request bodies -> a validated GenerationRequest (400s name the offending field).
 
-Which fields are honoured, accepted as meaningless or refused is skippy.http.request_fields (and the
-README's table); messages are skippy.http.messages; `response_format` and tools become the sampling
-grammar in skippy.http.structured. A grammar excludes `stop` strings (one could cut the structured
+Which fields are honoured, accepted as meaningless or refused is skippy.adapter.request_fields (and the
+README's table); messages are skippy.adapter.chat_messages; `response_format` and tools become the sampling
+grammar in skippy.adapter.grammar.structured. A grammar excludes `stop` strings (one could cut the structured
 output short while reporting `stop`) and `ignore_eos` (a finished grammar allows only end-of-generation).
 
-A sampling field the request does not set gets the model's default (skippy.http.sampling_defaults: the
+A sampling field the request does not set gets the model's default (skippy.adapter.sampling_defaults: the
 GGUF's `general.sampling.*`, else llama-server's), field by field.
 Sampling values outside their range are a 400 naming the field, never rewritten: `temperature` in
 [0, 2], `top_p` in [0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2] (OpenAI's ranges);
@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippy.http.chat_template import ChatMessage
+from skippy.adapter.chat_messages import parse_messages, with_system
+from skippy.adapter.chat_template import ChatMessage
+from skippy.adapter.grammar.structured import build_grammar, response_schema
+from skippy.adapter.grammar.tools import ToolPlan, parse_tools, tools_prompt
+from skippy.adapter.request_fields import audit_fields
+from skippy.adapter.sampling_defaults import LLAMA_CPP_SAMPLING, SamplingDefaults
 from skippy.http.errors import HttpError, invalid
-from skippy.http.messages import parse_messages, with_system
-from skippy.http.request_fields import audit_fields
-from skippy.http.sampling_defaults import LLAMA_CPP_SAMPLING, SamplingDefaults
-from skippy.http.structured import build_grammar, response_schema
-from skippy.http.tools import ToolPlan, parse_tools, tools_prompt
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
 
 

@@ -3,7 +3,7 @@
 The call format is the Hermes / Qwen 2.5 one, whatever the model's own chat template: the tools are
 listed in the system message inside `<tools></tools>`, a call is
 `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, and a tool's result goes back to
-the model as a user turn `<tool_response>\\n...\\n</tool_response>` (skippy.http.messages).
+the model as a user turn `<tool_response>\\n...\\n</tool_response>` (skippy.adapter.chat_messages).
 
 - `tool_choice` `"required"` or `{"type": "function", "function": {"name": N}}`: the output is one call,
   forced by a grammar built from the functions' `parameters` schemas, so it always parses and its
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from skippy.adapter.grammar.json_schema import GrammarBuilder, SchemaError
 from skippy.http.errors import invalid
-from skippy.http.json_schema import GrammarBuilder, SchemaError
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 
 from skippy.config import ConfigError
-from skippy.config.affinity import format_cpu_list, parse_cpu_list
+from skippy.config.cpu_sets import format_cpu_list, parse_cpu_list
 
 __all__ = ["allowed_cpus", "pin_process"]
 

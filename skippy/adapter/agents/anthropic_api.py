@@ -1,5 +1,5 @@
 """The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, over the chat route's
-pipeline (the request is translated by skippy.http.anthropic_request).
+pipeline (the request is translated by skippy.adapter.agents.anthropic_request).
 
 Errors, the API key's 401 included, come in Anthropic's envelope `{"type": "error", "error": {"type":
 "invalid_request_error", "message": ...}}` with the same statuses as the OpenAI routes (`anthropic_envelope`);
@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from skippy.http.anthropic_request import translate_messages
+from skippy.adapter.agents.anthropic_request import translate_messages
+from skippy.adapter.agents.translation import Route, count_translated, respond, start_translated
+from skippy.adapter.completions import Generation, Piece
+from skippy.adapter.openai_response import usage as chat_usage
 from skippy.http.errors import HttpError
-from skippy.http.generation import Generation, Piece
-from skippy.http.openai_response import usage as chat_usage
 from skippy.http.routing import Handler, Request, Response, StreamResponse, json_response
 from skippy.http.sse import sse_event
-from skippy.http.translation import Route, count_translated, respond, start_translated
 from skippy.log import get_logger
 from skippy.protocol.stats import RequestStats
 
