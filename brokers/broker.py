@@ -7,17 +7,18 @@ so and answered within `status_timeout_s`.  Admission is one FIFO `AdmissionQueu
 broker: total concurrency = sum over ready pipelines of their per-pipeline concurrency.  An
 admitted request goes to the ready pipeline with the fewest requests in flight (preferring one
 with a spare permit; or, among replicas, to the one sent its prompt's beginning before: brokers.pool)
-and its TokenEvents are relayed back unchanged (an error without a code
-becomes `pipeline_failed`); the final event releases the permit.  A Submit naming `events_to` (an
-adapter's own endpoint) has stage 0 send the adapter its events itself; the broker gets a copy of the
-final one (`TokenEvents.sent_direct` set) and passes on only finals it makes (skippy.driver.direct_events). Unless adapters,
-broker and pipeline share a host (both broker endpoints ipc) it clears `events_to`: events take the
-relay.  Refusals are error TokenEvents with a code: queue_full, admission_timeout, unavailable (no
-ready pipeline; queued requests too when the last one goes), bad_request / context_length_exceeded,
-pipeline_failed (stage 0 reported a failure, or stopped answering with the request in flight).
+and its TokenEvents are relayed back unchanged (an error without a code becomes `pipeline_failed`); the final
+event releases the permit.  A Submit naming `events_to` (an adapter's own endpoint) has stage 0 send the adapter
+its events itself; the broker gets a copy of the final one (`TokenEvents.sent_direct` set) and passes on only
+finals it makes (skippy.driver.direct_events). Unless adapters, broker and pipeline share a host (both broker
+endpoints ipc) it clears `events_to`: events take the relay.  Refusals are error TokenEvents with a code:
+queue_full, admission_timeout, unavailable (no ready pipeline; queued requests too when the last one goes),
+bad_request / context_length_exceeded, pipeline_failed (stage 0 reported a failure or did not take the Submit);
+pipeline_lost (stage 0 stopped answering with it in flight; cancelled there): skippy.adapter.resume resumes it.
 
 Every send to an adapter goes through `AdapterRelay` (brokers.relay): bounded, and never dropped in silence.
-Metrics and spans are `BrokerTelemetry`'s (brokers.telemetry), built from the queue, pool and tally.
+Metrics and spans are `BrokerTelemetry`'s (brokers.telemetry), built from the queue, pool and tally. The
+requests held, and how each ends, are the `RequestLedger`'s (brokers.held_requests).
 """
 
 from __future__ import annotations
@@ -26,18 +27,18 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import zmq.asyncio
 from msgspec.structs import replace
 
 from brokers.adaptive import AdaptiveConcurrency
-from brokers.admission import AdmissionError, AdmissionQueue, Permit
+from brokers.admission import AdmissionError, AdmissionQueue
+from brokers.held_requests import HeldRequest, RequestLedger, error_event
 from brokers.link import PipelineLink
 from brokers.pool import PipelinePool
 from brokers.relay import RELAY_HWM, AdapterRelay
-from brokers.telemetry import BrokerTelemetry, FinishedRequest
+from brokers.telemetry import BrokerTelemetry
 from skippy.config import AdmissionOptions, prompt_length_error
 from skippy.log import announce_ready, get_logger
 from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
@@ -45,24 +46,6 @@ from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import Offer, RouterQueue
 
 __all__ = ["Broker"]
-
-
-
-@dataclass(eq=False)
-class _Request:
-    client: bytes
-    submit: Submit
-    received_at: float
-    task: asyncio.Task[Any] | None = None
-    permit: Permit | None = None
-    link: PipelineLink | None = None
-    admitted_at: float | None = None
-    tokens: int = 0
-    done: bool = False
-
-
-def _error(request_id: str, code: ErrorCode | str, message: str) -> TokenEvents:
-    return TokenEvents(request_id, (), FinishReason.ERROR, message, ErrorCode(code))
 
 
 class Broker:
@@ -87,7 +70,6 @@ class Broker:
         self.queue = AdmissionQueue(0, self.admission.capacity_for(0), self.admission.admission_timeout_secs)
         self.adaptive: AdaptiveConcurrency | None = None
         self.total_concurrency = 0
-        self.requests: dict[str, _Request] = {}
         self.outcomes: Counter[str] = Counter()
         self.log = get_logger()
         self.router: RouterQueue | None = None
@@ -99,6 +81,7 @@ class Broker:
         self.relay = AdapterRelay(lambda: self.router, self.telemetry.relay_overflow, self.log, self._spawn,
                                   lambda: self._closed, relay_hwm)
         self.relay_overflow = self.relay.overflow
+        self.ledger = RequestLedger(self.outcomes, self.telemetry, self.relay, self.log, clock, lambda: self.adaptive)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -130,7 +113,7 @@ class Broker:
         for req in list(self.requests.values()):
             if req.link is not None:
                 await req.link.cancel(req.submit.request_id)
-            await self._finish(req, _error(req.submit.request_id, "unavailable", reason))
+            await self.ledger.finish(req, error_event(req.submit.request_id, "unavailable", reason))
         for task in self._background:
             task.cancel()  # queued requests leave the queue; their final event is already sent
         await asyncio.gather(*(t for t in (self._server, *self._background) if t), return_exceptions=True)
@@ -148,6 +131,11 @@ class Broker:
         await self.close()
 
     # -- state ---------------------------------------------------------------------------------
+    @property
+    def requests(self) -> dict[str, HeldRequest]:
+        """The requests held, by id, until each one's final event."""
+        return self.ledger.requests
+
     @property
     def ready(self) -> bool:
         """Some pipeline is ready to take requests."""
@@ -180,11 +168,11 @@ class Broker:
 
     def _on_silent(self, link: PipelineLink, reason: str) -> None:
         """Stage 0 stopped answering or lost its connection: the requests it held are lost (cancelled there, in case
-        it is only slow, so their lanes come free); each ends with pipeline_lost, so that its client may resubmit it
-        with the tokens it has (skippy.adapter.resume)."""
+        it is only slow, so their lanes come free); each ends with pipeline_lost, so that its client may resume it
+        from the tokens it has (skippy.adapter.resume)."""
         for req in list(link.inflight.values()):
             self._spawn(link.cancel(req.submit.request_id))
-            self._spawn(self._finish(req, _error(req.submit.request_id, ErrorCode.PIPELINE_LOST, reason)))
+            self._spawn(self.ledger.finish(req, error_event(req.submit.request_id, ErrorCode.PIPELINE_LOST, reason)))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -229,14 +217,14 @@ class Broker:
         if refusal is not None:
             self.outcomes[refusal[0]] += 1
             self.log.info("request_refused", request_id=msg.request_id, code=refusal[0], error=refusal[1])
-            self.relay.tell_final(client, _error(msg.request_id, *refusal))
+            self.relay.tell_final(client, error_event(msg.request_id, *refusal))
             return
-        req = self.requests[msg.request_id] = _Request(client, msg, self.clock())
+        req = self.ledger.hold(client, msg)
         req.task = self._spawn(self._admit(req))
 
     async def _on_cancel(self, client: bytes, request_id: str, events_to: str | None) -> None:
         req = self.requests.get(request_id)
-        if req is None:  # held by a broker before this one (it died; its adapter resubmits): every stage 0 is told
+        if req is None:  # held by a broker before this one (it died; its adapter resumes the request): every stage 0 is told
             for link in self.pool.links:
                 await link.cancel(request_id)
             return
@@ -255,15 +243,15 @@ class Broker:
             await req.link.cancel(request_id)  # stage 0 answers with the final "cancelled" event
 
     # -- requests ------------------------------------------------------------------------------
-    async def _admit(self, req: _Request) -> None:
+    async def _admit(self, req: HeldRequest) -> None:
         rid = req.submit.request_id
         try:
             permit = await self.queue.acquire(rid)
         except AdmissionError as exc:
-            await self._finish(req, _error(rid, exc.code, str(exc)))
+            await self.ledger.finish(req, error_event(rid, exc.code, str(exc)))
             return
         except asyncio.CancelledError:
-            await self._finish(req, TokenEvents(rid, (), FinishReason.CANCELLED))
+            await self.ledger.finish(req, TokenEvents(rid, (), FinishReason.CANCELLED))
             return
         req.permit, req.admitted_at = permit, self.clock()
         self.telemetry.admitted(req.admitted_at - req.received_at)
@@ -272,7 +260,7 @@ class Broker:
             return
         link = self.pool.route(req.submit.prompt)
         if link is None:
-            await self._finish(req, _error(rid, "unavailable", self.pool.unavailable_reason()))
+            await self.ledger.finish(req, error_event(rid, "unavailable", self.pool.unavailable_reason()))
             return
         req.link = link
         link.inflight[rid] = req
@@ -280,7 +268,7 @@ class Broker:
                        queue_ms=round((req.admitted_at - req.received_at) * 1e3, 3))
         if not await link.submit(self._routed(req.submit, link)):
             refused = f"stage 0 at {link.endpoint} not accepting requests"
-            await self._finish(req, _error(rid, "pipeline_failed", refused))
+            await self.ledger.finish(req, error_event(rid, "pipeline_failed", refused))
 
     def _routed(self, submit: Submit, link: PipelineLink) -> Submit:
         """`submit` as it goes to `link`: `events_to` kept only when adapter, broker and stage 0 share a host
@@ -299,33 +287,9 @@ class Broker:
             if offer is not Offer.SENT:  # the adapter does not read, or is gone: the request cannot go on
                 self._spawn(link.cancel(msg.request_id))
                 why = f"{self.relay_hwm} events queued toward it" if offer is Offer.FULL else "it is gone"
-                await self._finish(req, _error(msg.request_id, ErrorCode.SLOW_CLIENT,
-                                               f"token events overflowed at the broker: the client is not reading them ({why})"))
+                overflowed = f"token events overflowed at the broker: the client is not reading them ({why})"
+                await self.ledger.finish(req, error_event(msg.request_id, ErrorCode.SLOW_CLIENT, overflowed))
             return
         if msg.finish_reason == "error" and msg.code is None:
             msg = replace(msg, code=ErrorCode.PIPELINE_FAILED)
-        await self._finish(req, msg, tell_client=direct is None)
-
-    async def _finish(self, req: _Request, final: TokenEvents, tell_client: bool = True) -> None:
-        """Send the request's final event (once, unless the client has it from stage 0), free its permit and log it."""
-        if req.done:
-            return
-        req.done = True
-        rid = req.submit.request_id
-        self.requests.pop(rid, None)
-        if req.link is not None:
-            req.link.inflight.pop(rid, None)
-        now = self.clock()
-        if req.permit is not None:
-            if self.adaptive is not None and final.finish_reason in ("stop", "length") and req.admitted_at is not None:
-                self.adaptive.record(req.tokens, now - req.admitted_at)
-            req.permit.release()
-        outcome = final.code if final.finish_reason == "error" and final.code else str(final.finish_reason)
-        self.outcomes[outcome] += 1
-        done = FinishedRequest(rid, req.received_at, req.admitted_at, now, req.tokens, req.link.endpoint if req.link else None)
-        self.telemetry.finished(done, final, outcome)
-        self.log.info("request_done", request_id=rid, finish_reason=final.finish_reason, code=final.code,
-                      error=final.error, tokens=req.tokens, pipeline=done.pipeline, queue_ms=round(done.queue_s * 1e3, 3),
-                      total_ms=round((now - req.received_at) * 1e3, 3))
-        if tell_client:
-            self.relay.tell_final(req.client, final)
+        await self.ledger.finish(req, msg, tell_client=direct is None)

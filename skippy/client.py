@@ -12,7 +12,7 @@ killed and restarted): nobody reads them, so the request is cancelled, once, wit
 proof the broker asks of a client that is not the submitter (`orphans_cancelled` counts them).
 
 A pending request never hangs on a peer that is gone: every handle still waiting gets a final error
-event (code pipeline_lost, naming the peer: its client may resubmit it, skippy.adapter.resume) when the
+event (code pipeline_lost, naming the peer: its client may resume it, skippy.adapter.resume) when the
 DEALER's connection is lost (its monitor reports a
 disconnect: the peer exited, e.g. a killed broker; whatever it held for us is lost with it), or when,
 with requests pending, the peer leaves a status query unanswered for `dead_after_s` (a hung peer).
@@ -30,7 +30,7 @@ from typing import Any
 import zmq.asyncio
 
 from skippy.log import get_logger
-from skippy.protocol import Cancel, ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import Cancel, ErrorCode, FinishReason, ResumePoint, Status, StatusQuery, Submit, TokenEvents
 from skippy.request_events import PipelineUnavailable, RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, PullQueue
@@ -105,7 +105,7 @@ class PipelineClient:
         last = len(msg.tokens) - 1
         for i, (token, logprob) in enumerate(zip(msg.tokens, logprobs)):
             handle.put(RequestEvent(token=token, logprob=logprob, draws=msg.draws if i == last else 0,
-                                  chunks=msg.chunks if i == 0 else ()))
+                                    chunk_ends=msg.chunk_ends if i == 0 else ()))
         if msg.finish_reason is not None:
             handle.put(RequestEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
             del self.handles[msg.request_id]
@@ -151,16 +151,15 @@ class PipelineClient:
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0,
-                     progress: bool = False) -> RequestHandle:
-        """Send a request; `history`, `chunks`, `draws`: a resubmission's (skippy.protocol.Submit); `progress`:
+                     resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
+        """Send a request; `resume_from`: where a lost one resumes (skippy.protocol.Submit); `progress`:
         stage 0 also sends prompt progress reports while the prompt prefills."""
         request_id = request_id or uuid.uuid4().hex
         handle = self.handles[request_id] = RequestHandle(request_id)
         sampling_dict = (sampling or SamplingParams()).to_dict()
         await self.queue.send(Submit(request_id, tuple(int(t) for t in prompt), sampling_dict, max_tokens,
                                      tuple(sorted(stop_tokens)), self.events.endpoint if self.events else None,
-                                     history=tuple(history), chunks=tuple(chunks), draws=draws, progress=progress))
+                                     resume_from=resume_from, progress=progress))
         return handle
 
     async def cancel(self, request_id: str) -> None:

@@ -92,7 +92,7 @@ def write_local_topology(
 
 def default_kv_cache(lane_count: int) -> dict[str, object]:
     """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
-    logits), as many KV cells as the lanes (max_bytes 0), the reference's other defaults."""
+    logits), as many KV cells as the lanes (max_bytes 0), every other `kv_cache` field at its default."""
     return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
 
 

@@ -26,8 +26,9 @@ class RequestEvent:
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     code: ErrorCode | None = None  # error class (unavailable, pipeline_failed, ...)
     stats: RequestStats | None = None  # on the final event: the request's numbers
-    draws: int = 0  # the sampler's RNG draws after this token (a resubmission restores them)
-    chunks: tuple[int, ...] = ()  # on the first token: where the prompt's prefill chunks ended
+    # what resuming the request needs, besides its tokens (skippy.protocol.ResumePoint):
+    draws: int = 0  # the sampler's RNG draws after this token
+    chunk_ends: tuple[int, ...] = ()  # on the first token: where the prompt's prefill chunks ended
     progress: PromptProgress | None = None  # a prompt progress report (no token; Submit.progress)
 
     @property

@@ -6,13 +6,15 @@ s); `streak` counts deaths in a row and starts afresh once the child has stayed 
 After `max_restarts` deaths in a row it gives up and `skippy up` stops everything. A stage after stage
 0 that comes back is noticed by stage 0's heartbeats, greeted again and serves once the Ready comes
 back (skippy.driver.inbound); the other processes keep running. A restarted stage 0 greets the chain
-afresh (each stage drops the sessions of its old upstream); the broker fails what the dead one held
-(`pipeline_failed`, naming stage 0) once it stops answering, and routes new requests to it once it
+afresh (each stage drops the sessions of its old upstream); the broker ends what the dead one held with
+`pipeline_lost` once it stops answering, the adapter resumes those requests from the tokens their
+clients already have (skippy.adapter.resume), and the broker routes them and new requests to it once it
 is ready. A restarted broker binds the same endpoint (the adapter's DEALER reconnects; what the dead
-one held was failed by the adapter: skippy.client); a restarted adapter binds the same HTTP port it
-first got (clients reconnect). Restarts run on one long-lived thread: a child gets SIGTERM when the
-thread that started it exits (PR_SET_PDEATHSIG), so that thread lives as long as the children it
-starts may. Stage 0's own OpenAI front (skippy.cli.front) restarts its broker and adapter the same way.
+one held ends with `pipeline_lost` at the adapter's client, skippy.client, and is resumed the same
+way); a restarted adapter binds the same HTTP port it first got (clients reconnect). Restarts run on one
+long-lived thread: a child gets SIGTERM when the thread that started it exits (PR_SET_PDEATHSIG), so that
+thread lives as long as the children it starts may. Stage 0's own OpenAI front (skippy.cli.front) restarts
+its broker and adapter the same way.
 
 Every restart is recorded in `<run_dir>/restarts.json` (total restarts, the last one's duration from
 death to ready, exit codes); the adapter reads it at each scrape (skippy.telemetry.restart_counts) and serves

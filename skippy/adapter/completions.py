@@ -9,7 +9,7 @@ A client that disconnects has its generation cancelled at once, which frees its 
 ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
 stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
 a response not streamed is a 502/503 with the error envelope. A request lost with its stage 0 or the
-broker is resubmitted with the tokens it has (skippy.adapter.resume), and one that finds no pipeline ready
+broker resumes from the tokens it has (skippy.adapter.resume), and one that finds no pipeline ready
 waits for one within the same deadline.
 A stream whose first token has not come within the SSE ping interval (a long prompt prefilling, or
 waiting for a lane) starts anyway and carries `: ping` comments while silent (skippy.http.sse.with_pings);
@@ -36,7 +36,7 @@ from skippy.adapter.infill import FimTokens, fim_prompt, infill_completion
 from skippy.adapter.openai_request import GenerationRequest, parse_generation
 from skippy.adapter.openai_response import LogprobEntry, ResponseShape, logprob_entry, timings, usage
 from skippy.adapter.request_metrics import Metrics
-from skippy.adapter.resume import Resubmitter
+from skippy.adapter.resume import ResumingClient
 from skippy.adapter.sampling_defaults import SamplingDefaults
 from skippy.adapter.stops import StopMatcher
 from skippy.adapter.tokenize import check_tokens
@@ -99,7 +99,7 @@ async def read_calls(pieces: AsyncIterator[Piece], reader: ToolCallReader) -> As
 
 @dataclass
 class Generation:
-    broker: Resubmitter  # the broker's PipelineClient, resubmitting what a dead stage 0 or broker lost
+    broker: ResumingClient  # the broker's PipelineClient, resuming what a dead stage 0 or broker lost
     tokenizer: Tokenizer
     template: ChatTemplate
     model_id: str

@@ -72,8 +72,8 @@ class Metrics:
         self.slow_clients = Counter("skippy_http_slow_clients_closed", "connections closed at a deadline: the request"
                                     " head or body not whole in time, or idle between requests", ["reason"],
                                     registry=registry)
-        self.resubmitted = Counter("skippy_http_resubmitted", "generations resubmitted with their tokens after their"
-                                   " stage 0 or the broker died (skippy.adapter.resume)", registry=registry)
+        self.resumed = Counter("skippy_http_resumed", "generations resumed from the tokens their client was sent after"
+                               " their stage 0 or the broker died (skippy.adapter.resume)", registry=registry)
         self.open_connections = Gauge("skippy_http_connections_open", "HTTP connections being served", registry=registry)
         for reason in REFUSALS:
             self.refused.labels(reason)

@@ -1,15 +1,15 @@
-"""Resubmission: a request whose stage 0 or broker died goes on from the tokens its client already has.
+"""Resuming: a request whose stage 0 or broker died goes on from the tokens its client already has.
 
 Stage 0 holds a request's KV and the broker holds its place; when either process dies the request ends with
 `pipeline_lost` (the broker saw its stage 0 go, or this adapter's PipelineClient lost the broker). Nothing
-the client was sent is lost: the adapter knows the prompt and every token it streamed, so `Resubmitter`
-waits (polling the broker's status) until a pipeline is ready again and submits the request anew with
-them (skippy.protocol.Submit.history, with the prompt's chunk ends and the sampler's draws, so stage 0
-rebuilds the KV and the sampler state exactly); its events continue the same stream, each token once, and
-the client's stream only pauses (the lost submission is cancelled first, in case a stage 0 that outlived
-its broker still runs it). A request that cannot be resubmitted within `resume_timeout_s` of its
-loss ends with one pipeline_failed error naming what died. Each resubmission is counted (`on_resubmit`)
-and logged (`request_resubmitted`, with the tokens it carried and the pause).
+the client was sent is lost: the adapter knows the prompt and every token it streamed, so `ResumingClient`
+waits (polling the broker's status) until a pipeline is ready again and submits the request anew from
+where it resumes (skippy.protocol.ResumePoint: those tokens, the prompt's chunk ends and the sampler's
+draws, so stage 0 rebuilds the KV and the sampler state exactly); its events continue the same stream, each
+token once, and the client's stream only pauses (the lost submission is cancelled first, in case a stage 0
+that outlived its broker still runs it). A request that cannot be resumed within `resume_timeout_s` of its
+loss ends with one pipeline_failed error naming what died. Each resume is counted (`on_resume`) and logged
+(`request_resumed`, with the tokens it carried and the pause).
 
 A new request that finds no pipeline ready waits the same way (`wait_ready`, bounded by the same deadline)
 before it is refused with 503, so requests sent during a restart are served once it is over.
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.log import get_logger
-from skippy.protocol import ErrorCode, FinishReason, Status
+from skippy.protocol import ErrorCode, FinishReason, ResumePoint, Status
 from skippy.request_events import PipelineUnavailable, RequestEvent
 from skippy.runtime.sampling import SamplingParams
 
@@ -44,12 +44,30 @@ class Submitter(Protocol):
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), chunks: Sequence[int] = (), draws: int = 0,
-                     progress: bool = False) -> EventSource: ...
+                     resume_from: ResumePoint | None = None, progress: bool = False) -> EventSource: ...
 
     async def cancel(self, request_id: str) -> None: ...
 
     async def status(self, timeout_s: float = 5.0) -> Status: ...
+
+
+@dataclass
+class _ResumeTracker:
+    """A ResumePoint as the request's events come (one rebuilt per token would copy the history each time)."""
+
+    history: list[int] = field(default_factory=list)  # tokens the client was sent
+    chunk_ends: tuple[int, ...] = ()
+    draws: int = 0
+
+    def add(self, event: RequestEvent) -> None:
+        if event.token is not None:
+            self.history.append(event.token)
+        self.chunk_ends = event.chunk_ends or self.chunk_ends
+        self.draws = event.draws or self.draws
+
+    def point(self) -> ResumePoint | None:
+        """Where the request resumes; None while its client was sent nothing (it starts afresh)."""
+        return ResumePoint(tuple(self.history), self.chunk_ends, self.draws) if self.history else None
 
 
 @dataclass
@@ -60,20 +78,18 @@ class _Request:
     stop_tokens: frozenset[int]
     request_id: str
     current: str  # the id of the submission now in flight
-    history: list[int] = field(default_factory=list)  # tokens the client was sent
-    chunks: tuple[int, ...] = ()
-    draws: int = 0
+    sent: _ResumeTracker = field(default_factory=_ResumeTracker)
     progress: bool = False  # prompt progress reports asked for (Submit.progress)
     attempts: int = 0
     cancelled: bool = False
 
 
-class Resubmitter:
+class ResumingClient:
     def __init__(self, client: Submitter, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
-                 on_resubmit: Callable[[], None] | None = None, log: Any = None) -> None:
+                 on_resume: Callable[[], None] | None = None, log: Any = None) -> None:
         self.client = client
         self.resume_timeout_s = resume_timeout_s
-        self.on_resubmit = on_resubmit
+        self.on_resume = on_resume
         self.log = log or get_logger()
         self.active: dict[str, _Request] = {}
 
@@ -100,16 +116,13 @@ class Resubmitter:
                     if event.final:
                         final = event
                         break
-                    if event.token is not None:
-                        req.history.append(event.token)
-                    req.chunks = event.chunks or req.chunks
-                    req.draws = event.draws or req.draws
+                    req.sent.add(event)
                     yield event
                 assert final is not None
                 if final.code != ErrorCode.PIPELINE_LOST or req.cancelled:
                     yield final
                     return
-                resumed = await self._resubmit(req, final)
+                resumed = await self._resume(req, final)
                 if isinstance(resumed, RequestEvent):
                     yield resumed
                     return
@@ -117,12 +130,13 @@ class Resubmitter:
         finally:
             self.active.pop(req.request_id, None)
 
-    async def _resubmit(self, req: _Request, lost: RequestEvent) -> EventSource | RequestEvent:
-        """Wait for a ready pipeline and submit `req` again with what its client has; the final error when it
+    async def _resume(self, req: _Request, lost: RequestEvent) -> EventSource | RequestEvent:
+        """Wait for a ready pipeline and submit `req` again from what its client has; the final error when it
         cannot be within the deadline (or it was cancelled meanwhile)."""
         since = time.monotonic()
         deadline = since + self.resume_timeout_s
-        self.log.warning("request_lost", request_id=req.request_id, generated_tokens=len(req.history), error=lost.error)
+        self.log.warning("request_lost", request_id=req.request_id, generated_tokens=len(req.sent.history),
+                         error=lost.error)
         lost_submission = req.current
         while time.monotonic() < deadline and not req.cancelled:
             if await self._ready(deadline) is not None:
@@ -131,12 +145,12 @@ class Resubmitter:
                 req.attempts += 1
                 req.current = f"{req.request_id}-r{req.attempts}"
                 handle = await self.client.submit(req.prompt, req.sampling, req.max_tokens, req.stop_tokens,
-                                                  request_id=req.current, history=req.history, chunks=req.chunks,
-                                                  draws=req.draws, progress=req.progress)
-                if self.on_resubmit is not None:
-                    self.on_resubmit()
-                self.log.info("request_resubmitted", request_id=req.request_id, submission=req.current,
-                              history_tokens=len(req.history), paused_ms=round((time.monotonic() - since) * 1e3, 3),
+                                                  request_id=req.current, resume_from=req.sent.point(),
+                                                  progress=req.progress)
+                if self.on_resume is not None:
+                    self.on_resume()
+                self.log.info("request_resumed", request_id=req.request_id, submission=req.current,
+                              history_tokens=len(req.sent.history), paused_ms=round((time.monotonic() - since) * 1e3, 3),
                               cause=lost.error)
                 return handle
         if req.cancelled:

@@ -25,7 +25,7 @@ from skippy.adapter.dashboard import Dashboard
 from skippy.adapter.pipeline_info import PipelineInfo, StageRange
 from skippy.adapter.prompt_routes import PromptRoutes
 from skippy.adapter.request_metrics import Metrics
-from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S, Resubmitter
+from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S, ResumingClient
 from skippy.adapter.sampling_defaults import model_sampling_defaults
 from skippy.adapter.tokenize import detokenize
 from skippy.client import PipelineClient
@@ -49,7 +49,7 @@ class OpenAIAdapter:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
         `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none);
         `model_card`: the served model's recommended sampling (skippy.adapter.sampling_defaults);
-        `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to be resubmitted
+        `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to resume
         (skippy.adapter.resume)."""
         self.broker = broker
         self.tokenizer = tokenizer
@@ -62,8 +62,8 @@ class OpenAIAdapter:
         self.metrics = Metrics()
         self.log = get_logger()
         self._status: tuple[float, Status] | None = None
-        self.resubmitter = Resubmitter(broker, resume_timeout_s, self.metrics.resubmitted.inc)
-        self.generate = Generation(self.resubmitter, tokenizer, template, model_id, default_max_tokens, self.metrics,
+        self.resuming = ResumingClient(broker, resume_timeout_s, self.metrics.resumed.inc)
+        self.generate = Generation(self.resuming, tokenizer, template, model_id, default_max_tokens, self.metrics,
                                    self.status, model_sampling_defaults(tokenizer.model, model_card),
                                    ping_interval_s)
         self.prompts = PromptRoutes(self.generate, self.status)
@@ -80,7 +80,7 @@ class OpenAIAdapter:
             ("POST", "/v1/chat/completions", lambda r: self.generate(r, "chat")),
             ("POST", "/v1/completions", lambda r: self.generate(r, "completion")),
             ("POST", "/tokenize", self.prompts.tokenize), ("POST", "/detokenize", self.detokenize)]
-        # llama-server's smaller routes (issue 24 part A: prompts, pipeline info, fill-in-the-middle)
+        # llama-server's smaller routes: prompts, pipeline info, fill-in-the-middle
         routes += [
             ("POST", "/apply-template", self.prompts.apply_template),
             ("POST", "/v1/chat/completions/input_tokens", self.prompts.input_tokens),
@@ -88,7 +88,7 @@ class OpenAIAdapter:
             ("POST", "/infill", self.generate.infill)]
         pages = {path for _, path, _ in self.dashboard.routes()}  # a browser opens them: ?key= or the cookie too
         routes += self.dashboard.routes()
-        # -- the agent APIs (issue 24 B): OpenAI Responses and Anthropic Messages, translated onto the chat route
+        # -- the agent APIs: OpenAI Responses and Anthropic Messages, translated onto the chat route
         routes += self.responses_api.routes()
         anthropic = {path for _, path, _ in self.messages_api.routes()}  # errors (the 401 too) in Anthropic's envelope
         routes += self.messages_api.routes()

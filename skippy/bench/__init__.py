@@ -6,26 +6,34 @@ the target each ratio is held to. Tests check behaviour; a timing assertion in a
 the machine it ran on. This package sits just below `skippy.cli` (which only registers the verb) and
 never imports it.
 
-The kinds (`skippy bench KIND --help` for the flags):
+The kinds (`skippy bench KIND --help` for the flags), each with its modules:
 
-- `runtime` (runtime.py): the 2-slice chain against unsplit llama.cpp, prefill, decode, peak RSS per slice.
-- `pipeline` (pipeline.py): 2 stages (stage 1 a real process) against unsplit llama.cpp: per-token
-  overhead, one token's timeline (timeline.py), the bare llama.cpp + ZeroMQ floor (floor.py), 8 and
-  16 streams, wire delay, long-prompt TTFT; `--pin` (pipeline_pin.py): stages sharing cores vs pinned.
-- `http` (http.py, http_load.py, http_servers.py, http_report.py, llama_server_build.py): `skippy up`
-  against llama-cpp-python's server and llama.cpp's `llama-server` over HTTP; `--order` alternates the
-  servers level by level or runs them one after the other.
-- `plan` (plan.py): skippy split by the planner over pinned CPU sets against llama-server on one of them,
+- `runtime` (`runtime.py`): the 2-slice chain against unsplit llama.cpp, prefill, decode, peak RSS per slice.
+- `pipeline` (`pipeline.py`): 2 stages (stage 1 a real process) against unsplit llama.cpp: per-token
+  overhead, one token's timeline (`timeline.py`), the bare llama.cpp + ZeroMQ floor (`floor.py`), 8 and
+  16 streams, wire delay, long-prompt TTFT; `--pin` (`pipeline_pin.py`): stages sharing cores vs pinned;
+  `streams.py`: the row type, prompts and decode rate both share.
+- `http` (`http.py`; `http_load.py` the measurement, `http_servers.py` the servers, `http_report.py` the
+  report, `llama_server_build.py` llama.cpp's `llama-server` built once): `skippy up` against
+  llama-cpp-python's server and `llama-server` over HTTP; `--order` alternates the servers level by
+  level or runs them one after the other.
+- `plan` (`plan.py`): skippy split by the planner over pinned CPU sets against llama-server on one of them,
   the planner's prediction next to each measurement.
-- `soak` (soak.py): the driver's memory over many requests, which must stay flat.
-- `speculative` (speculative.py, speculative_load.py, speculative_report.py): plain vs speculative decoding.
-- `prefix-cache` (prefix_cache.py, prefix_cache_report.py): the prefix cache on vs off.
-- `telemetry` (telemetry.py): decode speed with a stalled or unreachable OTLP collector vs none.
-- `codec` (codec.py): the protocol codec on one decode step's messages, cold and warm caches.
-- `deterministic` (deterministic.py): `skippy up --deterministic` against without it (docs/deterministic.md).
+- `soak` (`soak.py`): the driver's memory over many requests, which must stay flat.
+- `speculative` (`speculative.py`; `speculative_workloads.py` the prompts, `speculative_load.py` the rounds
+  and their timing, `speculative_peers.py` llama-server with and without its own drafting,
+  `speculative_latency.py` the serving-latency table, `speculative_report.py` the report): plain vs
+  speculative decoding.
+- `prefix-cache` (`prefix_cache.py`, `prefix_cache_report.py`): the prefix cache on vs off.
+- `telemetry` (`telemetry.py`): decode speed with a stalled or unreachable OTLP collector vs none.
+- `codec` (`codec.py`): the protocol codec on one decode step's messages, cold and warm caches.
+- `deterministic` (`deterministic.py`): `skippy up --deterministic` against without it (docs/deterministic.md).
 
-Over namespace hosts (root), outside the verb: `python -m skippy.bench.netns latency|pipelining|dtype`
-(`scripts/bench-netns`; netns.py, netns_dtype.py, netns_pipeline.py).
+`cpu_time.py`: the CPU time a server's processes spend per output token, by role (the http and plan benches).
+
+Outside the verb: `python -m skippy.bench.mtp` (`mtp.py`: plain greedy vs verifying native-MTP drafts,
+docs/mtp.md), and over namespace hosts (root) `python -m skippy.bench.netns latency|pipelining|dtype`
+(`scripts/bench-netns`; `netns.py`, `netns_dtype.py`, and `netns_pipeline.py`, what both share).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The same llama.cpp commit as the installed llama-cpp-python (its sdist, `pip download --no-binary`), the same
 flags as `scripts/setup` uses for the wheel: Release, `-DGGML_NATIVE=ON`, shared libraries, OpenMP, the user's
-`CMAKE_ARGS`, and on x86-64 `-mno-amx-int8 -mno-amx-tile -mno-amx-bf16` (llama.cpp #20824). Only the
+`CMAKE_ARGS`, and on x86-64 `-mno-amx-int8 -mno-amx-tile -mno-amx-bf16` (llama.cpp's AMX kernels crash on Q4_K). Only the
 `llama-server` target is built (`-j2`), without the web UI (no npm, no download at build time) or OpenSSL.
 The build lives in `~/.cache/skippy/llama-server-<version>-<key>` (or `$SKIPPY_CACHE_DIR`), keyed like
 `scripts/setup` keys its wheel (version, CMake flags, this CPU's feature flags); a `built` stamp marks a

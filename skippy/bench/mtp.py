@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> None:
                 reference = list(plain.generate(PROMPT, args.steps))
                 plain_s.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                tokens, drafted, accepted = mtp_greedy(drafting, PROMPT, args.steps, n_draft)
-                counts = (drafted, accepted)
+                run = mtp_greedy(drafting, PROMPT, args.steps, n_draft)
+                counts = (run.drafted, sum(run.accepted))
                 mtp_s.append(time.perf_counter() - start)
-                assert tokens == reference, "MTP drafting changed greedy output"
+                assert run.tokens == reference, "MTP drafting changed greedy output"
             print(f"max_draft_tokens={n_draft}: drafted {counts[0]}, accepted {counts[1]}, "
                   f"time vs plain {min(mtp_s) / min(plain_s):.2f}x (best of {args.reps}, {args.steps} tokens)")
     finally:

@@ -93,6 +93,16 @@ def hosts_and_flags(args: argparse.Namespace, concurrency: int) -> tuple[list[Ho
     return hosts, [*pin, *(["--downstream-wire-delay-ms", str(args.delay_ms)] if args.delay_ms else [])]
 
 
+def without_plan_flags(flags: list[str]) -> list[str]:
+    """`flags` less those only a plan reads (`--plan-concurrency C`, `--no-replicas`), for a `skippy up` given its
+    `--split` (which refuses them: nothing is planned)."""
+    kept: list[str] = []
+    for i, flag in enumerate(flags):
+        if flag != "--no-replicas" and "--plan-concurrency" not in (flag, flags[i - 1] if i else None):
+            kept.append(flag)
+    return kept
+
+
 def predicted_plan(args: argparse.Namespace, model: Path, hosts: list[Host], lanes: int, concurrency: int) -> Plan:
     """The plan the bench serves and predicts, one stage per CPU set. Calibrated now, just before the runs it
     predicts (unless --cached-costs): on a shared VM the speed of a core moved by 30-50% within an hour (a
@@ -120,7 +130,8 @@ def run_plan_bench(args: argparse.Namespace) -> int:
             servers.append(start_skippy(args.model, None, Path(tmp) / "plan" / "run", lanes, flags, name="skippy-plan"))
             if args.even:
                 half = str(plan.facts.n_layer // 2)
-                servers.append(start_skippy(args.model, half, Path(tmp) / "even" / "run", lanes, flags, name="skippy-even"))
+                servers.append(start_skippy(args.model, half, Path(tmp) / "even" / "run", lanes, without_plan_flags(flags),
+                                            name="skippy-even"))
             threads = len(hosts[0].cpus.split(",")) if hosts[0].cpus else 1
             servers.append(start_llama_server(binary, model, Path(tmp) / "llama-server.log", lanes, threads, cpus=first))
             results = asyncio.run(sweep(servers, levels, args.max_tokens, banned, False, args.rounds))

@@ -1,6 +1,6 @@
 """`skippy bench speculative`, the report: one table row per cell (plain vs each speculative mode: decode
 tok/s and ratio, TTFT, acceptance, mean accepted drafts per window, requests whose output differs from
-plain), the issue's targets as met / not met, and docs/bench-speculative.{md,json,png}.
+plain), the targets (`TARGETS`) as met / not met, and docs/bench-speculative.{md,json,png}.
 
 The generated markdown keeps whatever follows NOTES_MARKER in the existing file (hand-written reading
 of the numbers), so a re-run replaces the numbers and leaves the notes for a person to revisit.
@@ -106,7 +106,7 @@ def table(cells: list[Cell]) -> str:
 
 
 AGENT_CODE = ("re-emission", "sub-tasks")
-TARGETS: list[tuple[str, Callable[[Cell], bool], float]] = [  # issue 25's "done when"
+TARGETS: list[tuple[str, Callable[[Cell], bool], float]] = [  # the least ratio to plain each group of cells must reach
     ("agent/code work (re-emission, sub-tasks), c=1", lambda c: c.workload in AGENT_CODE and c.concurrency == 1, 2.0),
     ("agent/code work (re-emission, sub-tasks), c=8", lambda c: c.workload in AGENT_CODE and c.concurrency == 8, 1.15),
     ("prose, c=1", lambda c: c.workload == "prose" and c.concurrency == 1, 0.97),

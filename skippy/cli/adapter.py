@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
     p.add_argument("--default-max-tokens", type=int, default=16)
     p.add_argument("--openai-resume-timeout-s", type=positive_seconds, default=DEFAULT_RESUME_TIMEOUT_S, metavar="SECS",
-                   help="a request lost with its stage 0 or the broker is resubmitted with the tokens it has once a"
+                   help="a request lost with its stage 0 or the broker resumes from the tokens it has once a"
                         " pipeline is ready; it fails after this long (default %(default)s)")
     p.add_argument("--sse-ping-interval", type=float, default=DEFAULT_PING_INTERVAL_S, metavar="SECS",
                    help="an SSE comment ping after this long without an event in a stream (default 30; 0: none)")

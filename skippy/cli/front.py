@@ -1,7 +1,7 @@
 """The OpenAI front of a pipeline: the broker and the adapter, started as supervised child processes.
 
-Two surfaces start it. `skippy up` starts it next to the stages it launches; the reference's
-stage-0 surface, `skippy stage ... --openai-bind-addr`, makes stage 0 start it as its own children
+Two surfaces start it. `skippy up` starts it next to the stages it launches; a stage 0 started on its own,
+`skippy stage ... --openai-bind-addr`, starts it as its own children
 (logs in a run directory named in stage 0's `openai_ready` line). Either way a broker or adapter that dies is
 restarted with backoff (skippy.restarts; the give-up limit applies): the broker on the same endpoint,
 the adapter on the HTTP port it first bound, so clients reconnect to the same URL (connections are

@@ -6,8 +6,10 @@ write the topology.
     skippy plan --netns skippy [--stage-cpus 0,1] --out DIR      # the hosts of `scripts/netns-hosts up`
 
 Hosts come from a hosts file (skippy.plan.hosts), from `--stage-cpus` (one loopback host per CPU set),
-or from a namespace host set (its addresses, link conditions and `--mem-mb`). The split maximises
-tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency`;
+or from a namespace host set (its addresses, link conditions and `--mem-mb`); `--host-mem-mb`, `--link-delay-ms`
+and `--link-mbps` describe hosts made from flags (refused with `--hosts` / `--netns`, and the link flags with one
+host: skippy.cli.unused_flags). The split maximises
+tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency` (refused together);
 it fits every host's memory. When every host holds the whole model on cores of its own, replicas (one pipeline
 per host) are weighed too and served when faster (`--no-replicas`, or `--stages K`: a split).
 With `--out DIR` the topology and stage configs go to DIR (plan.json
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from skippy.cli.unused_flags import hosts_given, refuse_unused_plan_flags
 from skippy.config.errors import ConfigError
 from skippy.launcher import default_kv_cache
 from skippy.plan.hosts import Host, hosts_from_flags, load_hosts, netns_hosts
@@ -36,7 +39,8 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=Path, default=None, help="hosts file (JSON): address, cpus, mem_mb, delay_ms, mbps")
     p.add_argument("--netns", default=None, metavar="PREFIX", help="the hosts of a namespace host set (scripts/netns-hosts)")
     p.add_argument("--host-mem-mb", type=float, default=None, help="with --stage-cpus: each host's memory budget (MiB)")
-    p.add_argument("--link-delay-ms", type=float, default=0.0, help="with --stage-cpus: one-way delay of each hop")
+    p.add_argument("--link-delay-ms", type=float, default=None,
+                   help="with --stage-cpus: one-way delay of each hop (default 0)")
     p.add_argument("--link-mbps", type=float, default=None, help="with --stage-cpus: each link's rate")
     p.add_argument("--plan-concurrency", type=int, default=None, metavar="C",
                    help="streams the split is chosen for (default: the lane count)")
@@ -44,10 +48,6 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-replicas", dest="replicas", action="store_false",
                    help="splits only: never the whole model on each host, one pipeline per host (default: weighed"
                         " when every host holds the model on cores of its own)")
-
-
-def hosts_given(args: argparse.Namespace) -> bool:
-    return bool(args.hosts or args.netns or getattr(args, "stage_cpus", None))
 
 
 def _hosts(args: argparse.Namespace) -> list[Host]:
@@ -60,7 +60,7 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
         return load_hosts(args.hosts)
     if args.netns:
         return netns_hosts(args.netns, stage_cpus)
-    return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms, args.link_mbps)
+    return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms or 0.0, args.link_mbps)
 
 
 def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bool = False,
@@ -95,6 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_unused_plan_flags(args)
     try:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:

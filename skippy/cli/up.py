@@ -21,7 +21,9 @@ environment, never a command line: the adapter's routes and every /metrics want 
 without a key is warned about (here and in the adapter's log). Children are supervised: any child that dies (a
 stage, stage 0 included, the broker, the adapter) is restarted with backoff (skippy.restarts,
 `--max-stage-restarts`, which also bounds deaths in a row before everything is stopped); the adapter comes back on the same
-port. Ctrl-C stops everything cleanly. All logs land in the run directory.
+port. Ctrl-C stops everything cleanly. All logs land in the run directory. A flag that the layout asked for
+would not read (`--split` with `--topology`, a plan flag where nothing is planned: skippy.cli.unused_flags) is
+refused before anything starts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from skippy.cli.front import FrontProcesses
 from skippy.cli.plan import add_host_arguments, hosts_given, model_id_of, plan_for
 from skippy.cli.remote_generate import stage_config_paths
+from skippy.cli.unused_flags import StoreGiven, refuse_unused_up_flags
 from skippy.config import (
     ConfigError,
     FlagReader,
@@ -65,14 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", type=Path, action="append", default=None,
                    help="a topology to serve (default: the packaged model, planned for this host); repeat it to serve"
                         " replicas behind one broker")
-    p.add_argument("--model", default="default",
+    p.add_argument("--model", default="default", action=StoreGiven,
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
                         " (default: smollm2-135m, SmolLM2-135M-Instruct)")
     p.add_argument("--split", default=None,
                    help="without --topology: split points, e.g. 9 or 5,13, or none: one stage (default: planned for the"
                         " hosts given by --stage-cpus / --hosts / --netns, else one stage: one host is not split)")
-    p.add_argument("--lane-count", type=int, default=4, help="without --topology: concurrent sessions per stage")
-    p.add_argument("--ctx-size", type=int, default=512, help="without --topology: context per session")
+    p.add_argument("--lane-count", type=int, default=4, action=StoreGiven,
+                   help="without --topology: concurrent sessions per stage")
+    p.add_argument("--ctx-size", type=int, default=512, action=StoreGiven, help="without --topology: context per session")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="without --topology: no prefix cache (kv_cache null); default: on")
     p.add_argument("--bind", default="127.0.0.1:9337", help="HTTP address (default 127.0.0.1:9337)")
@@ -222,6 +226,9 @@ def native_mtp_sidecar_flags(options: ServingOptions) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_unused_up_flags(args)
+    if args.max_stage_restarts < 0:
+        raise ConfigError(f"--max-stage-restarts must be >= 0, got {args.max_stage_restarts}")
     run_dir = (args.run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     note = _layout_note(args)  # before args.stage_cpus changes hands below
@@ -260,8 +267,6 @@ def run(args: argparse.Namespace) -> int:
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
                 "Ctrl-C stops everything")
 
-    if args.max_stage_restarts < 0:
-        raise ConfigError(f"--max-stage-restarts must be >= 0, got {args.max_stage_restarts}")
     restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE,
                                include_stage0=True, extra=front.starters())
     return children.supervise("skippy up", start, restarter)

@@ -3,6 +3,26 @@
 Below everything that runs (imports only the wire's vocabularies, skippy.protocol.kinds).  Every
 type loads from JSON or CLI flags with errors that name the file and field
 (or the flag), and serialises back to the same JSON.
+
+- `schema.py`: JSON <-> frozen dataclass conversion every config type derives from (`ConfigModel`).
+- `errors.py`: `ConfigError`, one line naming the file and field or the flag; `FieldError` inside validation.
+- `stage.py`: `StageConfig`, the JSON one stage process starts from (docs/stage-config.md), with
+  `llama_options.py` (its llama.cpp load and context knobs and their rules) and `kv_cache.py` (its prefix
+  cache settings).
+- `topology.py`: `StageTopology`, every stage of one pipeline in order; `link_keys.py`: the CURVE public keys
+  it names and where secret keys live.
+- `endpoint.py`: endpoint strings (ZeroMQ, host:port, OTLP URLs), normalised and checked.
+- `wire.py`: `WireCondition`, a link's emulated delay and rate and its activation encoding.
+- `speculative.py`: `SpeculativeDecodeConfig`, the speculative-decoding plan JSON.
+- `serving_args.py`: a stage server's command-line flags and `FlagReader`, typed reading of their values;
+  `serving.py`: those flags resolved against the stage config into `ServingOptions`.
+- `generation.py`: stage 0's generation options: prefill chunking and speculative decoding.
+- `admission.py`: the broker's admission options (the `--openai-generation-*` flags), written back as flags
+  for a broker started as a child.
+- `context.py`: the context-window rule for a prompt, asked by adapter, broker and stage 0 alike.
+- `http_limits.py`: the adapter's HTTP limits (sizes, deadlines, connections).
+- `api_key.py`: the HTTP API key, from the environment, a file or a flag.
+- `cpu_sets.py`: `--cpu-affinity` and `--stage-cpus`, parsed and checked.
 """
 
 from skippy.config.admission import resolve_admission

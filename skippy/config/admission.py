@@ -6,7 +6,7 @@ writes the flags back and the broker's CLI parses them with the same resolver, s
 ``resolve_admission(to_flags())`` gives the same object.
 
 Two callers, one resolver.  Stage 0 with an OpenAI front (and ``skippy up``) knows its
-``lane_count``, so it applies the reference system's ``serve-binary`` rules: concurrency
+``lane_count``, so it applies the rules bound to it: concurrency
 defaults to ``lane_count`` and may not exceed it, the queue capacity defaults to
 ``clamp(8 * concurrency, 16, 256)`` and must be > 0.  ``skippy broker`` serves replicas whose lane
 counts it learns from their Status, so it leaves unset values unset (resolved per pipeline by
@@ -37,7 +37,7 @@ ADMISSION_FLAGS = {
 
 
 def default_queue_capacity(concurrency: int) -> int:
-    """The reference default: ``clamp(8 * concurrency, 16, 256)``."""
+    """The default wait-queue capacity: ``clamp(8 * concurrency, 16, 256)``."""
     return min(max(8 * concurrency, 16), 256)
 
 
@@ -95,7 +95,7 @@ def resolve_admission(flags: FlagReader, lane_count: int | None = None) -> Admis
     names = ADMISSION_FLAGS
     concurrency = flags.optional_integer(names["generation_concurrency"])
     capacity = flags.optional_integer(names["queue_capacity"], minimum=0 if lane_count is None else 1)
-    if lane_count is not None:  # stage 0: the reference's defaults and bound, from its lane_count
+    if lane_count is not None:  # stage 0: the defaults and the bound from its lane_count
         concurrency = lane_count if concurrency is None else concurrency
         if concurrency > lane_count:
             raise ConfigError(f"{names['generation_concurrency']} must be <= lane_count ({lane_count}),"

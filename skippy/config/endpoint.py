@@ -2,7 +2,7 @@
 a bare host for `--metrics-bind`.
 
 Stage sockets accept ``tcp://host:port``, ``ipc://path``, ``inproc://name``
-or a bare ``host:port`` (the reference's form), which is normalised to
+or a bare ``host:port``, which is normalised to
 ``tcp://host:port``.  Bind endpoints may use port ``0`` or ``*`` (ephemeral)
 and host ``*``; connect endpoints need a concrete host and port.  Errors are
 ``ValueError`` whose message completes ``field '<name>' ...`` or ``--flag ...``.

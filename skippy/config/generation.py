@@ -4,7 +4,7 @@ Both belong to stage 0's driver, so they are resolved from the
 ``--openai-prefill-*`` and speculative flags whether or not stage 0 also
 serves the OpenAI API in-process (``--openai-bind-addr``): ``skippy up``
 hands them to stage 0 while its broker and adapter are separate processes.
-They are validated on every stage (as in the reference) and act on stage 0.
+They are validated on every stage and act on stage 0.
 ``speculative_problems`` names the combinations that cannot work and
 ``prefill_problems`` the prefill flags the chosen policy would ignore (both
 refused at startup by ``serving.refuse_unsupported``).
@@ -20,6 +20,7 @@ from skippy.config.schema import ConfigModel, SignedInt
 from skippy.config.serving_args import FlagReader
 from skippy.config.speculative import (
     DISABLED,
+    MAX_DRAFT_TOKENS,
     NgramConfig,
     NgramKind,
     SpeculativeDecodeConfig,
@@ -88,7 +89,7 @@ def prefill_problems(prefill: PrefillChunkOptions) -> list[str]:
 
 class AdaptiveWindowMode(enum.StrEnum):
     COST = "cost"  # k maximising expected tokens per ms (C(rows) calibrated at startup)
-    SIMPLE = "simple"  # the reference's grow-on-accept / shrink-on-reject rule
+    SIMPLE = "simple"  # k + 1 when at most the last draft was rejected, else k - 1 (SimpleAdaptiveWindow)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +99,7 @@ class SpeculativeOptions(ConfigModel):
     plan: SpeculativeDecodeConfig = field(default_factory=SpeculativeDecodeConfig)
     plan_path: str | None = None  # --openai-speculative-config
     draft_model_path: str | None = None
-    speculative_window: int | None = None  # None: not given (the reference's default is 4)
+    speculative_window: int | None = None  # None: not given (the plan's verify_window.max_tokens then)
     adaptive_speculative_window: bool = False
     adaptive_mode: AdaptiveWindowMode = AdaptiveWindowMode.COST
     adaptive_mode_given: bool = False
@@ -151,6 +152,9 @@ def resolve_speculative(flags: FlagReader) -> SpeculativeOptions:
     """The speculative flags; the plan file is loaded and validated (errors name it)."""
     draft_model_path = flags.text("--openai-draft-model-path")
     window = flags.optional_integer("--openai-speculative-window", minimum=0)
+    if window is not None and window > MAX_DRAFT_TOKENS:
+        raise ConfigError(f"--openai-speculative-window must be <= {MAX_DRAFT_TOKENS} (a verify window carries at"
+                          f" most {MAX_DRAFT_TOKENS} drafts), got {window}")
     if draft_model_path is not None and window == 0:
         raise ConfigError(
             "--openai-speculative-window must be > 0 when --openai-draft-model-path is set, got 0"
@@ -240,4 +244,8 @@ def speculative_problems(spec: SpeculativeOptions) -> list[str]:
                          f" {source} runs no model")
         if spec.speculative_window == 0 and ngram is not None:
             lines.append(f"--openai-speculative-window must be > 0 with the ngram proposer of {source}, got 0")
+        low = plan.verify_window.min_tokens
+        if spec.speculative_window and spec.speculative_window < low:
+            lines.append(f"--openai-speculative-window {spec.speculative_window} is below verify_window.min_tokens"
+                         f" ({low}) of {source}: no window could carry its minimum; raise one or lower the other")
     return lines

@@ -1,4 +1,4 @@
-"""The stage prefix (prompt) KV cache settings: the StageConfig field `kv_cache`, as the reference system's has it.
+"""The stage prefix (prompt) KV cache settings: the StageConfig field `kv_cache`.
 
 `record` and `lookup-record` turn the cache on (skippy.runtime.prefix_cache on every stage, decided by
 stage 0's skippy.driver.prefix_index); stage 0's mode decides whether prompts are looked up.
@@ -30,7 +30,7 @@ class KvCachePayload(enum.StrEnum):
 
 @dataclass(frozen=True)
 class KvCacheConfig(ConfigModel):
-    """Prefix (prompt) KV cache settings: the reference system's `kv_cache` fields and defaults."""
+    """Prefix (prompt) KV cache settings: a stage config's `kv_cache` fields and their defaults."""
 
     mode: KvCacheMode = KvCacheMode.AUTO
     payload: KvCachePayload = KvCachePayload.AUTO

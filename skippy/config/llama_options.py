@@ -1,6 +1,6 @@
-"""The llama.cpp load and context knobs of a StageConfig (the reference system's fields), and their rules.
+"""The llama.cpp load and context knobs of a StageConfig, and their rules.
 
-A reference StageConfig carries llama-server style knobs (`n_gpu_layers`, `mmap`, `repack`,
+A StageConfig carries llama-server style knobs (`n_gpu_layers`, `mmap`, `repack`,
 `kv_unified`, ...). Each is honoured where llama.cpp has it; a value that would break what skippy
 relies on is refused here with one line saying why, before anything loads. `None` always means
 "llama.cpp's default".

@@ -2,7 +2,7 @@
 
 Config types are frozen dataclasses deriving from :class:`ConfigModel`.  Their
 field annotations are the schema: ``str``, ``bool``, ``int`` (always
-non-negative, like the reference's ``usize`` fields; ``SignedInt`` for ``i32``), ``float``, ``str`` enums,
+non-negative; ``SignedInt`` where a field may be negative), ``float``, ``str`` enums,
 nested config dataclasses, ``tuple[X, ...]`` and ``X | None``.  On
 construction every field is type-checked and normalised (enum strings become
 members, JSON objects become nested dataclasses, lists become tuples), then

@@ -1,8 +1,8 @@
 """Serving options: the stage server's CLI flags resolved against its config.
 
 ``resolve_serving_options`` turns parsed flags (see ``serving_args``) into a
-typed, validated :class:`ServingOptions`, applying the reference system's
-``serve-binary`` defaults that depend on the stage config:
+typed, validated :class:`ServingOptions`, applying the
+defaults that depend on the stage config:
 ``max_inflight`` clamped to ``lane_count``, reply credit =
 ``max_inflight - 1``.  The front's admission options (the broker's) are
 resolved by ``admission``; stage 0's generation options (prefill chunking,
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 
-DEFAULT_RESUME_TIMEOUT_S = 60.0  # --openai-resume-timeout-s: stage 0's replays and the adapter's resubmissions
+DEFAULT_RESUME_TIMEOUT_S = 60.0  # --openai-resume-timeout-s: stage 0's replays and the adapter's resumes
 
 
 class TelemetryLevel(enum.StrEnum):
@@ -111,12 +111,12 @@ class ServingOptions(ConfigModel):
     telemetry_level: TelemetryLevel = TelemetryLevel.SUMMARY
     cpu_affinity: tuple[int, ...] = ()  # this stage's CPUs (--cpu-affinity or its --stage-cpus entry); () = not pinned
     stage_cpus: tuple[tuple[int, ...], ...] = ()  # every stage's CPUs by stage_index (--stage-cpus); () = not given
-    telemetry_queue_capacity: int = 1024  # telemetry events buffered for export (the reference's default)
+    telemetry_queue_capacity: int = 1024  # telemetry events buffered for export (--telemetry-queue-capacity)
     metrics_otlp_grpc: str | None = None  # http://host:port of an OTLP gRPC collector; None: no span export
     metrics_bind: str = "127.0.0.1"  # --metrics-bind: the host /metrics listens on
     prefill: PrefillChunkOptions = field(default_factory=PrefillChunkOptions)  # stage 0's driver
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)  # stage 0's driver
-    resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S  # a paused or lost request's deadline (driver.replay, http.resubmit)
+    resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S  # a paused or lost request's deadline (driver.replay, adapter.resume)
     openai: OpenAIOptions | None = None
     native_mtp_enabled: bool = True
     insecure_links: bool = False  # --insecure-links: plain links beyond loopback allowed (and logged)
@@ -259,7 +259,7 @@ def _path_text(path: Path | None) -> str | None:
 
 
 def resolve_mtp_source(options: ServingOptions) -> MtpSource:
-    """Where native-MTP drafts come from, as the reference's ``resolved_mtp_source``.
+    """Where native-MTP drafts come from (``mtp_source`` in `skippy check-config`'s output).
 
     Off in the config (or the runtime) -> Disabled; no OpenAI front -> Integrated (External when given the
     sidecar path, as `skippy up` gives the final stage); with a front

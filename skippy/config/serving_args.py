@@ -1,6 +1,6 @@
 """Command-line flags of a stage server and typed reading of their values.
 
-``add_serving_arguments`` declares the reference system's ``serve-binary``
+``add_serving_arguments`` declares the stage server's
 flags.  Every flag defaults to None so the resolver can tell "unset"
 from "set to the default" and derive defaults from the stage config; values
 are left as strings and converted by :class:`FlagReader`, so any bad value

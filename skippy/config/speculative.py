@@ -1,17 +1,18 @@
-"""SpeculativeDecodeConfig: the typed speculative-decoding plan (the reference system's plan JSON).
+"""SpeculativeDecodeConfig: the typed speculative-decoding plan (the JSON of `--openai-speculative-config`).
 
 A plan says which proposers run (native MTP heads, an N-gram proposer, an
-N-gram tail extending an MTP prefix) and how verify windows are sized.  Like
-the reference it rejects unknown keys at every level; ``validate()`` applies
-the semantic rules and is run by ``load`` / ``from_dict``.  ``to_json`` is
+N-gram tail extending an MTP prefix) and how verify windows are sized.  It
+rejects unknown keys at every level; ``validate()`` applies
+the semantic rules and is run by ``load`` / ``from_dict``; a draft count above what a verify window carries
+(``MAX_DRAFT_TOKENS``) is refused naming its field, never clamped.  ``to_json`` is
 stable (sorted keys) so a plan can be logged and compared byte for byte.
 
 Strategy fields: ``effective_strategy`` is honoured: ``"disabled"`` turns speculation off entirely
 (an ``ngram`` section is then not used); any other value is a label that needs a proposer.  A plan
 file that omits it gets what runs: ``"native-mtp"`` (``"native-mtp+ngram-cache"`` with an ``extension``)
 when ``native_mtp.enabled``, else ``"ngram-<kind>"`` with an ``ngram`` section.
-``requested_strategy`` is metadata: what was asked of the planner that wrote the plan (the
-reference's "auto"); logged at startup, never acted on.
+``requested_strategy`` is metadata: what was asked of the planner that wrote the plan (e.g.
+"auto"); logged at startup, never acted on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from skippy.config.schema import ConfigModel, check
 __all__ = [
     "DISABLED",
     "MAX_CACHE_NGRAM",
+    "MAX_DRAFT_TOKENS",
     "MAX_SUFFIX_NGRAM",
     "MAX_VERIFY_WINDOW_PIPELINE_DEPTH",
     "MIN_SUFFIX_NGRAM",
@@ -41,6 +43,9 @@ MAX_CACHE_NGRAM = 4  # llama.cpp's request-local n-gram cache match window
 MIN_SUFFIX_NGRAM = 3
 MAX_SUFFIX_NGRAM = 64
 MAX_VERIFY_WINDOW_PIPELINE_DEPTH = 64
+# drafts one verify window carries at most: the final stage keeps logits for that many rows a lane
+# (skippy.runtime.stage_params.MAX_DRAFT_TOKENS) and the wire asks for that many MTP drafts (MAX_MTP_DRAFT)
+MAX_DRAFT_TOKENS = 16
 DISABLED = "disabled"  # the effective_strategy that turns speculation off
 
 
@@ -147,6 +152,12 @@ class SpeculativeDecodeConfig(ConfigModel):
             check(getattr(self, name).strip() != "", name, "must not be empty")
         mtp = self.native_mtp
         check(
+            1 <= mtp.max_draft_tokens <= MAX_DRAFT_TOKENS,
+            "native_mtp.max_draft_tokens",
+            f"must be in 1..{MAX_DRAFT_TOKENS} (the final stage drafts at most {MAX_DRAFT_TOKENS} a window;"
+            f" 0 would draft nothing), got {mtp.max_draft_tokens}",
+        )
+        check(
             mtp.min_draft_tokens <= mtp.max_draft_tokens,
             "native_mtp.min_draft_tokens",
             f"must be <= native_mtp.max_draft_tokens ({mtp.max_draft_tokens}),"
@@ -159,6 +170,7 @@ class SpeculativeDecodeConfig(ConfigModel):
             check(self.ngram is not None, "extension", "requires an ngram proposer")
             limit = self.extension.max_tokens
             check(limit > 0, "extension.max_tokens", f"must be > 0, got {limit}")
+            check(limit <= MAX_DRAFT_TOKENS, "extension.max_tokens", _window_bound(limit))
         window = self.verify_window
         low = window.min_tokens
         check(low > 0, "verify_window.min_tokens", f"must be > 0, got {low}")
@@ -167,6 +179,7 @@ class SpeculativeDecodeConfig(ConfigModel):
             "verify_window.max_tokens",
             f"must be >= verify_window.min_tokens ({window.min_tokens}), got {window.max_tokens}",
         )
+        check(window.max_tokens <= MAX_DRAFT_TOKENS, "verify_window.max_tokens", _window_bound(window.max_tokens))
         runahead = window.runahead_max_tokens
         check(
             runahead == 0 or runahead >= low,
@@ -187,6 +200,7 @@ class SpeculativeDecodeConfig(ConfigModel):
         check(low <= high, "ngram.max_ngram", f"must be >= ngram.min_ngram ({low}), got {high}")
         tokens = ngram.max_proposal_tokens
         check(tokens > 0, "ngram.max_proposal_tokens", f"must be > 0, got {tokens}")
+        check(tokens <= MAX_DRAFT_TOKENS, "ngram.max_proposal_tokens", _window_bound(tokens))
         if ngram.kind is NgramKind.CACHE:
             check(
                 high <= MAX_CACHE_NGRAM,
@@ -204,3 +218,7 @@ class SpeculativeDecodeConfig(ConfigModel):
                 "ngram.max_ngram",
                 f"must be <= {MAX_SUFFIX_NGRAM} for kind 'suffix', got {high}",
             )
+
+
+def _window_bound(value: int) -> str:
+    return f"must be <= {MAX_DRAFT_TOKENS} (a verify window carries at most {MAX_DRAFT_TOKENS} drafts), got {value}"

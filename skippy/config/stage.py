@@ -1,6 +1,6 @@
 """Stage configuration: the JSON config one stage process starts from.
 
-``StageConfig`` has every field of the reference system's stage config (docs/stage-config.md says
+``StageConfig`` accepts every field of a stage config JSON (docs/stage-config.md says
 what each does); ``StageConfig.check_against`` enforces that a stage's config agrees with its entry in
 the pipeline's ``StageTopology`` (skippy.config.topology). It loads from JSON with errors that name the
 file and the field, and dumps back to the same JSON.
@@ -77,7 +77,7 @@ class PeerConfig(ConfigModel):
 
 @dataclass(frozen=True, kw_only=True)
 class StageConfig(ConfigModel):
-    """The JSON config one stage process starts from: the reference's StageConfig, every field.
+    """The JSON config one stage process starts from, every field of it.
 
     What each field does is in docs/stage-config.md; `None` means llama.cpp's default.
     """
@@ -85,12 +85,12 @@ class StageConfig(ConfigModel):
     run_id: str
     topology_id: str
     model_id: str
-    package_ref: str | None = None  # metadata: the reference's layer-package reference
+    package_ref: str | None = None  # metadata: the layer package the stage came from
     manifest_sha256: str | None = None  # metadata: that package's manifest digest
     source_model_path: str | None = None  # the full GGUF; used when model_path is unset
     source_model_sha256: str | None = None  # checked against the full GGUF at load
     source_model_bytes: int | None = None  # checked against the full GGUF's size at load
-    materialized_path: str | None = None  # metadata: where the reference materialised the stage
+    materialized_path: str | None = None  # metadata: where the stage's files were materialised
     materialized_pinned: bool = False  # metadata
     model_path: str | None = None  # None or "default" = the packaged default model
     projector_path: str | None = None  # multimodal: refused

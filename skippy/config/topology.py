@@ -26,7 +26,7 @@ __all__ = ["LoadMode", "StageTopology", "StageTopologyEntry", "check_layer_range
 class LoadMode(enum.StrEnum):
     RUNTIME_SLICE = "runtime-slice"  # slice the full GGUF (cached), load only owned layers
     ARTIFACT_SLICE = "artifact-slice"  # load a pre-sliced GGUF
-    LAYER_PACKAGE = "layer-package"  # the reference's model-package.json dirs: refused
+    LAYER_PACKAGE = "layer-package"  # directories of layer packages (model-package.json): refused
 
 
 

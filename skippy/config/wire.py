@@ -1,9 +1,9 @@
 """WireCondition: the link between a stage and its downstream — emulated delay and activation encoding.
 
-A simulator for WAN experiments, like the reference system's: every downstream write
+A simulator for WAN experiments: every downstream write
 is delayed by a fixed propagation delay plus the time to serialise the message
 at ``mbps`` megabits per second (1 Mbps = 125 kB/s).  Both delays are capped
-at one hour.  Jitter and stalls from newer reference versions are not modelled
+at one hour.  Jitter and stalls are not modelled here
 (real delay, jitter and rate limits between network namespaces: `skippy.netns`).
 ``activation_dtype`` is how batches' activations are packed on this link
 (``--activation-wire-dtype``: f32, f16 or q8; see `skippy.protocol.activations`). The flag may also say

@@ -124,7 +124,7 @@ class BatchLauncher:
             pw.seq.in_flight += 1
             if pw.is_prefill:
                 pw.seq.prefilled = pw.pos_start + len(pw.tokens)
-                if not pw.seq.resumed_at:  # the prompt's chunks, for a replay to repeat
+                if not pw.seq.replay_committed:  # the prompt's chunks, for a replay to repeat
                     pw.seq.chunk_ends[:] = [*(e for e in pw.seq.chunk_ends if e <= pw.pos_start), pw.seq.prefilled]
         cache = list(ops) or [CacheOps()] * len(plan)
         windows = [SessionWindow(pw.seq.session_id, pw.pos_start, len(pw.tokens), pw.outputs, pw.tokens, *c)

@@ -2,18 +2,18 @@
 
 One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `BatchLauncher.launch`
 (stage 0's layers, then the wire) -> later, when the final stage's predictions arrive,
-`postprocess` (committed tokens, finishes) and delivery. Requests live in a `SequenceTable`;
-downstream liveness is `Liveness`; stage 0's PULL is read by `Inbound`, which calls back the driver
+`postprocess` (committed tokens, finishes) and delivery (`Delivery`, which also ends requests). Requests live
+in a `SequenceTable`; finished sessions are released on every stage by `SessionReleases`; downstream liveness
+is `Liveness`; stage 0's PULL is read by `Inbound`, built from those parts, which calls back the driver
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
 `submit(...)` returns a handle whose async iterator yields `RequestEvent`s ending with a finish reason;
-`cancel(request_id)`. A finished request's session is released on every stage. When a later stage dies
-the requests in flight pause and replay once it is back (`Replays`, skippy.driver.replay); new requests
-wait at stage 0 meanwhile (nobody is admitted), within the same deadline. `submit` checks a request with
-skippy.driver.submission: at most `max_waiting` requests wait for a lane (default: `default_max_waiting`, the
-admission queue's capacity, at least lane_count so that one broker's requests always fit); past it `submit`
-raises `QueueFull` (ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total`.
-Every loop runs under a `Supervisor`: if one raises, the live requests fail with the cause and the
-owning process exits nonzero.
+`cancel(request_id)`. When a later stage dies the requests in flight pause and replay once it is back
+(`Replays`, skippy.driver.replay); new requests wait at stage 0 meanwhile (nobody is admitted), within the
+same deadline. `submit` checks a request with skippy.driver.submission: at most `max_waiting` requests wait
+for a lane (default: `default_max_waiting`, the admission queue's capacity, at least lane_count so that one
+broker's requests always fit); past it `submit` raises `QueueFull` (ErrorCode.QUEUE_FULL, HTTP 429), counted
+in `skippy_driver_waiting_refused_total`. Every loop runs under a `Supervisor`: if one raises, the live
+requests fail with the cause and the owning process exits nonzero.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import zmq.asyncio
 from skippy.config import ServingOptions
 from skippy.config.cpu_sets import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
+from skippy.driver.delivery import Delivery
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
-from skippy.driver.postprocess import Outcome, postprocess
 from skippy.driver.prefill import ChunkPlanner, unpipelined
 from skippy.driver.prefix_index import PrefixIndex
+from skippy.driver.releases import SessionReleases
 from skippy.driver.replay import Replays
 from skippy.driver.scheduler import Drafter, decode_rows_per_iteration, plan_iteration, prefill_chunks
-from skippy.driver.sequence import Resumed, Sequence, SequenceTable
+from skippy.driver.sequence import Sequence, SequenceTable
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.submission import WaitingRoom, check_submission, default_max_waiting
 from skippy.driver.telemetry import DriverTelemetry
@@ -48,16 +49,14 @@ from skippy.protocol import (
     ConfigureSession,
     ErrorCode,
     FinishReason,
-    KeptPrefix,
     Message,
     Predictions,
-    ReleaseSessions,
+    ResumePoint,
     StageIdentity,
     Status,
     WireVerdict,
     decode,
 )
-from skippy.protocol.stats import RequestStats
 from skippy.request_events import PipelineUnavailable, RequestHandle
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.sampling import SamplingParams
@@ -102,13 +101,16 @@ class Driver:
         self._wakeup = asyncio.Event()
         self.inbound: PullQueue | None = None
         self.downstream: DownstreamLink | None = None
-        self.inbound_handler = Inbound(self, self.identity, self.log)
+        self.inbound_handler: Inbound | None = None  # reads stage 0's PULL (start)
         self.telemetry = DriverTelemetry(self.identity, self.table, self.launcher, lambda: self.max_iterations,
                                          lanes=runtime.spec.lane_count, n_batch=runtime.params.n_batch,
                                          link_guard=lambda: guard_of(self.ctx))
         self.waiting_room = WaitingRoom(max_waiting or default_max_waiting(options, runtime.spec.lane_count), self.log,
                                         self.telemetry.waiting_refused.inc)
-        self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.finish, self._enqueue,
+        self.delivery = Delivery(self.table, self.launcher, self.prefix, speculation, self.telemetry, self.log,
+                                 runtime.spec.ctx_size, self._wakeup.set)
+        self.releases = SessionReleases(self.worker, self.table, self.prefix, self.launcher, speculation)
+        self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.delivery.finish, self._enqueue,
                                options.resume_timeout_s)
 
     @property
@@ -130,16 +132,18 @@ class Driver:
         if self.options.config.downstream is not None:
             self.downstream, early = await open_downstream(self.ctx, self.options, self.identity, self.inbound,
                                                            self.supervisor.fail)
-            self.launcher.downstream = self.downstream
+            self.launcher.downstream = self.releases.downstream = self.downstream
             self.prefix.set_downstream(self.downstream.ready.cache if self.downstream.ready is not None else None)
             topology = self.options.topology
             watched = [s.stage_id for s in topology.stages[1:]] if topology else [self.options.config.downstream.stage_id]
             self.liveness = Liveness(watched, self.dead_after_s)
+        self.inbound_handler = Inbound(self, self.identity, self.log, liveness=self.liveness, replays=self.replays,
+                                       downstream=self.downstream)
         self.supervisor.spawn("receive loop", self.inbound_handler.run(self.inbound, early))
         self.wire_verdict = await certify_wire(self.launcher, self.options, calibration_prompt(
-            self.runtime.model, self.runtime.spec.ctx_size), self.release_now)
+            self.runtime.model, self.runtime.spec.ctx_size), self.releases.now)
         if self.speculation is not None and self.speculation.calibrate:
-            await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.release_now,
+            await calibrate_speculation(self.speculation, self.launcher, self.options, self.runtime.n_vocab, self.releases.now,
                                         lanes=self.runtime.spec.lane_count, micro_batches=self.max_iterations,
                                         n_batch=self.runtime.params.n_batch)
         self.supervisor.spawn("schedule loop", self._schedule_loop())
@@ -147,19 +151,13 @@ class Driver:
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations,
                       wire=verdict_fields(self.wire_verdict))
 
-    async def release_now(self, session_ids: tuple[int, ...]) -> None:
-        """Forget sessions on every stage now (the calibration session)."""
-        await self.worker.call(self._release, session_ids)
-        if self.downstream is not None:
-            self.downstream.enqueue(ReleaseSessions(session_ids))
-
     async def close(self) -> None:
         """Cancel what is live, release sessions downstream, and close sockets, thread and context,
         whichever of these steps fails."""
         try:
             for seq in self.table.live():
-                self.finish(seq, FinishReason.CANCELLED, "driver shutting down")
-            await self._flush_releases()
+                self.delivery.finish(seq, FinishReason.CANCELLED, "driver shutting down")
+            await self.releases.flush()
             if self.downstream is not None:
                 await self.downstream.drain()
         finally:
@@ -175,22 +173,21 @@ class Driver:
     # -- API ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int] | np.ndarray, sampling: SamplingParams | None = None, max_tokens: int = 16,
                stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None,
-               resumed: Resumed | None = None, progress: bool = False) -> RequestHandle:
-        """A new request; `resumed`: what a resubmitted one already generated (skippy.protocol.Submit.history):
+               resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
+        """A new request; `resume_from`: where a lost one resumes (skippy.protocol.Submit.resume_from):
         it is prefilled again as a replay is and continues from the next token. `progress`: the handle also gets
         PromptProgress events as prefill chunks come back."""
         if self.failed is not None:
             raise PipelineUnavailable(f"pipeline unavailable: stage {self.identity.stage_id} failed: {self.failed}")
         tokens = np.asarray(prompt, np.int32)
         request_id = request_id or uuid.uuid4().hex
-        check_submission(self.table, self.runtime.spec.ctx_size, len(tokens), max_tokens, resumed, request_id)
+        check_submission(self.table, self.runtime.spec.ctx_size, len(tokens), max_tokens, resume_from, request_id)
         self.waiting_room.enter(len(self.table.waiting), request_id)
         handle = RequestHandle(request_id)
         seq = Sequence(request_id, next(self._ids), tokens, sampling or SamplingParams(), max_tokens, stop_tokens,
                        ChunkPlanner(self.prefill), handle, progress=progress)
-        if resumed is not None:
-            resumed.apply(seq)
-            self.replays.resubmitted(seq)
+        if resume_from is not None:
+            self.replays.replay_submitted(seq, resume_from)
         self.table.add(seq)
         self._wakeup.set()
         return handle
@@ -207,14 +204,14 @@ class Driver:
             return
         seq.cancelled = True
         if not seq.in_flight:  # else it finishes when its batch comes back
-            self.finish(seq, FinishReason.CANCELLED)
+            self.delivery.finish(seq, FinishReason.CANCELLED)
         self._wakeup.set()
 
     # -- the step: schedule -> launch; predictions -> postprocess -> deliver -------------------
     async def _schedule_loop(self) -> None:
         while True:
             self._wakeup.clear()
-            await self._flush_releases()
+            await self.releases.flush()
             # while a later stage is down nobody is admitted (a configuration would be lost with it)
             for seq in self.table.admit(self.runtime.spec.lane_count if self.liveness.dead is None else 0):
                 self.prefix.admit(seq)
@@ -233,7 +230,7 @@ class Driver:
                     try:
                         done = await self.launcher.launch(plan, self.prefix.window_ops(plan))
                     except (RuntimeUsageError, RuntimeError) as exc:
-                        self._fail([pw.seq for pw in plan], f"stage {self.identity.stage_id}: {exc}")
+                        self.delivery.fail([pw.seq for pw in plan], f"stage {self.identity.stage_id}: {exc}")
                         continue
                     if done is not None:
                         self.on_predictions(done)
@@ -255,7 +252,7 @@ class Driver:
     async def _configure(self, seq: Sequence) -> None:
         if self.speculation is not None:
             self.speculation.start(seq.session_id, seq.prompt.tolist())
-        history = tuple(seq.generated)  # a resubmitted request's (empty for a new one)
+        history = tuple(seq.generated)  # a resume point's (empty for a new request)
         if self.runtime.is_final:
             await self.worker.call(self.runtime.configure_session, seq.session_id, seq.sampling, history, seq.draws)
         else:
@@ -266,84 +263,12 @@ class Driver:
         assert self.downstream is not None
         self.downstream.enqueue(msg)
 
-    async def _flush_releases(self) -> None:
-        ids = self.table.take_releases()
-        if not ids:
-            return
-        keep, evict = self.prefix.take_kept()  # finished prompts + replies kept as prefix cache entries
-        await self.worker.call(self._release, ids, keep, evict)
-        self.prefix.release(ids)
-        self.launcher.record_release(ids, keep, evict)
-        if self.downstream is not None:
-            self.downstream.enqueue(ReleaseSessions(ids, keep, evict))
-
-    def _release(self, session_ids: tuple[int, ...], keep: tuple[KeptPrefix, ...] = (), evict: tuple[int, ...] = ()) -> None:
-        """Runtime thread: forget finished sessions in stage 0's runtime and their proposers."""
-        self.worker.release(session_ids, keep, evict)
-        if self.speculation is not None:
-            self.speculation.release(session_ids)
-
-    def on_predictions(self, msg: Predictions) -> None:
-        entry = self.launcher.complete(msg.batch_id, msg)
-        if entry is None:  # not in flight, or the launcher's own round trip (calibration)
-            return
-        self.launcher.stats.observe(msg)
-        hops = self.launcher.stats.hop_ms[-1]
-        if self.speculation is not None and not any(pw.is_prefill for pw in entry.plan):
-            if entry.ahead == 0:  # else its hops include waiting behind those batches (seconds behind prefill chunks)
-                self.speculation.observe_hops(hops)
-            self.speculation.observe_batch(entry.rows, sum(t.compute_ms for t in msg.timings))
-        outcomes = postprocess(entry, msg, self.runtime.spec.ctx_size)
-        # the schedule loop wakes first: the next batch is launched before the requests' consumers and the
-        # telemetry of this one run (they are not on the token's critical path)
-        self._wakeup.set()
-        for outcome in outcomes:
-            self._deliver(outcome)
-        # what was in flight is counted now: by the time the observation runs the next batch is in flight too
-        asyncio.get_running_loop().call_soon(self.telemetry.iteration, entry, msg, hops, len(self.launcher.inflight) + 1)
-
-    def _deliver(self, outcome: Outcome) -> None:
-        self.telemetry.outcome(outcome)
-        if self.speculation is not None and outcome.stale_rows:
-            self.speculation.stale(outcome.seq.session_id, outcome.stale_rows)
-        if self.speculation is not None and outcome.committed:
-            self.speculation.committed(outcome.seq.session_id, outcome.proposed, outcome.returned, outcome.committed)
-            self.speculation.receive_mtp(outcome.seq.session_id, outcome.mtp_draft)
-        if outcome.chain_miss:  # a stage lacked the prefix it restores: prefill it all again
-            self.prefix.chain_miss(outcome.seq)
-        for event in outcome.events:
-            outcome.seq.handle.put(event)
-        if outcome.finish is not None:
-            self.finish(outcome.seq, outcome.finish, outcome.error)
-
-    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
-                code: ErrorCode | None = None) -> None:
-        speculative = self.speculation.summary(seq.session_id) if self.speculation is not None else None
-        stats = RequestStats(self.speculation.stats(seq.session_id) if self.speculation is not None else None,
-                             self.prefix.stats(seq))
-        if self.table.finish(seq, reason, error, code, stats):
-            self.prefix.finish(seq, keep=reason in (FinishReason.STOP, FinishReason.LENGTH))
-            self.telemetry.finished(seq, reason, error, speculative)
-            self.log.info("request_done", **seq.summary(reason, error), speculative=speculative)
-            self._wakeup.set()
-
     # -- Inbound's callbacks (skippy.driver.inbound.DriverCallbacks) ---------------------------
+    def on_predictions(self, msg: Predictions) -> None:
+        self.delivery.predictions(msg)
+
     def fail_batch(self, batch_id: int | None, session_ids: tuple[int, ...], error: str) -> None:
-        entry = self.launcher.complete(batch_id) if batch_id is not None else None
-        if entry is None and batch_id in self.launcher.forgotten:
-            self.log.warning("stale_batch_error", batch_id=batch_id, error=error)  # forgotten when a stage died
-            return
-        named = [s for s in self.table.live() if s.session_id in session_ids and s.paused is None]
-        self._fail([*(pw.seq for pw in entry.plan), *named] if entry else named, error)
-
-    def fail_live(self, error: str, code: ErrorCode | None = None) -> None:
-        self._fail(self.table.live(), error, code)
-        self.launcher.inflight.clear()
-
-    def _fail(self, seqs: list[Sequence], error: str, code: ErrorCode | None = None) -> None:
-        for seq in seqs:
-            seq.in_flight = 0
-            self.finish(seq, FinishReason.ERROR, error, code)
+        self.delivery.fail_batch(batch_id, session_ids, error)
 
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         self.prefix.set_downstream(cache)
@@ -355,7 +280,7 @@ class Driver:
     def chain_back(self) -> None:
         if self.downstream is not None and self.wire_verdict is not None and self.wire_verdict.certified:
             set_chain_wire(self.downstream, self.wire_verdict.used, self.log)  # a restarted stage starts afresh
-        self.replays.resume()
+        self.replays.replay_paused()
         self._wakeup.set()
 
     async def forget_prefixes(self) -> None:
@@ -365,4 +290,4 @@ class Driver:
 
     def _on_process_failure(self, cause: str) -> None:
         self.failed = cause
-        self.fail_live(f"stage {self.identity.stage_id} failed: {cause}", ErrorCode.PIPELINE_FAILED)
+        self.delivery.fail_live(f"stage {self.identity.stage_id} failed: {cause}", ErrorCode.PIPELINE_FAILED)

@@ -12,8 +12,9 @@ is logged (`stage_refused`), fails the paused requests with that reason, the sta
 greeted again at most every
 `REFUSED_RETRY_S`; a greeting not answered within `GREETING_TIMEOUT_S` is sent again.
 
-`Inbound` holds no driver: it answers to `DriverCallbacks`, the few operations it needs of stage 0's
-driver (which implements them), as brokers.link's `PipelineLink` answers to its broker's callbacks.
+`Inbound` holds no driver: it is built from the parts it reads (the liveness record, the paused
+requests, the link to stage 1) and tells stage 0's driver what happened through `DriverCallbacks`, as
+brokers.link's `PipelineLink` answers to its broker's callbacks.
 """
 
 from __future__ import annotations
@@ -56,15 +57,7 @@ class Greeting:
 
 
 class DriverCallbacks(Protocol):
-    """What `Inbound` needs of stage 0's driver."""
-
-    @property
-    def downstream(self) -> DownstreamLink | None:
-        """The link to stage 1 (None: a single stage)."""
-
-    @property
-    def liveness(self) -> Liveness:
-        """Which stages were heard from lately."""
+    """What `Inbound` tells stage 0's driver."""
 
     def on_predictions(self, msg: Predictions) -> None:
         """A batch's predictions are back."""
@@ -78,10 +71,6 @@ class DriverCallbacks(Protocol):
     def chain_back(self) -> None:
         """The dead stage answered its greeting: the paused requests replay."""
 
-    @property
-    def replays(self) -> Replays:
-        """Paused requests: their deadline, and their failure when the stage is refused."""
-
     def downstream_ready(self, cache: CacheCaps | None) -> None:
         """The chain below answered a greeting; `cache`: its prefix cache bounds."""
 
@@ -90,11 +79,17 @@ class DriverCallbacks(Protocol):
 
 
 class Inbound:
-    def __init__(self, driver: DriverCallbacks, identity: StageIdentity, log: Any) -> None:
-        """`identity`: stage 0's, sent in each greeting; `log`: the driver's logger."""
-        self.driver = driver
+    def __init__(self, callbacks: DriverCallbacks, identity: StageIdentity, log: Any, *, liveness: Liveness,
+                 replays: Replays, downstream: DownstreamLink | None) -> None:
+        """`identity`: stage 0's, sent in each greeting; `log`: the driver's logger; `liveness`: which stages
+        were heard from lately; `replays`: the paused requests (their deadline, their failure when the stage
+        is refused); `downstream`: the link to stage 1 (None: a single stage)."""
+        self.callbacks = callbacks
         self.identity = identity
         self.log = log
+        self.liveness = liveness
+        self.replays = replays
+        self.downstream = downstream
         self.queue: PullQueue | None = None  # stage 0's PULL, from `run`
         self.greeting: Greeting | None = None
         self.retry_at = 0.0  # after a refusal, no greeting before this (monotonic)
@@ -108,13 +103,13 @@ class Inbound:
             await self.dispatch(await queue.recv())
 
     async def dispatch(self, msg: Message | ProtocolError) -> None:
-        d, log = self.driver, self.log
+        d, log = self.callbacks, self.log
         if isinstance(msg, Predictions):
-            if msg.credit and d.downstream is not None:
-                d.downstream.credits.release()
+            if msg.credit and self.downstream is not None:
+                self.downstream.credits.release()
             d.on_predictions(msg)
         elif isinstance(msg, Heartbeat):
-            heard = d.liveness.heard(msg.stage_id, msg.incarnation)
+            heard = self.liveness.heard(msg.stage_id, msg.incarnation)
             if heard is Heard.RESTARTED:
                 self.mark_dead(msg.stage_id, f"stage {msg.stage_id} restarted (the sessions it held are gone)")
                 self.greeting, self.retry_at = None, 0.0  # a new process: whatever was pending, greet it now
@@ -129,9 +124,9 @@ class Inbound:
             log.info("downstream_ready", downstream=msg.sender.stage_id, prefix_cache=msg.cache)
             if self.greeting is not None:
                 self.greeting = None
-                log.info("stage_back", stage=d.liveness.revived())
+                log.info("stage_back", stage=self.liveness.revived())
                 d.chain_back()
-        elif not await handle_link_control(msg, d.downstream, log):
+        elif not await handle_link_control(msg, self.downstream, log):
             log.warning("unexpected_message", kind=type(msg).__name__)
 
     def on_error(self, msg: ErrorReport) -> None:
@@ -140,37 +135,37 @@ class Inbound:
         if msg.code is ErrorCode.HANDSHAKE and self.greeting is not None:
             self.log.error("stage_refused", stage=self.greeting.stage_id, error=error, retry_in_s=REFUSED_RETRY_S)
             self.greeting, self.retry_at = None, time.monotonic() + REFUSED_RETRY_S
-            self.driver.replays.fail_paused(f"stage {msg.stage_id} came back but was refused: {msg.message}")
+            self.replays.fail_paused(f"stage {msg.stage_id} came back but was refused: {msg.message}")
             return
         if msg.code is ErrorCode.STAGE_STOPPED:
             self.mark_dead(msg.stage_id, error)
             return
-        self.driver.fail_batch(msg.batch_id, msg.session_ids, error)
+        self.callbacks.fail_batch(msg.batch_id, msg.session_ids, error)
 
     def mark_dead(self, stage_id: str, error: str) -> None:
-        if self.driver.liveness.mark_dead(stage_id):
+        if self.liveness.mark_dead(stage_id):
             self.log.error("stage_dead", dead_stage=stage_id, error=error)
-        self.driver.pause_live(stage_id, error)
+        self.callbacks.pause_live(stage_id, error)
 
     async def revive(self, stage_id: str) -> None:
         """Greet the chain again (unless a greeting is pending or was just refused); the stage is back
         when the Ready arrives."""
-        downstream = self.driver.downstream
+        downstream = self.downstream
         assert downstream is not None and self.queue is not None
         now = time.monotonic()
         if (self.greeting is not None and now < self.greeting.deadline) or now < self.retry_at:
             return
         downstream.credits.reset()
-        await self.driver.forget_prefixes()  # the Hello empties the prefix caches downstream: start every stage afresh
+        await self.callbacks.forget_prefixes()  # the Hello empties the prefix caches downstream: start every stage afresh
         self.greeting = Greeting(stage_id, now + GREETING_TIMEOUT_S)
         downstream.enqueue(Hello(self.identity, connectable(self.queue.endpoint)))  # not awaited: a PUSH may block
         self.log.info("stage_greeted", stage=stage_id)
 
     async def monitor(self) -> None:
         while True:
-            liveness = self.driver.liveness
+            liveness = self.liveness
             await asyncio.sleep(min(liveness.dead_after_s / 6, 0.5))  # also the paused requests' deadline tick
-            self.driver.replays.expire()
+            self.replays.expire()
             stage = liveness.silent()
             if stage is not None:
                 self.mark_dead(stage, f"stage {stage} stopped responding (no heartbeat for {liveness.dead_after_s:g} s)")

@@ -93,14 +93,14 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
 
 
 def _resumable(outcome: Outcome) -> None:
-    """Stamp the events with what a resubmission needs: the draws after the window on its last event, the
-    prompt's chunk ends on the request's first token."""
+    """Stamp the events with what resuming the request needs (skippy.protocol.ResumePoint): the draws after the
+    window on its last event, the prompt's chunk ends on the request's first token."""
     seq, events = outcome.seq, outcome.events
     if not events:
         return
     events[-1] = replace(events[-1], draws=seq.draws)
     if len(seq.generated) == len(outcome.committed):  # the request's first tokens
-        events[0] = replace(events[0], chunks=tuple(seq.chunk_ends))
+        events[0] = replace(events[0], chunk_ends=tuple(seq.chunk_ends))
 
 
 def progress_event(pw: PlannedWindow) -> RequestEvent:

@@ -3,20 +3,20 @@
 When a later stage dies (heartbeats stop, `stage_stopped`, or a restart told by a new incarnation) every
 running session *pauses* (`pause`): its windows in flight are forgotten (`Sequence.attempt` bumped by
 the replay; the batches' records dropped) and nothing of it runs. Waiting requests are untouched and
-nobody is admitted while the chain is down. When the chain answers stage 0's greeting again (`resume`),
+nobody is admitted while the chain is down. When the chain answers stage 0's greeting again (`replay_paused`),
 each paused session is configured anew on the final stage with its sampler's state (ConfigureSession
 `history`: the committed tokens; `draws`: the RNG draws the dead final stage had made, as of the last
 committed window) and prefilled again through the normal scheduler: its prompt and all committed tokens
 but the last, which drives the next decode row, exactly as a fresh prompt's last token does. No token
-is emitted twice; the client's stream only pauses. A session that cannot resume within `timeout_s`
+is emitted twice; the client's stream only pauses. A session that cannot replay within `timeout_s`
 (and a request waiting while the chain has been down that long) fails with one `pipeline_failed` error
 naming the stage (`expire`); a restarted stage refused on its greeting fails the paused ones with that
-reason (`fail_paused`). Each resume is counted (`skippy_driver_replays_total`,
+reason (`fail_paused`). Each replay is counted (`skippy_driver_replays_total`,
 `skippy_driver_replayed_tokens_total`) and logged once per request (`request_replay`, with `paused_ms`).
 
-A request resubmitted after its first stage 0 or broker died (skippy.protocol.Submit.history: `Resumed`) is
-admitted as a replay from the start: its committed tokens are prefilled again in the chunks its prompt
-first ran in, then one per window, and it is counted and logged (`request_resubmitted`) the same way.
+A request submitted from a resume point after its first stage 0 or broker died (skippy.protocol.Submit.resume_from)
+is admitted as a replay from the start (`replay_submitted`): its committed tokens are prefilled again in the chunks
+its prompt first ran in, then one per window, and it is counted the same way and logged (`request_replay_submitted`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.driver.batches import BatchLauncher
 from skippy.driver.sequence import Paused, Sequence, SequenceTable
 from skippy.driver.telemetry import DriverTelemetry
-from skippy.protocol import ConfigureSession, ErrorCode, FinishReason
+from skippy.protocol import ConfigureSession, ErrorCode, FinishReason, ResumePoint
 
 Finish = Callable[[Sequence, FinishReason, str | None, ErrorCode | None], None]
 Configure = Callable[[ConfigureSession], None]
@@ -64,7 +64,7 @@ class Replays:
                 self.log.info("request_paused", request_id=seq.request_id, session_id=seq.session_id,
                               dead_stage=stage_id, generated_tokens=len(seq.generated), reason=error)
 
-    def resume(self) -> None:
+    def replay_paused(self) -> None:
         """The chain is back: every paused session is configured again with its sampler's state and replays."""
         self.down = None
         self.launcher.forget()  # launched while the stage was dying: stale
@@ -84,11 +84,12 @@ class Replays:
                           dead_stage=paused.stage_id, replayed_tokens=len(seq.fill), replayed_committed=replayed,
                           draws=seq.draws, paused_ms=round((now - paused.since) * 1e3, 3))
 
-    def resubmitted(self, seq: Sequence) -> None:
-        """Count and log a request resubmitted with its committed tokens (`Resumed`)."""
+    def replay_submitted(self, seq: Sequence, point: ResumePoint) -> None:
+        """Make a request submitted from `point` a replay of its prompt and the point's history; count and log it."""
+        seq.replay_from(point)
         self.telemetry.replays.inc()
         self.telemetry.replayed_tokens.inc(len(seq.fill))
-        self.log.info("request_resubmitted", request_id=seq.request_id, session_id=seq.session_id,
+        self.log.info("request_replay_submitted", request_id=seq.request_id, session_id=seq.session_id,
                       replayed_tokens=len(seq.fill), replayed_committed=len(seq.generated), draws=seq.draws)
 
     def expire(self) -> None:

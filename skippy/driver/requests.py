@@ -23,13 +23,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from skippy.driver.direct_events import EventSinks, SinkRefused, submitter_copy, usable
-from skippy.driver.sequence import Resumed
 from skippy.protocol import (
     Cancel,
     ErrorCode,
     FinishReason,
     Message,
     ProtocolError,
+    ResumePoint,
     Status,
     StatusQuery,
     Submit,
@@ -48,7 +48,7 @@ class Stage0(Protocol):
     """What the request endpoint needs of stage 0's driver."""
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resumed: Resumed | None, progress: bool = False) -> RequestHandle:
+               request_id: str | None, resume_from: ResumePoint | None, progress: bool = False) -> RequestHandle:
         """Take a request (raises QueueFull, PipelineUnavailable, RuntimeUsageError when it cannot)."""
 
     def cancel(self, request_id: str) -> None:
@@ -77,9 +77,8 @@ class RequestEndpoint:
         if isinstance(msg, Submit):
             try:
                 sampling = SamplingParams.from_dict(msg.sampling)
-                resumed = Resumed(msg.history, msg.chunks, msg.draws) if msg.history else None
                 handle = self.stage0.submit(list(msg.prompt), sampling, msg.max_tokens, frozenset(msg.stop_tokens),
-                                            msg.request_id, resumed, msg.progress)
+                                            msg.request_id, msg.resume_from, msg.progress)
             except (QueueFull, RuntimeUsageError, PipelineUnavailable, TypeError, ValueError) as exc:
                 code = (ErrorCode.QUEUE_FULL if isinstance(exc, QueueFull) else
                         ErrorCode.UNAVAILABLE if isinstance(exc, PipelineUnavailable) else ErrorCode.BAD_REQUEST)
@@ -115,7 +114,7 @@ class RequestEndpoint:
                 tokens = () if event.token is None else (event.token,)
                 logprobs = () if event.logprob is None else (event.logprob,)
                 msg = TokenEvents(rid, tokens, event.finish_reason, event.error, event.code, logprobs, event.stats,
-                                  draws=event.draws, chunks=event.chunks, progress=event.progress)
+                                  draws=event.draws, chunk_ends=event.chunk_ends, progress=event.progress)
                 if events_to is None:
                     await router.send(client, msg)
                 elif await self.sinks.send(events_to, msg):

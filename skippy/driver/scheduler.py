@@ -82,7 +82,7 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     # pipeline without waiting (bounded by credits): chunk k+1 computes at stage 0 while k is at stage 1.
     for seq, n in prefill_chunks(running, budget, only_pipelined_prefill):
         end = seq.prefilled + n
-        outputs = (n - 1,) if end == len(seq.fill) and not seq.resumed_at else ()
+        outputs = (n - 1,) if end == len(seq.fill) and not seq.replay_committed else ()
         plan.append(PlannedWindow(seq, seq.prefilled, seq.fill[seq.prefilled : end], outputs, epoch=seq.epoch,
                                   attempt=seq.attempt))
     return plan
@@ -98,7 +98,7 @@ def prefill_chunks(running: Iterable[Sequence], budget: int,
             continue
         # a chunk ends where the prompt is recorded in the prefix cache (entries are recorded at a window's end);
         # a replay's (prompt + committed tokens) last chunk samples nothing: the last committed token comes next
-        size = seq.replay_chunk(seq.planner.size()) if seq.resumed_at else seq.planner.size()
+        size = seq.replay_chunk(seq.planner.size()) if seq.replay_committed else seq.planner.size()
         n = min(size, seq.prefix.chunk_end(seq.prefilled, len(seq.fill)) - seq.prefilled, budget)
         yield seq, n
         budget -= n

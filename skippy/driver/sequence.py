@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from skippy.driver.prefill import ChunkPlanner
-from skippy.protocol import ErrorCode, FinishReason, PrefixRef, StageTiming
+from skippy.protocol import ErrorCode, FinishReason, PrefixRef, ResumePoint, StageTiming
 from skippy.protocol.stats import PrefixStats, RequestStats
 from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
@@ -97,7 +97,7 @@ class Sequence:
     attempt: int = 0  # bumped when a prefill restarts at 0 (a chain miss, a replay): older windows are ignored
     # a replay (a later stage died): the prompt and all committed tokens but the last are prefilled again
     fill: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # what is prefilled: the prompt, or more
-    resumed_at: int = 0  # committed tokens when `fill` was built (0: the last chunk samples the first token)
+    replay_committed: int = 0  # committed tokens when a replay's `fill` was built (0: the last chunk samples the first)
     progress: bool = False  # send PromptProgress events as prefill chunks come back (Submit.progress)
     draws: int = 0  # the final stage's RNG draws for this session, as of the last committed window
     paused: Paused | None = None  # set while the chain is down: nothing of this session runs
@@ -122,11 +122,19 @@ class Sequence:
         self.attempt += 1
         self.in_flight, self.prefilled, self.paused = 0, 0, None
         self.epoch, self.chain = self.epoch + 1, []
-        self.resumed_at = len(self.generated)
-        replayed = max(0, self.resumed_at - 1)
+        self.replay_committed = len(self.generated)
+        replayed = max(0, self.replay_committed - 1)
         self.fill = np.concatenate([self.prompt, np.asarray(self.generated[:replayed], np.int32)])
         self.replays += 1
         return replayed
+
+    def replay_from(self, point: ResumePoint) -> None:
+        """Replay a request submitted from `point` (its first stage 0 or broker died): its prompt and the point's
+        history prefilled again in the chunks its prompt first ran in, then decoding the next token."""
+        self.generated[:] = point.history
+        self.chunk_ends[:] = [e for e in point.chunk_ends if 0 < e <= len(self.prompt)]
+        self.draws = point.draws
+        self.replay()
 
     def replay_chunk(self, size: int) -> int:
         """A replay's next chunk: the prompt's in the chunks it first ran in, then one committed token per window,
@@ -208,18 +216,3 @@ class SequenceTable:
         ids, self._releases = tuple(self._releases), []
         return ids
 
-
-@dataclass(frozen=True)
-class Resumed:
-    """What a resubmitted request already generated: its committed tokens, its prompt's chunk ends, the RNG draws."""
-
-    history: tuple[int, ...]
-    chunks: tuple[int, ...] = ()
-    draws: int = 0
-
-    def apply(self, seq: Sequence) -> None:
-        """Make `seq` a replay of its prompt and `history` (prefilled again, then decoding the next token)."""
-        seq.generated[:] = self.history
-        seq.chunk_ends[:] = [e for e in self.chunks if 0 < e <= len(seq.prompt)]
-        seq.draws = self.draws
-        seq.replay()

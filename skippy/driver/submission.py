@@ -1,6 +1,6 @@
 """What stage 0 checks before a request becomes a sequence: its numbers, its id, and room to wait for a lane.
 
-`check_submission` refuses what can never run (a prompt over the context, max_tokens < 1, a resubmission's
+`check_submission` refuses what can never run (a prompt over the context, max_tokens < 1, a resume point's
 history already at max_tokens, an id in flight) with RuntimeUsageError (bad_request). `WaitingRoom` bounds
 the requests waiting for a lane: past `max_waiting` it raises QueueFull (ErrorCode.QUEUE_FULL, HTTP 429),
 counted by its `on_refused` callback and logged once per episode (`waiting_full`, then `waiting_full_ended`).
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from skippy.config import ServingOptions, default_queue_capacity, prompt_length_error
-from skippy.driver.sequence import Resumed, SequenceTable
+from skippy.driver.sequence import SequenceTable
+from skippy.protocol import ResumePoint
 from skippy.request_events import QueueFull
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.transport.overflow import Overflows
@@ -26,14 +27,14 @@ def default_max_waiting(options: ServingOptions, lane_count: int) -> int:
 
 
 def check_submission(table: SequenceTable, ctx_size: int, prompt_tokens: int, max_tokens: int,
-                     resumed: Resumed | None, request_id: str) -> None:
+                     resume_from: ResumePoint | None, request_id: str) -> None:
     unfit = prompt_length_error(prompt_tokens, ctx_size)
     if unfit is not None:
         raise RuntimeUsageError(unfit.message)
     if max_tokens < 1:
         raise RuntimeUsageError(f"max_tokens must be >= 1, got {max_tokens}")
-    if resumed is not None and len(resumed.history) >= max_tokens:
-        raise RuntimeUsageError(f"history: {len(resumed.history)} tokens, but max_tokens is {max_tokens}")
+    if resume_from is not None and len(resume_from.history) >= max_tokens:
+        raise RuntimeUsageError(f"resume_from.history: {len(resume_from.history)} tokens, but max_tokens is {max_tokens}")
     if table.get(request_id) is not None:
         raise RuntimeUsageError(f"request id {request_id!r} is already in flight")
 

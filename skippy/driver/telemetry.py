@@ -12,7 +12,8 @@ totals); debug `stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0
 `stage.openai_decode_token` (phase cold, warmup, steady). Bounded queues' refusals are counters the driver
 and its request endpoint move: `waiting_refused` (a direct submit past `max_waiting`, answered queue_full)
 and `events_to_overflow` (a direct token event a client's full event socket refused; its request failed).
-`replays` / `replayed_tokens`: requests resumed after a later stage died (skippy.driver.replay).
+`replays` / `replayed_tokens`: requests replayed after a later stage died, or submitted from a resume point
+(skippy.driver.replay).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ class DriverTelemetry:
                                        "queue of requests waiting for a lane was full", registry=registry)
         self.events_to_overflow = Counter("skippy_driver_events_to_overflow", "direct token events refused by a client's "
                                           "full event socket (the request then failed with slow_client)", registry=registry)
-        self.replays = Counter("skippy_driver_replays", "sessions prefilled again after a later stage died (each resume"
-                               " of a paused request)", registry=registry)
+        self.replays = Counter("skippy_driver_replays", "requests prefilled again: paused ones once a later stage"
+                               " that died is back, and ones submitted from a resume point", registry=registry)
         self.replayed_tokens = Counter("skippy_driver_replayed_tokens", "committed tokens prefilled again by replays",
                                        registry=registry)
         registry.register(LinkMetrics(link_guard))

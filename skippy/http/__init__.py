@@ -1,18 +1,17 @@
-"""The OpenAI-compatible HTTP adapter and the small HTTP/1.1 server under it (asyncio streams + h11).
+"""A small HTTP/1.1 server library on asyncio streams + h11: what the adapter's routes are served with.
 
-- `server`, `connection`, `framing`, `json_body`, `routing`, `errors`, `auth`, `cors`, `sse`, `busy`: the
-  server library: connections with deadlines and a cap, request heads and bodies within limits, bounded
-  JSON, the route table, OpenAI error envelopes, the API key, CORS, event streams, requests in progress.
-- `adapter`: the routes; `generation`: /v1/chat/completions, /v1/completions and /infill over the broker
-  (`skippy.client.PipelineClient`; `resubmit`: what a dead stage 0 or broker lost is resubmitted);
-  `openai_request`, `request_fields`, `messages`, `openai_response`:
-  the OpenAI shapes; `sampling_defaults`: the model's sampling for fields a request leaves out;
-  `chat_template`, `stops`, `tokenize`, `infill`: text around the token ids; `prompt_routes` (/tokenize,
-  /apply-template, input tokens) and `pipeline_info` (/props, /slots): llama-server's smaller routes.
-- `responses_api`, `responses_request` (OpenAI Responses) and `anthropic_api`, `anthropic_request` (Anthropic
-  Messages): each request translated into the chat request it means and run by `generation`
-  (`translation`: what both share), its events rendered back in that API's shapes.
-- `structured`, `json_schema`, `schema_pattern`, `tools`, `tool_output`: response formats and tool calls
-  as grammars for the final stage.
-- `metrics`, `prefix_metrics`: the adapter's /metrics; `dashboard` (with `static/`): the live pipeline page.
+It knows routes, requests, responses and limits; nothing of models, pipelines or the adapter that serves
+its routes with it. Start at `server.py`.
+
+- `server.py`: `HttpServer`: listening, the connection cap, a graceful close.
+- `connection.py`: one client connection's request -> handler -> response cycles, with head, body and idle deadlines.
+- `framing.py`: between h11 and handlers: a request head read and checked against the limits, response heads,
+  the error responses for requests the server will not serve, the `http_request` log line.
+- `routing.py`: `Request`, `Response`, `StreamResponse` and the `Router` (exact paths, 404/405).
+- `errors.py`: `HttpError` and the OpenAI error envelope it is rendered in.
+- `json_body.py`: the one parser of client JSON, within depth and size bounds.
+- `sse.py`: server-sent events framing and keep-alive pings.
+- `auth.py`: the API key (Bearer or `x-api-key`), a 401 otherwise.
+- `cors.py`: CORS preflights and headers for the allowed origins.
+- `busy.py`: how many requests are being answered, and a bounded wait for none.
 """

@@ -5,7 +5,7 @@ leaves it on a command line; skippy.config.api_key) every route wants `Authoriza
 `x-api-key: KEY`, as Anthropic's clients send it),
 except `/health` and `/readyz` (liveness and readiness probes, which say nothing but up or down and
 the queue lengths) and CORS preflights (browsers send them without credentials). Every route of the
-adapter goes through `wrap`, the dashboard's too (OpenAIAdapter.router is the one route table).
+adapter goes through `wrap`, the dashboard's too (the adapter has one route table).
 
 A browser cannot put a Bearer header on a page it opens, so the dashboard's routes (`browser=True`:
 `/dashboard`, its script and style, `/dashboard/data`) also take the key once as a query,

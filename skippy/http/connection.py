@@ -46,7 +46,7 @@ _LINGER_S = 2.0
 
 class ConnectionObserver(Protocol):
     """Told of connections refused (`max_connections`) and of clients closed as too slow (`head_timeout`,
-    `body_timeout`, `idle_timeout`), and of the open count; skippy.adapter.request_metrics.Metrics is one."""
+    `body_timeout`, `idle_timeout`), and of the open count; the adapter's metrics are one."""
 
     def connection_refused(self, reason: str) -> None: ...
 

@@ -8,15 +8,16 @@ reach every host. Link conditions apply to what each host sends to the others:
 - rate (``--rate-mbit``): a ``tbf`` qdisc on each host's egress;
 - delay, jitter, loss: ``netem`` on each host's egress where the kernel has it (emulator ``netem``);
   where it does not, host-to-host traffic is routed through a tun device ``wire0`` in every host to
-  a userspace link emulator (`skippy.netns.wire`, emulator ``wire``) that holds each packet for
+  a userspace link emulator (`wire.py`, emulator ``wire``) that holds each packet for
   delay +- jitter, per direction, in order. Loss needs netem and is skipped (with the reason
   printed) under the wire;
-- memory (``--mem-mb``): a memory cgroup per host (`cgroups`), which the stages started there join.
+- memory (``--mem-mb``): a memory cgroup per host (`cgroups.py`), which the stages started there join.
 
-`hosts` creates and removes them and changes conditions live (`commands` runs ip / tc and probes
-what the machine can do); `owner` finds the namespace that owns
+`hosts.py` creates and removes them and changes conditions live (`commands.py` runs ip / tc and probes
+what the machine can do); `owner.py` finds the namespace that owns
 an address, which is how `skippy up --topology T` starts each stage inside its host
-(`ip netns exec`, inside the host's memory cgroup if it has one).
+(`ip netns exec`, inside the host's memory cgroup if it has one); `topology.py` puts a topology's stages
+on the hosts, one per host.
 Everything needs root; `unavailable_reason` says why not when it cannot work.
 """
 

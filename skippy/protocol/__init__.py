@@ -18,6 +18,14 @@ added field a peer may safely miss needs no version bump), any other change
 bumps ``PROTOCOL_VERSION``.  ``wire_dtype`` is such an added field: a header
 without it means f32, and a receiver that predates it refuses an f16 or q8
 frame by its size (it expects ``4 * n_embd`` bytes per row), never misreads it.
+
+- `base.py`: the common ground: `PROTOCOL_VERSION` and its history, size limits, the base every message derives from.
+- `kinds.py`: the vocabularies (error codes and their HTTP statuses, finish reasons, message kinds, dtypes)
+  and the value rules fields share.
+- `messages.py`: every stage-to-stage message type (and all of them re-exported); `requests.py`: the client
+  ones (Submit, Cancel, TokenEvents, Status); `stats.py`: a finished request's numbers on its final event.
+- `codec.py`: `encode` / `decode` of a header frame plus a batch's activations; `activations.py`: how those
+  travel (f32, f16, q8); `refusals.py`: a refused header explained, with the rule, the field and the value.
 """
 
 from skippy.protocol.codec import (
@@ -49,6 +57,7 @@ from skippy.protocol.messages import (
     ProtocolError,
     Ready,
     ReleaseSessions,
+    ResumePoint,
     SessionPrediction,
     SetWire,
     StageIdentity,
@@ -67,6 +76,6 @@ __all__ = [
     "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps", "Cancel",
     "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "KeptPrefix", "Message",
     "MessageKind", "Predictions", "PrefixRef", "PromptProgress", "ProtocolError",
-    "Ready", "ReleaseSessions", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
+    "Ready", "ReleaseSessions", "ResumePoint", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
     "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
 ]

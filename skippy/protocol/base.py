@@ -23,11 +23,13 @@ from skippy.protocol.kinds import I31, U63, ErrorCode
 # 6: SessionPrediction.draws, ConfigureSession.history/draws (a session replayed after a later stage died: its
 #    restarted final stage rebuilds the sampler state; an older final stage would ignore them and resume a
 #    seeded request with a fresh RNG and empty penalties, silently giving other tokens)
-# 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resubmitted with
+# 7: Submit.history/chunks/draws, TokenEvents.draws/chunks, ErrorCode.PIPELINE_LOST (a request resumed from
 #    the tokens it has after its stage 0 or broker died; an older stage 0 would start it afresh and repeat them);
 #    Status.wire, SetWire.whole_chain (the activation wire format certified at startup)
+# 8: Submit.resume_from (a ResumePoint) in place of Submit.history/chunks/draws, TokenEvents.chunks renamed
+#    chunk_ends (an older stage 0 would ignore resume_from and start the request afresh, repeating its tokens)
 
-PROTOCOL_VERSION: Final = 7  # also the Literal of MessageBase.v
+PROTOCOL_VERSION: Final = 8  # also the Literal of MessageBase.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
@@ -57,7 +59,7 @@ class ProtocolError(Exception):
 class MessageBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
     """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
 
-    v: Literal[7] = PROTOCOL_VERSION
+    v: Literal[8] = PROTOCOL_VERSION
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):

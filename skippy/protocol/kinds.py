@@ -41,7 +41,7 @@ class ErrorCode(enum.StrEnum):
     PIPELINE_FAILED = "pipeline_failed"
     SLOW_CLIENT = "slow_client"  # the client did not read its events: they overflowed a bounded queue toward it
     # the process holding the request died (stage 0, the broker): the tokens its client has are all there were,
-    # and it may resubmit them (Submit.history) once the pipeline is back (skippy.adapter.resume does)
+    # and it may resume the request from them (Submit.resume_from) once the pipeline is back (skippy.adapter.resume does)
     PIPELINE_LOST = "pipeline_lost"
 
 

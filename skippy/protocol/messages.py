@@ -40,6 +40,7 @@ from skippy.protocol.kinds import I31, U63, ErrorCode, FinishReason, Finite, Mes
 from skippy.protocol.requests import (  # noqa: F401 - re-exported
     Cancel,
     PromptProgress,
+    ResumePoint,
     Status,
     StatusQuery,
     Submit,

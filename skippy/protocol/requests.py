@@ -25,6 +25,17 @@ class PromptProgress(msgspec.Struct, frozen=True):
     time_ms: Finite
 
 
+class ResumePoint(msgspec.Struct, frozen=True):
+    """Where a request lost with its stage 0 or broker resumes: ``history``, the tokens its client was sent
+    (they count toward ``max_tokens``; at least one, else it starts afresh), ``chunk_ends``, where its
+    prompt's prefill chunks ended (TokenEvents.chunk_ends), and ``draws``, the sampler's RNG draws after
+    ``history`` (TokenEvents.draws). Stage 0 prefills them again in those chunks, as a replay does, so the KV
+    and the sampler state are the ones the lost stage 0 had."""
+    history: Annotated[Tokens, Meta(min_length=1)]
+    chunk_ends: Tokens = ()
+    draws: U63 = 0
+
+
 class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
     """Client -> stage 0: generate from prompt token ids; ``sampling`` is ``SamplingParams.to_dict()``.
 
@@ -33,10 +44,9 @@ class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
     copy of the final event with ``TokenEvents.sent_direct`` set (skippy.driver.direct_events).
     ``progress``: send PromptProgress events while the prompt prefills (``TokenEvents.progress``).
 
-    A resubmission (its first stage 0 or broker died: ErrorCode.PIPELINE_LOST) carries what the client already
-    has: ``history``, the tokens generated so far (they count toward ``max_tokens``), ``chunks``, where the
-    prompt's prefill chunks ended (TokenEvents.chunks), and ``draws``, the sampler's RNG draws after them;
-    stage 0 prefills them again as a replay does and continues from the next token.
+    ``resume_from``: set when the client resumes a request its first stage 0 or broker lost
+    (ErrorCode.PIPELINE_LOST): what it already has (ResumePoint); stage 0 replays it and continues from the
+    next token.
     """
     request_id: str
     prompt: Tokens
@@ -44,9 +54,7 @@ class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
     max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     stop_tokens: Tokens = ()
     events_to: str | None = None
-    history: Tokens = ()
-    chunks: Tokens = ()
-    draws: U63 = 0
+    resume_from: ResumePoint | None = None
     progress: bool = False
 
 
@@ -67,9 +75,9 @@ class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
     last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
     of the final event of a request whose events went straight to its client (``Submit.events_to``):
-    how many tokens went that way. ``draws``: the sampler's RNG draws after these tokens; ``chunks``: on the
-    message with a request's first token, where its prompt's prefill chunks ended (a resubmission repeats
-    them: Submit.chunks).
+    how many tokens went that way. What a client needs to resume the request comes in pieces (ResumePoint):
+    ``draws``, the sampler's RNG draws after these tokens; ``chunk_ends``, on the message with the request's
+    first token, where its prompt's prefill chunks ended.
     ``progress``: a prompt progress report (no tokens; Submit.progress).
     """
     request_id: str
@@ -81,7 +89,7 @@ class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):
     stats: RequestStats | None = None
     sent_direct: U63 | None = None
     draws: U63 = 0
-    chunks: Tokens = ()
+    chunk_ends: Tokens = ()
     progress: PromptProgress | None = None
 
 

@@ -1,7 +1,7 @@
 """LocalChain: a model's stage runtimes run one after another in one process.
 
-It is the single-process path of `skippy generate` and the reference the tests and benchmarks
-compare against: with no split points it is simply the unsplit llama.cpp model.
+It is the single-process path of `skippy generate` and what the tests and benchmarks compare a split
+against: with no split points it is simply the unsplit llama.cpp model.
 """
 
 from __future__ import annotations

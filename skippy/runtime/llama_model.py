@@ -110,7 +110,7 @@ class LlamaModel:
         if load.repack is not None:
             params.use_extra_bufts = load.repack
         # llama.cpp's AMX buffer type segfaults in ggml_backend_amx_mul_mat on this project's Q4_K/Q8_0
-        # weights (upstream #20824); scripts/setup builds without it, but a foreign build may have it.
+        # weights; scripts/setup builds without it, but a foreign build may have it.
         self.amx_avoided = bool(params.use_extra_bufts) and not vocab_only and amx_compiled(system_info())
         if self.amx_avoided:
             params.use_extra_bufts = False

@@ -1,14 +1,15 @@
 """Observability's low layer: process-wide telemetry setup and the metric types components share.
 
-- `options`: the telemetry flags (level, queue capacity, OTLP endpoint) and span resource attributes.
-- `events`: the bounded event queue (full: dropped and counted) drained by one background thread.
-- `otlp`: that thread's sink: OTLP gRPC export with opentelemetry-sdk's span model and exporter.
-- `process`: one process's `Telemetry` (installed by its entry point; `current()`); `metrics_server`: its
-  /metrics server (loopback by default, behind the API key when one is set).
-- `metrics`: `StageMetrics` (every stage's, stage 0's too), the histogram buckets, activation bytes.
-- `targets`: `<run_dir>/metrics-targets.json`, where each process serves /metrics (Prometheus file_sd).
-- `scrape`: reading every process's /metrics back and summarising it (the dashboard's, the benchmarks').
-- `links`: the CURVE link guard's counts (admitted, refused, refused beyond its bound) for an observer's registry.
+- `options.py`: the telemetry flags (level, queue capacity, OTLP endpoint) and span resource attributes.
+- `events.py`: the bounded event queue (full: dropped and counted) drained by one background thread.
+- `otlp.py`: that thread's sink: OTLP gRPC export with opentelemetry-sdk's span model and exporter.
+- `process.py`: one process's `Telemetry` (installed by its entry point; `current()`); start here.
+  `metrics_server.py`: its /metrics server (loopback by default, behind the API key when one is set).
+- `metrics.py`: `StageMetrics` (every stage's, stage 0's too), the histogram buckets, activation bytes.
+- `targets.py`: `<run_dir>/metrics-targets.json`, where each process serves /metrics (Prometheus file_sd).
+- `scrape.py`: reading every process's /metrics back and summarising it (the dashboard's, the benchmarks').
+- `links.py`: the CURVE link guard's counts (admitted, refused, refused beyond its bound) for an observer's registry.
+- `restart_counts.py`: a run's restart counts (`<run_dir>/restarts.json`) served on the adapter's /metrics.
 
 Each component's observer lives with it and feeds these: skippy.stage.telemetry, skippy.driver.telemetry,
 brokers.telemetry, skippy.adapter.request_metrics; the adapter's /dashboard page is skippy.adapter.dashboard. Nothing

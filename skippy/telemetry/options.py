@@ -4,7 +4,7 @@ Stages read them from their serving flags (`--telemetry-level`, `--telemetry-que
 `--metrics-otlp-grpc`, resolved in `skippy.config.serving`); the broker and the adapter declare the
 same flags with `add_telemetry_arguments`, and whoever launches them (`skippy up`, stage 0's OpenAI
 front) hands them on with `TelemetryOptions.to_flags`, so every child process runs at the level and
-exports where the stages do. Levels keep the reference's meaning: `off` exports nothing, `summary`
+exports where the stages do. Levels: `off` exports nothing, `summary`
 (default) exports request-level totals and lifecycle spans, `debug` adds per-message spans.
 """
 
@@ -20,7 +20,7 @@ from skippy.config.endpoint import normalize_otlp_url
 __all__ = ["DEFAULT_QUEUE_CAPACITY", "Resource", "TelemetryOptions", "add_telemetry_arguments", "resolve_telemetry",
            "stage_resource"]
 
-DEFAULT_QUEUE_CAPACITY = 1024  # the reference's --telemetry-queue-capacity default
+DEFAULT_QUEUE_CAPACITY = 1024  # --telemetry-queue-capacity's default
 Resource = Mapping[str, str | int]
 
 
@@ -34,7 +34,7 @@ class TelemetryOptions:
 
     @classmethod
     def from_serving(cls, options: ServingOptions) -> TelemetryOptions:
-        """A stage's telemetry: its flags, and the reference's resource attributes from its config."""
+        """A stage's telemetry: its flags, and the span resource attributes from its config."""
         return cls(options.telemetry_level, options.telemetry_queue_capacity, options.metrics_otlp_grpc,
                    options.config.run_id, stage_resource(options.config))
 
@@ -49,7 +49,7 @@ class TelemetryOptions:
 
 
 def stage_resource(config: StageConfig) -> dict[str, str | int]:
-    """The reference's span resource attributes of a stage process."""
+    """The span resource attributes of a stage process (what identifies its spans at a collector)."""
     return {"run_id": config.run_id, "model_id": config.model_id, "topology_id": config.topology_id,
             "stage_id": config.stage_id, "stage_index": config.stage_index, "layer_start": config.layer_start,
             "layer_end": config.layer_end, "load_mode": str(config.load_mode)}

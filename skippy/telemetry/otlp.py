@@ -1,10 +1,10 @@
 """Export telemetry events as OTLP spans over gRPC (opentelemetry-sdk's span model and exporter).
 
-Each `SpanEvent` becomes an internal span without a parent, as the reference exports them: scope
+Each `SpanEvent` becomes an internal span without a parent: scope
 `skippy-server`, the process's resource attributes (run_id, model_id, topology_id, stage_id,
 stage_index, layer_start, layer_end, load_mode), and the queue's dropped and export-error counts
-as attributes on every span. Trace ids follow the reference (8 bytes of the start time, then 8 of
-an event counter) except for spans of a request, whose trace id is derived from the request id so
+as attributes on every span. Trace ids are 8 bytes of the start time, then 8 of
+an event counter, except for spans of a request, whose trace id is derived from the request id so
 that the adapter's, the broker's and stage 0's spans of one request form one trace. The gRPC
 exporter is created in the export thread on first use (connections are lazy); its 10 s timeout
 bounds one export. Only this module imports opentelemetry, and only when `--metrics-otlp-grpc` is set.

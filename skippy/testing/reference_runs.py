@@ -14,7 +14,7 @@ drafts (docs/mtp.md), for comparison with plain decoding.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -142,15 +142,27 @@ def check_against_alone(got: Sequence[int], alone: Sequence[int], margins: Seque
     return min(len(got), len(alone)), None
 
 
-def mtp_greedy(chain: LocalChain, prompt: Sequence[int], steps: int, n_draft: int,
-               session_id: int = 0) -> tuple[list[int], int, int]:
+class MtpRun(NamedTuple):
+    """A greedy run that verified native-MTP drafts: its tokens, and per verify window (in order) the drafts
+    it sent and how many of them the final stage accepted."""
+
+    tokens: list[int]
+    drafts: list[tuple[int, ...]]
+    accepted: list[int]
+
+    @property
+    def drafted(self) -> int:
+        return sum(len(d) for d in self.drafts)
+
+
+def mtp_greedy(chain: LocalChain, prompt: Sequence[int], steps: int, n_draft: int, session_id: int = 0) -> MtpRun:
     """Greedy decoding whose every window verifies the final stage's native-MTP drafts (skippy.runtime.mtp),
-    as a pipeline does: `[last, d1..dk]` with logits on every row. Returns (tokens, drafted, accepted)."""
+    as a pipeline does: `[last, d1..dk]` with logits on every row."""
     final = chain.final
     tokens = np.asarray(prompt, np.int32)
     window = SessionWindow(session_id, 0, len(tokens), (len(tokens) - 1,), tokens)
     out = list(predict(final, [window], DecodeResult(None, chain.decode([window])))[0].tokens)
-    pos, drafted, accepted = len(tokens), 0, 0
+    pos, run = len(tokens), MtpRun([], [], [])
     try:
         while len(out) < steps:
             drafts = final.mtp_draft(session_id, out[-1], pos, n_draft)
@@ -158,9 +170,11 @@ def mtp_greedy(chain: LocalChain, prompt: Sequence[int], steps: int, n_draft: in
             window = SessionWindow(session_id, pos, len(rows), tuple(range(len(rows))), rows)
             result = DecodeResult(None, chain.decode([window]))
             got = predict(final, [window], result, [VerifySpec(draft=drafts)])[0].tokens
-            drafted, accepted = drafted + len(drafts), accepted + len(got) - 1
+            run.drafts.append(tuple(drafts))
+            run.accepted.append(len(got) - 1)
             out += got
             pos += len(got)
     finally:
         chain.release(session_id)
-    return out[:steps], drafted, accepted
+    run.tokens.extend(out[:steps])
+    return run

@@ -107,7 +107,7 @@ def test_silent_stage0_fails_its_requests_after_the_status_timeout(tmp_path: Pat
                 clock.now += 1.0  # 2.5 s without a Status: the next poll finds stage 0 silent
                 assert not link.answering()
                 final = await stream.finished()
-                assert (final.finish_reason, final.code) == ("error", "pipeline_lost")  # its client may resubmit it
+                assert (final.finish_reason, final.code) == ("error", "pipeline_lost")  # its client may resume it
                 assert final.error == f"stage 0 at {stage0.endpoint} not answering (no status for 2 s)"
                 status = await client.status()
                 assert (status.ready, status.dead_stage, status.running) == (False, "stage0", 0)

@@ -3,7 +3,7 @@
 Its peer here is a stand-in broker: a ROUTER that takes every message and answers none, in a process
 of its own (killed with SIGKILL: the DEALER's monitor reports the disconnect) or in the test (alive
 but silent: the status watch gives up after `dead_after_s`). Either way every pending handle gets a
-final error event with code pipeline_lost naming the peer (its client may resubmit it), and the client serves
+final error event with code pipeline_lost naming the peer (its client may resume it), and the client serves
 again once a peer is back.
 """
 

@@ -1,9 +1,9 @@
 """Two replicas behind one broker: a request whose replica's stage 0 dies moves to the other, with its tokens.
 
-Two real pipelines (stage 0 a process too) behind one broker; the adapter's resubmission
-(skippy.adapter.resume.Resubmitter) over a PipelineClient to the broker, as the adapter runs it. Stage 0 of the
+Two real pipelines (stage 0 a process too) behind one broker; the adapter's resuming
+(skippy.adapter.resume.ResumingClient) over a PipelineClient to the broker, as the adapter runs it. Stage 0 of the
 replica holding a stream is SIGKILLed mid-stream and not restarted: the broker ends its requests with
-pipeline_lost, the resubmission goes to the replica still ready, and every stream completes with the tokens of
+pipeline_lost, the resumed request goes to the replica still ready, and every stream completes with the tokens of
 an undisturbed run of the same greedy requests, each token once (the replicas run `deterministic`: bitwise
 equality needs rows whose results do not depend on their cells or batch company, docs/deterministic.md).
 """
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from broker_helpers import WAIT_S, PipelineProcs, run, running_broker
 
-from skippy.adapter.resume import Resubmitter
+from skippy.adapter.resume import ResumingClient
 from skippy.client import PipelineClient
 from skippy.request_events import RequestEvent
 
@@ -35,10 +35,10 @@ async def _collect(events: AsyncIterator[RequestEvent], started: asyncio.Event) 
     raise AssertionError("no final event")
 
 
-async def _generate(resubmitter: Resubmitter, prefix: str,
+async def _generate(resuming: ResumingClient, prefix: str,
                     on_started: Callable[[], None] | None = None) -> list[tuple[list[int], RequestEvent]]:
     started = [asyncio.Event() for _ in PROMPTS]
-    runs = [asyncio.create_task(_collect(await resubmitter.submit(p, None, MAX_TOKENS, frozenset(), f"{prefix}{i}"), s))
+    runs = [asyncio.create_task(_collect(await resuming.submit(p, None, MAX_TOKENS, frozenset(), f"{prefix}{i}"), s))
             for i, (p, s) in enumerate(zip(PROMPTS, started))]
     await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), WAIT_S)
     if on_started is not None:
@@ -53,7 +53,7 @@ def test_a_request_whose_replica_died_moves_to_the_other(make_pipeline: Callable
     async def body() -> None:
         async with running_broker([r.request_endpoint for r in replicas]) as (broker, _):
             client = PipelineClient(broker.endpoint)
-            resubmitter = Resubmitter(client, resume_timeout_s=WAIT_S)
+            resuming = ResumingClient(client, resume_timeout_s=WAIT_S)
             killed: list[str] = []
 
             def kill_a_holder() -> None:  # stage 0 of the replica holding the first stream
@@ -64,8 +64,8 @@ def test_a_request_whose_replica_died_moves_to_the_other(make_pipeline: Callable
                 killed.append(link.endpoint)
 
             try:
-                undisturbed = await _generate(resubmitter, "calm")
-                moved = await _generate(resubmitter, "moved", kill_a_holder)
+                undisturbed = await _generate(resuming, "calm")
+                moved = await _generate(resuming, "moved", kill_a_holder)
             finally:
                 client.close()
             for (want, calm_final), (got, final) in zip(undisturbed, moved):

@@ -8,8 +8,8 @@ streaming chat completion one after another and files every one as completed (a 
 chunks. Meanwhile the main thread kills the stages of `kills` in turn at evenly spaced times and, after
 each kill, waits (bounded) for the restart to show in /metrics and for /readyz to say 200 again, then
 sends a probe request of its own. The survivors' resident memory is read after a warm-up and at the end;
-the replays are read from stage 0's log (`request_replay`, `request_resubmitted`), the resubmissions from the
-adapter's.
+the replays are read from stage 0's log (`request_replay`, `request_replay_submitted`), the resumed requests
+from the adapter's (`request_resumed`).
 """
 
 from __future__ import annotations
@@ -71,9 +71,9 @@ class ChaosFigures:
     longest_request_s: float = 0.0
     longest_pause_s: float = 0.0
     distinct_texts: int = 0  # among completed greedy streams: 1 when every one equals the undisturbed run
-    replays: int = 0  # requests replayed by stage 0 (paused ones, `request_replay`; resubmitted ones too)
+    replays: int = 0  # requests replayed by stage 0 (paused ones, `request_replay`; ones submitted to resume too)
     replayed_tokens: int = 0  # tokens prefilled again for them
-    resubmitted: int = 0  # requests the adapter resubmitted after stage 0 or the broker died
+    resumed: int = 0  # requests the adapter resumed after stage 0 or the broker died
     pauses: list[dict[str, Any]] = field(default_factory=list)  # per kill: the streams it paused, p50 / max pause
     rss_mib: dict[str, tuple[float, float]] = field(default_factory=dict)  # survivor: (after warm-up, at the end)
 
@@ -227,10 +227,9 @@ def run_chaos(server: SkippyServer, *, kills: list[str], stages: list[str], dura
     figures.rss_mib = {name: (round(before[name], 1), round(rss_mib(pid), 1)) for name, pid in pids.items()}
     _count(figures, outcomes, started)
     stage0 = read_events(server.run_dir / "stage0.log")
-    replays = [e for e in stage0 if e.get("event") in ("request_replay", "request_resubmitted")]
+    replays = [e for e in stage0 if e.get("event") in ("request_replay", "request_replay_submitted")]
     figures.replays, figures.replayed_tokens = len(replays), sum(e["replayed_tokens"] for e in replays)
-    figures.resubmitted = sum(1 for e in read_events(server.run_dir / "adapter.log")
-                              if e.get("event") == "request_resubmitted")
+    figures.resumed = sum(1 for e in read_events(server.run_dir / "adapter.log") if e.get("event") == "request_resumed")
     return figures
 
 

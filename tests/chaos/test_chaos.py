@@ -2,8 +2,8 @@
 (SIGKILL) in turn: the middle stage of 3, the final stage, stage 0, the broker; `skippy up` restarts each.
 
 Nothing is lost: every request completes (0 errored, 0 hung: when a later stage dies the requests in flight
-pause and stage 0 replays them once the chain is back; when stage 0 or the broker dies the adapter resubmits
-them with the tokens it has sent), every completed stream's text is the same (the undisturbed run's:
+pause and stage 0 replays them once the chain is back; when stage 0 or the broker dies the adapter resumes
+them from the tokens it has sent), every completed stream's text is the same (the undisturbed run's:
 they are one greedy request), requests complete again after each restart without restarting the other
 stages, the survivors' resident memory stays flat, and no process of the run is left after `skippy up`
 stops. The figures (requests sent,
@@ -57,7 +57,7 @@ def _check(figures: ChaosFigures) -> None:
     assert figures.sent == figures.completed > 0, figures
     assert figures.distinct_texts == 1, figures  # every completed greedy stream equals the undisturbed one
     assert [(r.stage, r.probe) for r in figures.restarts] == [(s, "completed") for s in KILLS], figures
-    assert figures.replays > 0 and figures.replayed_tokens > 0 and figures.resubmitted > 0, figures
+    assert figures.replays > 0 and figures.replayed_tokens > 0 and figures.resumed > 0, figures
     for name, (before, after) in figures.rss_mib.items():
         assert after - before <= max(FLAT_MIB, before / 4), (name, before, after)
 

@@ -1,7 +1,7 @@
 """Whatever dies under `skippy up` (the broker, the adapter, stage 0), no stream ends without a finish
 reason or an error event, the dead process is restarted, and a new request is served on the same URL.
 
-Nothing is lost when stage 0 or the broker dies: the adapter resubmits each stream's request with the
+Nothing is lost when stage 0 or the broker dies: the adapter resumes each stream's request from the
 tokens it has sent (skippy.adapter.resume) once the pipeline is back, and every stream completes with the
 text of an undisturbed run of the same greedy request, each token once. A dead adapter takes its HTTP
 connections with it (they drop; the clients reconnect).
@@ -9,7 +9,7 @@ connections with it (they drop; the clients reconnect).
 Streams are raw HTTP reading SSE; each is filed by its last event: a chunk with a finish reason, an
 `{"error": ...}` event, or neither (a bare end: the failure these tests exist to catch). Stages run
 with a wire delay so the streams are still generating when the kill comes. The run is `--deterministic`: a
-resubmitted stream's KV lands in other cells and beside other rows than the undisturbed run's, and without the
+resumed stream's KV lands in other cells and beside other rows than the undisturbed run's, and without the
 mode llama.cpp rounds such rows differently (docs/deterministic.md); a near-tie of the tiny model then flips.
 """
 
@@ -130,16 +130,16 @@ def served(server: SkippyServer) -> None:
     assert result.done and result.finish_reason == "length" and result.error is None, result
 
 
-def resubmitted(server: SkippyServer) -> int:
-    return (server.run_dir / "adapter.log").read_text().count('"request_resubmitted"')
+def resumed(server: SkippyServer) -> int:
+    return (server.run_dir / "adapter.log").read_text().count('"request_resumed"')
 
 
 def assert_nothing_lost(results: list[StreamResult], undisturbed: str, server: SkippyServer, before: int) -> None:
-    """Every stream completed with the undisturbed text; each was resubmitted (`before`: resubmissions until then)."""
+    """Every stream completed with the undisturbed text; each was resumed (`before`: resumed requests until then)."""
     for result in results:
         assert result.done and not result.broken and result.error is None, result
         assert result.finish_reason == "length" and result.text == undisturbed, result
-    assert resubmitted(server) - before >= len(results), server.log_tail()
+    assert resumed(server) - before >= len(results), server.log_tail()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def undisturbed(up: SkippyServer) -> str:
 
 def test_broker_killed_mid_stream(up: SkippyServer, undisturbed: str) -> None:
     broker = pid_of(up, f"skippy.cli.main broker --bind ipc://{up.run_dir}/broker.sock")
-    streams, before = open_streams(up), resubmitted(up)
+    streams, before = open_streams(up), resumed(up)
     kill(broker)
     assert_nothing_lost(streams.join(), undisturbed, up, before)
     wait_stderr(up, "broker restarted (restart 1")
@@ -183,7 +183,7 @@ def test_stage0_killed_mid_stream(up: SkippyServer, undisturbed: str) -> None:
     wait_readyz(up, WITHIN_S)
     stage0 = up.stage_pids("stage0")
     assert len(stage0) == 1
-    streams, before = open_streams(up), resubmitted(up)
+    streams, before = open_streams(up), resumed(up)
     kill(stage0[0])
     assert_nothing_lost(streams.join(), undisturbed, up, before)
     wait_stderr(up, "stage0 restarted (restart 1")
@@ -195,12 +195,12 @@ def test_a_request_sent_while_stage0_restarts_waits_and_completes(up: SkippyServ
     """Sent right after stage 0 is killed (no pipeline is ready), a request is not refused with 503: the adapter
     waits for the restart (within --openai-resume-timeout-s) and it completes with the undisturbed text."""
     wait_readyz(up, WITHIN_S)
-    stage0, before = up.stage_pids("stage0"), resubmitted(up)
+    stage0, before = up.stage_pids("stage0"), resumed(up)
     kill(stage0[0])
     result = StreamResult()
     _stream(up, result)
     assert result.done and not result.broken and result.error is None, result
     assert result.finish_reason == "length" and result.text == undisturbed, result
     assert up.stage_pids("stage0") not in ([], stage0)
-    # it found no pipeline ready and waited, or was sent before the broker knew and was resubmitted
-    assert '"pipeline_waited"' in (up.run_dir / "adapter.log").read_text() or resubmitted(up) > before
+    # it found no pipeline ready and waited, or was sent before the broker knew and was resumed
+    assert '"pipeline_waited"' in (up.run_dir / "adapter.log").read_text() or resumed(up) > before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -78,6 +79,10 @@ def _suffix(**overrides: Any) -> NgramConfig:
     return NgramConfig(kind=NgramKind.SUFFIX, **values)
 
 
+AT_MOST_16 = "must be <= 16 (a verify window carries at most 16 drafts)"
+MTP_DRAFTS = "must be in 1..16 (the final stage drafts at most 16 a window; 0 would draft nothing)"
+
+
 @pytest.mark.parametrize(
     ("plan", "expected"),
     [
@@ -145,6 +150,30 @@ def _suffix(**overrides: Any) -> NgramConfig:
         (
             SpeculativeDecodeConfig(verify_window=VerifyWindowConfig(min_tokens=5, max_tokens=4)),
             "field 'verify_window.max_tokens' must be >= verify_window.min_tokens (5), got 4",
+        ),
+        (
+            SpeculativeDecodeConfig(verify_window=VerifyWindowConfig(max_tokens=17)),
+            f"field 'verify_window.max_tokens' {AT_MOST_16}, got 17",
+        ),
+        (
+            SpeculativeDecodeConfig(ngram=_cache(max_proposal_tokens=17)),
+            f"field 'ngram.max_proposal_tokens' {AT_MOST_16}, got 17",
+        ),
+        (
+            SpeculativeDecodeConfig(
+                native_mtp=NativeMtpConfig(enabled=True),
+                ngram=_cache(),
+                extension=NgramExtensionConfig(max_tokens=17),
+            ),
+            f"field 'extension.max_tokens' {AT_MOST_16}, got 17",
+        ),
+        (
+            SpeculativeDecodeConfig(native_mtp=NativeMtpConfig(enabled=True, max_draft_tokens=0)),
+            f"field 'native_mtp.max_draft_tokens' {MTP_DRAFTS}, got 0",
+        ),
+        (
+            SpeculativeDecodeConfig(native_mtp=NativeMtpConfig(max_draft_tokens=17)),
+            f"field 'native_mtp.max_draft_tokens' {MTP_DRAFTS}, got 17",
         ),
         (
             SpeculativeDecodeConfig(verify_window=VerifyWindowConfig(pipeline_depth=0)),
@@ -220,7 +249,7 @@ def test_ngram_fields_required_and_kind_checked() -> None:
 @st.composite
 def valid_plans(draw: st.DrawFn) -> SpeculativeDecodeConfig:
     small = st.integers(min_value=0, max_value=16)
-    mtp_max = draw(small)
+    mtp_max = draw(st.integers(min_value=1, max_value=16))
     native_mtp = NativeMtpConfig(
         enabled=draw(st.booleans()),
         max_draft_tokens=mtp_max,
@@ -238,11 +267,11 @@ def valid_plans(draw: st.DrawFn) -> SpeculativeDecodeConfig:
             kind=kind,
             min_ngram=low,
             max_ngram=draw(st.integers(min_value=low, max_value=high_max)),
-            max_proposal_tokens=draw(st.integers(min_value=1, max_value=64)),
+            max_proposal_tokens=draw(st.integers(min_value=1, max_value=16)),
         )
     extension = None
     if native_mtp.enabled and ngram is not None and draw(st.booleans()):
-        extension = NgramExtensionConfig(max_tokens=draw(st.integers(min_value=1, max_value=64)))
+        extension = NgramExtensionConfig(max_tokens=draw(st.integers(min_value=1, max_value=16)))
     window_min = draw(st.integers(min_value=1, max_value=16))
     return SpeculativeDecodeConfig(
         requested_strategy=draw(st.text(min_size=1, max_size=12).filter(str.strip)),
@@ -252,7 +281,7 @@ def valid_plans(draw: st.DrawFn) -> SpeculativeDecodeConfig:
         extension=extension,
         verify_window=VerifyWindowConfig(
             min_tokens=window_min,
-            max_tokens=draw(st.integers(min_value=window_min, max_value=32)),
+            max_tokens=draw(st.integers(min_value=window_min, max_value=16)),
             pipeline_depth=draw(st.integers(min_value=1, max_value=64)),
         ),
     )
@@ -266,3 +295,20 @@ def test_round_trip_property(plan: SpeculativeDecodeConfig) -> None:
     assert again == plan
     assert again.to_json() == text
     assert SpeculativeDecodeConfig.from_dict(plan.to_dict()) == plan
+
+
+def test_a_plan_file_beyond_what_a_window_carries_is_refused_naming_its_field(write_json) -> None:
+    """Loaded from a file, a value that used to be clamped (a window of 16 at most) or draft nothing is refused."""
+    for plan, field in (({"ngram": _cache().to_dict(), "verify_window": {"max_tokens": 32}}, "verify_window.max_tokens"),
+                        ({"native_mtp": {"enabled": True, "max_draft_tokens": 0}}, "native_mtp.max_draft_tokens")):
+        path = write_json("plan.json", plan)
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: field '{field}' must be"):
+            SpeculativeDecodeConfig.load(path)
+
+
+def test_the_window_bound_is_what_the_runtime_and_the_wire_hold() -> None:
+    from skippy.config.speculative import MAX_DRAFT_TOKENS  # noqa: PLC0415
+    from skippy.protocol.base import MAX_MTP_DRAFT  # noqa: PLC0415
+    from skippy.runtime.stage_params import MAX_DRAFT_TOKENS as RUNTIME_MAX  # noqa: PLC0415
+
+    assert MAX_DRAFT_TOKENS == RUNTIME_MAX == MAX_MTP_DRAFT

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from config_helpers import OPENAI, Serve
+from config_helpers import OPENAI, Serve, ServeError
 
 from skippy.config import (
     ConfigError,
@@ -74,6 +74,12 @@ def test_adaptive_mode_defaults_to_cost_and_is_not_given(serve: Serve) -> None:
 
 def test_window_zero_without_draft_model_resolves(serve: Serve) -> None:
     assert serve("--openai-speculative-window", "0").speculative.speculative_window == 0
+
+
+def test_a_window_longer_than_a_verify_window_carries_is_refused(serve: Serve, serve_error: ServeError) -> None:
+    assert serve("--openai-speculative-window", "16").speculative.speculative_window == 16
+    assert serve_error("--openai-speculative-window", "17") == (
+        "--openai-speculative-window must be <= 16 (a verify window carries at most 16 drafts), got 17")
 
 
 def test_speculation_is_on_by_default_and_off_with_no_speculative(serve: Serve, write_json) -> None:
@@ -214,6 +220,11 @@ REFUSED = {  # (plan, flags, the one line; {plan} is the plan's path)
     "window-zero-with-ngram": (
         {"ngram": CACHE}, ["--openai-speculative-window", "0"],
         "--openai-speculative-window must be > 0 with the ngram proposer of {plan}, got 0",
+    ),
+    "window-below-min-tokens": (
+        {"ngram": SUFFIX, "verify_window": {"min_tokens": 4, "max_tokens": 8}}, ["--openai-speculative-window", "2"],
+        "--openai-speculative-window 2 is below verify_window.min_tokens (4) of {plan}: no window could carry its"
+        " minimum; raise one or lower the other",
     ),
 }
 

@@ -22,8 +22,7 @@ import zmq.asyncio
 
 from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
-from skippy.driver.sequence import Resumed
-from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, Submit, TokenEvents, decode
+from skippy.protocol import ErrorCode, FinishReason, ResumePoint, Status, StatusQuery, Submit, TokenEvents, decode
 from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, RouterQueue
@@ -43,7 +42,7 @@ class ScriptedStage0:
         self.submitted = asyncio.Queue[str]()
 
     def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resumed: Resumed | None = None, progress: bool = False) -> RequestHandle:
+               request_id: str | None, resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
         assert request_id is not None
         handle = self.handles[request_id] = RequestHandle(request_id)
         self.submitted.put_nowait(request_id)

@@ -1,4 +1,4 @@
-"""Stage 0's helpers without a driver: `Inbound` against a fake `DriverCallbacks`, the launcher's own
+"""Stage 0's helpers without a driver: `Inbound` built from its parts, against a fake `DriverCallbacks`, the launcher's own
 round trips (calibration's: their predictions go to the caller, never to the driver), calibration from parts."""
 
 from __future__ import annotations
@@ -16,18 +16,15 @@ from skippy.driver.liveness import Liveness
 from skippy.driver.verify_costs import CALIBRATION_SESSION, calibrate_rows
 from skippy.log import get_logger
 from skippy.protocol import CacheCaps, ErrorCode, ErrorReport, Predictions, ProtocolError, Ready, StageIdentity
-from skippy.stage.links import DownstreamLink
 from skippy.stage.worker import Computed
 
 STAGE0 = StageIdentity("stage0", 0, 0, 4, "digest", 8)
 
 
 class FakeDriver:
-    """What Inbound may call, recorded."""
+    """What Inbound may call, recorded: the driver's callbacks, and the paused requests' (`Replays`)."""
 
     def __init__(self) -> None:
-        self.downstream: DownstreamLink | None = None
-        self.liveness = Liveness(["stage1"])
         self.calls: list[tuple[Any, ...]] = []
 
     def on_predictions(self, msg: Predictions) -> None:
@@ -41,10 +38,6 @@ class FakeDriver:
 
     def chain_back(self) -> None:
         self.calls.append(("chain_back",))
-
-    @property
-    def replays(self) -> Any:
-        return self  # fail_paused / expire, recorded here too
 
     def fail_paused(self, error: str) -> None:
         self.calls.append(("fail_paused", error))
@@ -60,8 +53,8 @@ class FakeDriver:
 
 
 def test_inbound_reports_to_its_callbacks() -> None:
-    driver = FakeDriver()
-    inbound = Inbound(driver, STAGE0, get_logger())
+    driver, liveness = FakeDriver(), Liveness(["stage1"])
+    inbound = Inbound(driver, STAGE0, get_logger(), liveness=liveness, replays=driver, downstream=None)  # type: ignore[arg-type]
 
     async def body() -> None:
         await inbound.dispatch(Predictions(3, ()))
@@ -73,7 +66,7 @@ def test_inbound_reports_to_its_callbacks() -> None:
     asyncio.run(body())
     assert driver.calls == [("predictions", 3), ("fail_batch", 3, (5,), "stage stage1: boom"), ("downstream_ready", None),
                             ("pause_live", "stage1", "stage stage1: stopped")]
-    assert driver.liveness.dead == "stage1"
+    assert liveness.dead == "stage1"
 
 
 def test_a_round_trip_batch_goes_to_its_waiter_not_the_driver() -> None:

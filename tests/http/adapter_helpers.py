@@ -4,7 +4,7 @@
 last request's sampling), so each request exercises the adapter's parsing, tokenizing, detokenizing and
 response paths without a pipeline; with `fail_after = N` it fails each request after N tokens instead
 (`pipeline_failed`, as when a stage dies mid-stream); with `lose_after = N` it loses the first submission after N
-tokens (`pipeline_lost`, as when stage 0 or the broker dies) and keeps each resubmission's `history`; with
+tokens (`pipeline_lost`, as when stage 0 or the broker dies) and keeps each submission's resume point's `history`; with
 `not_ready = N` its next N Status answers say no pipeline is ready (`not_ready_after_loss`: from the loss on).
 `adapter_server(model, api_key=..., limits=...)` yields the
 HttpServer (port 0) and the fake broker.
@@ -20,7 +20,7 @@ from typing import Any
 from skippy.adapter.chat_template import ChatTemplate
 from skippy.adapter.routes import OpenAIAdapter
 from skippy.http.server import HttpLimits, HttpServer
-from skippy.protocol import Status
+from skippy.protocol import ResumePoint, Status
 from skippy.request_events import RequestEvent, RequestHandle
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
@@ -36,7 +36,7 @@ class FakeBroker:
         self.fail_after: int | None = None
         self.max_tokens: int | None = None  # the last submitted request's
         self.lose_after: int | None = None
-        self.histories: list[tuple[int, ...]] = []  # each submission's history (a resubmission's tokens)
+        self.histories: list[tuple[int, ...]] = []  # each submission's resume point's history (() when none)
         self.not_ready = 0
         self.not_ready_after_loss = 0  # `not_ready` from the loss on
 
@@ -48,11 +48,12 @@ class FakeBroker:
 
     async def submit(self, prompt: Sequence[int], sampling: Any = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
-                     history: Sequence[int] = (), progress: bool = False, **resubmission: Any) -> RequestHandle:
+                     resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
         self.submitted += 1
         self.sampling = sampling
         self.max_tokens = max_tokens
-        self.histories.append(tuple(history))
+        history = resume_from.history if resume_from is not None else ()
+        self.histories.append(history)
         handle = RequestHandle(request_id or "fake")
         if self.lose_after is not None:
             lose, self.lose_after, self.not_ready = self.lose_after, None, self.not_ready_after_loss

@@ -3,7 +3,7 @@
 The final stage drafts up to `native_mtp.max_draft_tokens` after each window's last sample (skippy.runtime.mtp)
 and they ride back in `SessionPrediction.mtp_draft`; the driver hands them to the session's proposer
 (`receive`), which proposes them for the next verify window while they still continue the committed history
-(no token committed since). The composite plan (`extension`: the reference's `native-mtp+ngram-cache`)
+(no token committed since). The composite plan (`extension`; effective_strategy `native-mtp+ngram-cache`)
 appends an n-gram cache tail of up to `extension.max_tokens` continuing history + the MTP prefix.
 
 Plan fields:

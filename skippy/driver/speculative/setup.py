@@ -8,7 +8,7 @@
 - window: `--openai-speculative-window K` fixes k (default: the plan's verify_window.max_tokens, or
   4); with `--openai-adaptive-speculative-window` k moves within [verify_window.min_tokens, K]:
   the cost model (C(rows) calibrated through the pipeline at startup, the hop delay measured) or,
-  with `--openai-adaptive-speculative-window-mode simple`, the reference's grow/shrink rule.
+  with `--openai-adaptive-speculative-window-mode simple`, the grow/shrink rule (skippy.driver.speculative.window).
 - default (no plan, no draft model, no `--no-speculative`): the suffix proposer of
   config.generation.DEFAULT_POLICY_PLAN under `SpeculationPolicy` (skippy.driver.speculative.policy), which
   picks k and the pipeline depth per session from C(rows) calibrated at startup;
@@ -39,7 +39,7 @@ from skippy.runtime.stage_params import MAX_DRAFT_TOKENS
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.telemetry.process import current
 
-DEFAULT_WINDOW = 4  # the reference's --openai-speculative-window default
+DEFAULT_WINDOW = 4  # where the grow/shrink rule starts (at most max_k)
 
 
 def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Speculation | None:

@@ -1,4 +1,4 @@
-"""The n-gram suffix proposer (`ngram.kind = "suffix"`, as in the reference system): model-free, per session.
+"""The n-gram suffix proposer (`ngram.kind = "suffix"`): model-free, per session.
 
 Let h = h[0..n) be the history (prompt + committed tokens) and s = min(min_ngram, 8) the seed length.
 
@@ -12,7 +12,7 @@ Let h = h[0..n) be the history (prompt + committed tokens) and s = min(min_ngram
   happen when min_ngram > 8.
 - Proposal: h[e : e + m] with m = min(max_tokens, max_proposal_tokens, 2·L, n − e): never past the end
   of the history (the continuation may run into the current suffix itself, as in a periodic sequence),
-  and no longer than twice the evidence behind it (the reference's cap).
+  and no longer than twice the evidence behind it.
 
 A propose() call costs O(#earlier ends of the seed × max_ngram), never a scan of the whole history.
 """

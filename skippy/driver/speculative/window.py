@@ -6,13 +6,11 @@ acceptance estimate alpha; a `WindowPolicy` maps (stats, active sessions) to k, 
 normally this step". Policies hold no per-session state, so one policy serves every session.
 
 Policies:
-- `FixedWindow(k)`: always k (--openai-speculative-window; the reference's default is 4).
-- `SimpleAdaptiveWindow(start, min_k, max_k)`: the reference's draft-path rule
-  (--openai-adaptive-speculative-window), applied to the last window's k, proposed n, accepted a:
-  a >= n - 1 (full accept, or only the last draft rejected: the reference's FullAccept/TailReject)
-  -> k + 1; a < n - 1 (the reference's EarlyReject) -> k - 1 (the reference writes max(k - 1,
-  commit_count, 1); commit_count = a + 1 <= n - 1 <= k - 1 there, so only the floor of 1 can bind);
-  a window cut short by a stop -> k; clamped to [min_k, max_k] (the reference: [1, max], start min(max, 4)).
+- `FixedWindow(k)`: always k (--openai-speculative-window).
+- `SimpleAdaptiveWindow(start, min_k, max_k)`: a grow/shrink rule (--openai-adaptive-speculative-window),
+  applied to the last window's k, proposed n, accepted a: a >= n - 1 (full accept, or only the last draft
+  rejected) -> k + 1; a < n - 1 (an earlier draft rejected) -> k - 1; a window cut short by a stop -> k;
+  clamped to [min_k, max_k].
 - `CostModelWindow(cost_ms, hop_ms, hops, max_k)`: argmax over k of tokens per ms (see its docstring).
 
 alpha is a ratio of EWMAs over the draft tokens the final stage actually tested (geometric model: each
@@ -39,7 +37,7 @@ AGED_AFTER = 32  # served batches of other row counts after which a row count's 
 @dataclass
 class WindowStats:
     """One session's verify windows. Counters: early = the first draft rejected, tail = some drafts
-    accepted, then one rejected (the reference's TailReject is narrower: last draft only)."""
+    accepted, then one rejected (wider than the grow rule's "only the last draft rejected")."""
 
     alpha: float = ALPHA_PRIOR  # acceptance estimate, S/T above
     weight: float = PRIOR_WEIGHT  # T: tested draft tokens behind alpha, decayed
@@ -154,7 +152,7 @@ class FixedWindow:
 
 @dataclass(frozen=True)
 class SimpleAdaptiveWindow:
-    """The reference's grow/shrink rule (module docstring); `start` is clamped into [min_k, max_k]."""
+    """The grow/shrink rule (module docstring); `start` is clamped into [min_k, max_k]."""
 
     start: int = 4
     min_k: int = 1

@@ -1,5 +1,5 @@
-"""The adapter's resubmission (skippy.adapter.resume) on the real adapter over a fake broker (adapter_helpers):
-a generation lost after its first tokens (`pipeline_lost`: its stage 0 or the broker died) is resubmitted with
+"""The adapter's resuming (skippy.adapter.resume) on the real adapter over a fake broker (adapter_helpers):
+a generation lost after its first tokens (`pipeline_lost`: its stage 0 or the broker died) resumes from
 the tokens already streamed and the client gets every token once, in one stream and one usage count, through
 the official SDK; a request that finds no pipeline ready waits for one instead of a 503; a request lost for good
 (no pipeline ready within the deadline) fails with one error naming the loss."""
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 ASK = [{"role": "user", "content": "hi"}]
 
 
-async def test_a_lost_generation_is_resubmitted_with_its_tokens(tiny_model: Callable[..., Path]) -> None:
+async def test_a_lost_generation_resumes_from_its_tokens(tiny_model: Callable[..., Path]) -> None:
     async with adapter_server(tiny_model("llama")) as (server, broker):
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0) as oai:
             whole = await oai.chat.completions.create(model="tiny", messages=ASK, max_tokens=3)  # undisturbed
@@ -29,7 +29,7 @@ async def test_a_lost_generation_is_resubmitted_with_its_tokens(tiny_model: Call
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == len(TOKENS)
-    assert broker.histories[-2:] == [(), TOKENS[:2]]  # the lost submission, then its resubmission with 2 tokens
+    assert broker.histories[-2:] == [(), TOKENS[:2]]  # the lost submission, then its resumed one with 2 tokens
 
 
 async def test_a_request_waits_for_a_pipeline_instead_of_a_503(tiny_model: Callable[..., Path]) -> None:
