@@ -41,7 +41,18 @@ from brokers.relay import RELAY_HWM, AdapterRelay
 from brokers.telemetry import BrokerTelemetry
 from skippy.config import AdmissionOptions, prompt_length_error
 from skippy.log import announce_ready, get_logger
-from skippy.protocol import Cancel, ErrorCode, FinishReason, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import (
+    Cancel,
+    ErrorCode,
+    FinishReason,
+    Message,
+    ProtocolError,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    event_message,
+)
 from skippy.transport.curve_guard import guard_of
 from skippy.transport.queues import Offer, RouterQueue
 
@@ -276,20 +287,27 @@ class Broker:
         local = self.bind_endpoint.startswith("ipc://") and link.endpoint.startswith("ipc://")
         return submit if local or submit.events_to is None else replace(submit, events_to=None)
 
-    async def _on_pipeline_events(self, link: PipelineLink, msg: TokenEvents) -> None:
-        req = link.inflight.get(msg.request_id)
-        if req is None or req.done:
-            return  # a request already failed here (stage 0 went silent, broker closing)
-        direct = msg.sent_direct  # stage 0 sent the client every event itself: this is our copy of the last
-        req.tokens = direct if direct is not None else req.tokens + len(msg.tokens)
-        if msg.finish_reason is None:
-            offer = self.relay.tell(req.client, msg, msg.request_id)
-            if offer is not Offer.SENT:  # the adapter does not read, or is gone: the request cannot go on
+    async def _on_pipeline_events(self, link: PipelineLink, events: tuple[TokenEvents, ...]) -> None:
+        """A step's events from stage 0: finals end their requests; the rest go on as one message per adapter."""
+        relayed: dict[bytes, list[tuple[HeldRequest, TokenEvents]]] = {}
+        for msg in events:
+            req = link.inflight.get(msg.request_id)
+            if req is None or req.done:
+                continue  # a request already failed here (stage 0 went silent, broker closing)
+            direct = msg.sent_direct  # stage 0 sent the client every event itself: this is our copy of the last
+            req.tokens = direct if direct is not None else req.tokens + len(msg.tokens)
+            if msg.finish_reason is None:
+                relayed.setdefault(req.client, []).append((req, msg))
+                continue
+            if msg.finish_reason == "error" and msg.code is None:
+                msg = replace(msg, code=ErrorCode.PIPELINE_FAILED)
+            await self.ledger.finish(req, msg, tell_client=direct is None)
+        for client, held in relayed.items():
+            offer = self.relay.tell(client, event_message([msg for _, msg in held]), held[0][1].request_id)
+            if offer is Offer.SENT:
+                continue
+            why = f"{self.relay_hwm} events queued toward it" if offer is Offer.FULL else "it is gone"
+            overflowed = f"token events overflowed at the broker: the client is not reading them ({why})"
+            for req, msg in held:  # the adapter does not read, or is gone: its requests cannot go on
                 self._spawn(link.cancel(msg.request_id))
-                why = f"{self.relay_hwm} events queued toward it" if offer is Offer.FULL else "it is gone"
-                overflowed = f"token events overflowed at the broker: the client is not reading them ({why})"
                 await self.ledger.finish(req, error_event(msg.request_id, ErrorCode.SLOW_CLIENT, overflowed))
-            return
-        if msg.finish_reason == "error" and msg.code is None:
-            msg = replace(msg, code=ErrorCode.PIPELINE_FAILED)
-        await self.ledger.finish(req, msg, tell_client=direct is None)

@@ -21,7 +21,17 @@ from typing import Any
 import zmq.asyncio
 
 from skippy.log import get_logger
-from skippy.protocol import Cancel, Message, ProtocolError, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import (
+    Cancel,
+    EventBatch,
+    Message,
+    ProtocolError,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    events_of,
+)
 from skippy.transport.queues import DealerQueue
 
 __all__ = ["PipelineLink"]
@@ -29,7 +39,7 @@ __all__ = ["PipelineLink"]
 SEND_TIMEOUT_S = 0.5
 CLOSE_LINGER_MS = 500
 
-OnEvents = Callable[["PipelineLink", TokenEvents], Awaitable[None]]
+OnEvents = Callable[["PipelineLink", tuple[TokenEvents, ...]], Awaitable[None]]
 OnStatus = Callable[["PipelineLink"], None]
 OnLost = Callable[["PipelineLink", str], None]
 
@@ -124,8 +134,8 @@ class PipelineLink:
         while True:
             msg = await queue.recv()
             try:
-                if isinstance(msg, TokenEvents):
-                    await self._on_events(self, msg)
+                if isinstance(msg, TokenEvents | EventBatch):
+                    await self._on_events(self, events_of(msg))
                 else:
                     self._on_other(msg)
             except Exception:  # a bug in a callback must not silence the pipeline

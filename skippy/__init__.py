@@ -12,7 +12,7 @@ Its rooms, top to bottom: a module imports its own room and the rooms below it, 
 - `adapter/`: the adapter process: OpenAI, llama-server and Anthropic routes over the broker.
 - `driver/`: stage 0: admission, the iteration scheduler, micro-batches in flight, speculative decoding.
 - `client.py`: `PipelineClient`, the request protocol's client toward stage 0 or a broker.
-- `request_events.py`: what a submitted request gives back: `RequestEvent`s ending with a finish reason.
+- `request_events.py`: what a submitted request gives back: its `TokenEvents`, one per step, ending with a final one.
 - `stage/`: a stage process after stage 0, and what every stage shares with it (handshake, links, sampling).
 - `runtime/`: llama.cpp as a stage runs it: slices, contexts, batches, sampling, the tokenizer.
 - `telemetry/`: process-wide telemetry: shared metric types, spans through a bounded queue, /metrics.

@@ -30,8 +30,19 @@ from typing import Any
 import zmq.asyncio
 
 from skippy.log import get_logger
-from skippy.protocol import Cancel, ErrorCode, FinishReason, ResumePoint, Status, StatusQuery, Submit, TokenEvents
-from skippy.request_events import PipelineUnavailable, RequestEvent, RequestHandle
+from skippy.protocol import (
+    Cancel,
+    ErrorCode,
+    EventBatch,
+    FinishReason,
+    ResumePoint,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    events_of,
+)
+from skippy.request_events import PipelineUnavailable, RequestHandle, split_final
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, PullQueue
 
@@ -50,7 +61,7 @@ class PipelineClient:
         self.queue = DealerQueue(self.ctx, endpoint)
         self.events = PullQueue(self.ctx, events_endpoint) if events_endpoint is not None else None
         self.handles: dict[str, RequestHandle] = {}
-        self.direct_events = 0  # TokenEvents that came straight from stage 0
+        self.direct_events = 0  # event messages (TokenEvents or EventBatch) that came straight from stage 0
         self.orphans_cancelled = 0  # requests of a client before us on our events endpoint, cancelled
         self._orphans: set[str] = set()  # ...and not yet finished
         self._status: dict[int, asyncio.Future[Status]] = {}
@@ -67,9 +78,10 @@ class PipelineClient:
     async def _read(self) -> None:
         while True:
             msg = await self.queue.recv()
-            if isinstance(msg, TokenEvents):
-                if msg.sent_direct is None:  # else stage 0's copy of a final event we have had directly
-                    self._on_events(msg)
+            if isinstance(msg, TokenEvents | EventBatch):
+                for event in events_of(msg):
+                    if event.sent_direct is None:  # else stage 0's copy of a final event we have had directly
+                        self._on_events(event)
             elif isinstance(msg, Status):
                 future = self._status.pop(msg.nonce, None)
                 if future is not None and not future.done():
@@ -78,12 +90,13 @@ class PipelineClient:
     async def _read_direct(self, events: PullQueue) -> None:
         while True:
             msg = await events.recv()
-            if isinstance(msg, TokenEvents):
+            if isinstance(msg, TokenEvents | EventBatch):
                 self.direct_events += 1
-                if msg.request_id in self.handles:
-                    self._on_events(msg)
-                else:
-                    await self._orphaned(msg, events.endpoint)
+                for event in events_of(msg):
+                    if event.request_id in self.handles:
+                        self._on_events(event)
+                    else:
+                        await self._orphaned(event, events.endpoint)
 
     async def _orphaned(self, msg: TokenEvents, endpoint: str) -> None:
         rid = msg.request_id
@@ -99,22 +112,16 @@ class PipelineClient:
         handle = self.handles.get(msg.request_id)
         if handle is None:
             return
-        if msg.progress is not None:
-            handle.put(RequestEvent(progress=msg.progress))
-        logprobs = msg.logprobs if len(msg.logprobs) == len(msg.tokens) else (None,) * len(msg.tokens)
-        last = len(msg.tokens) - 1
-        for i, (token, logprob) in enumerate(zip(msg.tokens, logprobs)):
-            handle.put(RequestEvent(token=token, logprob=logprob, draws=msg.draws if i == last else 0,
-                                    chunk_ends=msg.chunk_ends if i == 0 else ()))
-        if msg.finish_reason is not None:
-            handle.put(RequestEvent(finish_reason=msg.finish_reason, error=msg.error, code=msg.code, stats=msg.stats))
+        for event in split_final(msg):
+            handle.put(event)
+        if msg.final:
             del self.handles[msg.request_id]
 
     def fail_pending(self, message: str, code: ErrorCode = ErrorCode.UNAVAILABLE) -> int:
         """Give every pending request its final event now: an error with `code` and `message`; how many."""
         handles, self.handles = list(self.handles.values()), {}
         for handle in handles:
-            handle.put(RequestEvent(finish_reason=FinishReason.ERROR, error=message, code=code))
+            handle.put(TokenEvents(handle.request_id, (), FinishReason.ERROR, message, code))
         return len(handles)
 
     def _lost(self, why: str) -> None:

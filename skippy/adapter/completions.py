@@ -45,10 +45,10 @@ from skippy.http.errors import HttpError, invalid
 from skippy.http.routing import Request, Response, StreamResponse, json_response
 from skippy.http.sse import DEFAULT_PING_INTERVAL_S, SSE_DONE, sse_event, with_pings
 from skippy.log import get_logger
-from skippy.protocol import PromptProgress, Status
+from skippy.protocol import PromptProgress, Status, TokenEvents
 from skippy.protocol.kinds import http_status
 from skippy.protocol.stats import RequestStats
-from skippy.request_events import PipelineUnavailable, RequestEvent
+from skippy.request_events import PipelineUnavailable
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.grammar_sampler import check_grammar
 from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
@@ -56,7 +56,7 @@ from skippy.runtime.tokenizer import IncrementalDecoder, Tokenizer
 TYPE_BY_STATUS = {429: "rate_limit_error", 503: "service_unavailable", 502: "server_error", 400: "invalid_request_error"}
 
 
-def event_error(event: RequestEvent) -> HttpError:
+def event_error(event: TokenEvents) -> HttpError:
     code = event.code or "pipeline_failed"
     status = http_status(code)
     headers = [("retry-after", "1")] if status == 429 else []
@@ -184,7 +184,7 @@ class Generation:
         started = time.perf_counter()
         events = await self.broker.submit(ids, req.sampling, max_tokens, stop_tokens, rid,
                                           progress=req.progress and req.stream)
-        first: asyncio.Future[RequestEvent] = asyncio.ensure_future(events.__anext__())
+        first: asyncio.Future[TokenEvents] = asyncio.ensure_future(events.__anext__())
         try:  # a stream starts (and pings) once the interval passes without a first event
             await asyncio.wait({first}, timeout=self.ping_interval_s if req.stream else None)
         except BaseException:
@@ -204,19 +204,18 @@ class Generation:
                       grammar=req.sampling.grammar is not None)
         return Run(rid, len(ids), pieces)
 
-    async def _pieces(self, rid: str, first: asyncio.Future[RequestEvent], events: AsyncIterator[RequestEvent],
+    async def _pieces(self, rid: str, first: asyncio.Future[TokenEvents], events: AsyncIterator[TokenEvents],
                       req: GenerationRequest) -> AsyncIterator[Piece]:
-        """Text deltas (stop strings held back and enforced) ending with one that has finish_reason."""
+        """One piece per step's event: its text (stop strings held back and enforced), ending with one that has
+        finish_reason."""
         decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
-        event: RequestEvent | None = None
+        event: TokenEvents | None = None
         finished = False
         try:
             event = await first
-            while event is not None:
+            while True:
                 if event.progress is not None:
                     yield Piece("", [], 0, progress=event.progress)
-                    event = await events.__anext__()
-                    continue
                 if event.final:
                     finished = True
                     if event.finish_reason == "error":
@@ -224,20 +223,29 @@ class Generation:
                     self.metrics.observe_stats(event.stats)
                     yield Piece(stops.push(decoder.flush()) + stops.flush(), [], 0, event.finish_reason, event.stats)
                     return
-                assert event.token is not None
-                self.metrics.token(rid)
-                entries = [logprob_entry(event.logprob, self.tokenizer.piece)] if event.logprob else []
-                text = stops.push(decoder.push(event.token))
-                if stops.stopped:
-                    yield Piece(text, entries, 1, "stop", stop_sequence=stops.matched)
-                    return
-                yield Piece(text, entries)
+                if event.tokens:
+                    piece = self._piece(event, decoder, stops)
+                    self.metrics.tokens(rid, piece.n_tokens)
+                    yield piece
+                    if stops.stopped:
+                        return
                 event = await events.__anext__()
         finally:
             first.cancel()
             self.metrics.generation_done(rid, event, stops.stopped)
             if not finished:  # stop string, client gone, or error: free the lane now
                 await asyncio.shield(self.broker.cancel(rid))
+
+    def _piece(self, event: TokenEvents, decoder: IncrementalDecoder, stops: StopMatcher) -> Piece:
+        """A step's tokens as text; a stop string ends it at the token that completed it."""
+        texts: list[str] = []
+        for n, token in enumerate(event.tokens, 1):
+            texts.append(stops.push(decoder.push(token)))
+            if stops.stopped:
+                entries = [logprob_entry(lp, self.tokenizer.piece) for lp in event.logprobs[:n]]
+                return Piece("".join(texts), entries, n, "stop", stop_sequence=stops.matched)
+        entries = [logprob_entry(lp, self.tokenizer.piece) for lp in event.logprobs]
+        return Piece("".join(texts), entries, len(event.tokens))
 
     async def _complete(self, shape: ResponseShape, pieces: AsyncIterator[Piece], n_prompt: int) -> Response:
         texts, entries, calls, n_tokens, finish = [], [], [], 0, "stop"

@@ -23,9 +23,8 @@ from prometheus_client.registry import Collector
 
 from skippy.adapter.prefix_metrics import PrefixCacheMetrics
 from skippy.adapter.spec_metrics import SpecDecodeMetrics
-from skippy.protocol import Status
+from skippy.protocol import Status, TokenEvents
 from skippy.protocol.stats import SPECULATIVE_COUNTS, RequestStats
-from skippy.request_events import RequestEvent
 from skippy.telemetry.process import Telemetry, current, wall_time
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -137,14 +136,15 @@ class Metrics:
         self.prompt_tokens.inc(prompt_tokens)
         self._live[rid] = _Generation(started, now, prompt_tokens, kind, last=now)
 
-    def token(self, rid: str) -> None:
-        self.completion_tokens.inc()
+    def tokens(self, rid: str, n: int) -> None:
+        """Generation `rid` was given `n` more tokens (one step's)."""
+        self.completion_tokens.inc(n)
         gen = self._live.get(rid)
         if gen is not None:
-            gen.tokens += 1
+            gen.tokens += n
             gen.last = time.perf_counter()
 
-    def generation_done(self, rid: str, last: RequestEvent | None, stopped: bool) -> None:
+    def generation_done(self, rid: str, last: TokenEvents | None, stopped: bool) -> None:
         """Generation `rid` ended (`last`: its last event; `stopped`: a stop string ended it)."""
         gen = self._live.pop(rid, None)
         if gen is None:

@@ -28,15 +28,15 @@ from typing import Any, Protocol
 
 from skippy.config.serving import DEFAULT_RESUME_TIMEOUT_S
 from skippy.log import get_logger
-from skippy.protocol import ErrorCode, FinishReason, ResumePoint, Status
-from skippy.request_events import PipelineUnavailable, RequestEvent
+from skippy.protocol import ErrorCode, FinishReason, ResumePoint, Status, TokenEvents
+from skippy.request_events import PipelineUnavailable
 from skippy.runtime.sampling import SamplingParams
 
 READY_POLL_S = 0.2  # while a lost request waits for a pipeline, the broker's status is asked this often
 
 
 class EventSource(Protocol):
-    def __aiter__(self) -> AsyncIterator[RequestEvent]: ...
+    def __aiter__(self) -> AsyncIterator[TokenEvents]: ...
 
 
 class Submitter(Protocol):
@@ -59,9 +59,8 @@ class _ResumeTracker:
     chunk_ends: tuple[int, ...] = ()
     draws: int = 0
 
-    def add(self, event: RequestEvent) -> None:
-        if event.token is not None:
-            self.history.append(event.token)
+    def add(self, event: TokenEvents) -> None:
+        self.history += event.tokens
         self.chunk_ends = event.chunk_ends or self.chunk_ends
         self.draws = event.draws or self.draws
 
@@ -95,7 +94,7 @@ class ResumingClient:
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str = "", *,
-                     progress: bool = False) -> AsyncIterator[RequestEvent]:
+                     progress: bool = False) -> AsyncIterator[TokenEvents]:
         req = _Request(list(prompt), sampling, max_tokens, stop_tokens, request_id, request_id, progress=progress)
         handle = await self.client.submit(req.prompt, sampling, max_tokens, stop_tokens, request_id=request_id,
                                           progress=progress)
@@ -108,7 +107,7 @@ class ResumingClient:
             req.cancelled = True
         await self.client.cancel(req.current if req is not None else request_id)
 
-    async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[RequestEvent]:
+    async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[TokenEvents]:
         try:
             while True:
                 final = None
@@ -123,14 +122,14 @@ class ResumingClient:
                     yield final
                     return
                 resumed = await self._resume(req, final)
-                if isinstance(resumed, RequestEvent):
+                if isinstance(resumed, TokenEvents):
                     yield resumed
                     return
                 handle = resumed
         finally:
             self.active.pop(req.request_id, None)
 
-    async def _resume(self, req: _Request, lost: RequestEvent) -> EventSource | RequestEvent:
+    async def _resume(self, req: _Request, lost: TokenEvents) -> EventSource | TokenEvents:
         """Wait for a ready pipeline and submit `req` again from what its client has; the final error when it
         cannot be within the deadline (or it was cancelled meanwhile)."""
         since = time.monotonic()
@@ -154,9 +153,9 @@ class ResumingClient:
                               cause=lost.error)
                 return handle
         if req.cancelled:
-            return RequestEvent(finish_reason=FinishReason.CANCELLED)
+            return TokenEvents(req.request_id, (), FinishReason.CANCELLED)
         error = f"{lost.error}; no pipeline took it back within {self.resume_timeout_s:g} s"
-        return RequestEvent(finish_reason=FinishReason.ERROR, error=error, code=ErrorCode.PIPELINE_FAILED)
+        return TokenEvents(req.request_id, (), FinishReason.ERROR, error, ErrorCode.PIPELINE_FAILED)
 
     async def wait_ready(self) -> Status | None:
         """A new request that finds no pipeline ready (a process of it is restarting) waits for one rather than

@@ -8,7 +8,8 @@ The build lives in `~/.cache/skippy/llama-server-<version>-<key>` (or `$SKIPPY_C
 `scripts/setup` keys its wheel (version, CMake flags, this CPU's feature flags); a `built` stamp marks a
 finished build, which every later run reuses (the unpacked sources are then removed). Progress (`[n/N]`
 steps) goes to stderr, the full log to `build.log` beside it. A failed build raises
-`LlamaServerBuildError` naming the step, with the log's tail.
+`LlamaServerBuildError` naming the step, with the log's tail. `python -m skippy.bench.llama_server_build`
+builds it (or finds the cached one) and prints its path: what `.ci/run` does before the tests.
 """
 
 from __future__ import annotations
@@ -165,3 +166,16 @@ def llama_server_version() -> str:
     out = subprocess.run([str(ensure_llama_server_binary()), "--version"], capture_output=True, text=True, timeout=60)
     line = next((ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version:")), "version: ?")
     return line.removeprefix("version:").strip()
+
+
+def main() -> int:
+    try:
+        print(ensure_llama_server_binary())
+    except LlamaServerBuildError as exc:
+        print(f"llama-server build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -74,8 +74,8 @@ async def timed_request(client: PipelineClient, tokens: Sequence[int], max_token
     arrivals = []
     async with asyncio.timeout(REQUEST_TIMEOUT_S):  # a stage that died leaves the request waiting
         async for event in handle:
-            if event.token is not None:
-                arrivals.append(time.perf_counter() - start)
+            if event.tokens:
+                arrivals += [time.perf_counter() - start] * len(event.tokens)  # a step's tokens arrive together
             elif event.finish_reason == "error":
                 raise RuntimeError(f"request failed: {event.error}")
     return arrivals

@@ -139,7 +139,7 @@ async def _ttft_ms(driver: Driver, prompt: list[int]) -> float:
     start = time.perf_counter()
     elapsed = None
     async for event in driver.submit(prompt, max_tokens=1):
-        if event.token is not None and elapsed is None:
+        if event.tokens and elapsed is None:
             elapsed = (time.perf_counter() - start) * 1e3
     assert elapsed is not None, "no token"
     return elapsed

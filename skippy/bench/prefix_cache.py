@@ -104,8 +104,7 @@ class Side:
             timed.last = time.perf_counter()
             if not timed.first:
                 timed.first, timed.prefill_cpu_s = timed.last, self.cpu_s() - cpu
-            assert event.token is not None
-            timed.tokens.append(event.token)
+            timed.tokens += event.tokens
         raise RuntimeError("bench: the request's events ended without a final one")
 
 

@@ -86,11 +86,10 @@ async def _consume(driver: Driver, prompt: Prompt, max_tokens: int, stop: frozen
             if event.error is not None:
                 raise RuntimeError(f"bench: {prompt.name} failed: {event.error}")
             break
-        assert event.token is not None
         if not timed.tokens:
             timed.first = now
-        timed.tokens.append(event.token)
-        timed.times.append(now)
+        timed.tokens += event.tokens
+        timed.times += [now] * len(event.tokens)  # a step's tokens arrive together
         timed.last = now
     if not timed.tokens:
         raise RuntimeError(f"bench: {prompt.name} produced no token")

@@ -38,8 +38,8 @@ async def pipeline_rate(driver: Driver, prompts: list[list[int]], max_tokens: in
     async def consume(h):  # type: ignore[no-untyped-def]
         n, first = 0, None
         async for event in h:
-            if event.token is not None:
-                n += 1
+            if event.tokens:
+                n += len(event.tokens)
                 if first is None:
                     first = time.perf_counter()
                     compute.append(_compute_total(driver))

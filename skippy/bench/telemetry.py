@@ -46,9 +46,9 @@ async def decode_rate(client: PipelineClient, prompts: list[list[int]], max_toke
         nonlocal last
         n = 0
         async for event in handle:
-            if event.token is not None:
-                n += 1
-                if n == 1:
+            if event.tokens:
+                n += len(event.tokens)
+                if n == len(event.tokens):
                     firsts.append(time.perf_counter())
         last = max(last, time.perf_counter())
         counts.append(n)

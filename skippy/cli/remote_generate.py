@@ -60,9 +60,9 @@ async def _stream(client: PipelineClient, tokenizer: Tokenizer, prompt: str, max
         sys.stdout.write(prompt)
         start, n = time.perf_counter(), 0
         async for event in handle:
-            if event.token is not None:
-                n += 1
-                sys.stdout.write(decoder.push(event.token))
+            if event.tokens:
+                n += len(event.tokens)
+                sys.stdout.write("".join(decoder.push(token) for token in event.tokens))
                 sys.stdout.flush()
             elif event.finish_reason == "error":
                 raise PipelineUnavailable(f"generation failed: {event.error}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from skippy.config.errors import ConfigError
 
-__all__ = ["PLAN_FLAGS", "StoreGiven", "hosts_given", "refuse_unused_plan_flags", "refuse_unused_up_flags"]
+__all__ = ["StoreGiven", "hosts_given", "refuse_unused_plan_flags", "refuse_unused_up_flags"]
 
 PLAN_FLAGS = ("--host-mem-mb", "--link-delay-ms", "--link-mbps", "--plan-concurrency", "--recalibrate", "--no-replicas")
 HOST_SHAPE_FLAGS = PLAN_FLAGS[:3]  # what hosts made from --stage-cpus are like
@@ -46,6 +46,7 @@ class StoreGiven(argparse.Action):
 
 
 def given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether `flag` was on the command line (a switch: its dest holds its given value)."""
     if flag in SWITCHES:
         dest, value = SWITCHES[flag]
         return bool(getattr(args, dest, not value) == value)

@@ -24,5 +24,5 @@ Start at `driver.py`, the step loop; each other module is one part it is built f
 - `speculative/`: proposers, window policies and the per-session engine.
 
 Requests arrive as `skippy.protocol.Submit` (from `skippy.client.PipelineClient`, or the broker) and
-leave as `skippy.request_events.RequestEvent`s.
+leave as `skippy.protocol.TokenEvents`, one per request per step.
 """

@@ -24,7 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from skippy.protocol import TokenEvents
+from skippy.protocol import EventBatch, TokenEvents
 from skippy.transport.queues import PushQueue
 
 __all__ = ["MAX_ENDPOINTS", "MAX_QUEUED_EVENTS", "PATIENCE_S", "EventSinks", "SinkRefused", "submitter_copy", "usable"]
@@ -84,7 +84,7 @@ class EventSinks:
         else:
             del self._users[endpoint]
 
-    async def send(self, endpoint: str, msg: TokenEvents) -> bool:
+    async def send(self, endpoint: str, msg: TokenEvents | EventBatch) -> bool:
         """Put `msg` on the socket toward `endpoint` (attached); False, and nothing queued, when `max_queued`
         events wait there for `patience_s` (the client does not read, or is gone)."""
         return await self._sinks[endpoint].send_within(msg, self.patience_s)

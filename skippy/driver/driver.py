@@ -6,7 +6,7 @@ One step of the loop is nano-vllm's: `plan_iteration` (which rows go next) -> `B
 in a `SequenceTable`; finished sessions are released on every stage by `SessionReleases`; downstream liveness
 is `Liveness`; stage 0's PULL is read by `Inbound`, built from those parts, which calls back the driver
 (`DriverCallbacks`); metrics and spans are `DriverTelemetry`'s, built from its parts. Python API:
-`submit(...)` returns a handle whose async iterator yields `RequestEvent`s ending with a finish reason;
+`submit(...)` returns a handle whose async iterator yields `TokenEvents`, one per step, ending with a final one;
 `cancel(request_id)`. When a later stage dies the requests in flight pause and replay once it is back
 (`Replays`, skippy.driver.replay); new requests wait at stage 0 meanwhile (nobody is admitted), within the
 same deadline. `submit` checks a request with skippy.driver.submission: at most `max_waiting` requests wait

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+import msgspec
 
 from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
-from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenLogprob
-from skippy.request_events import RequestEvent
+from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenEvents, TokenLogprob
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Outcome:
     """What one window's return means for its request."""
 
     seq: Sequence
-    events: list[RequestEvent] = field(default_factory=list)  # tokens to deliver, in order
+    events: list[TokenEvents] = field(default_factory=list)  # a progress report, then the window's tokens
     finish: FinishReason | None = None
     error: str | None = None
     committed: list[int] = field(default_factory=list)  # tokens added to the sequence
@@ -40,16 +41,23 @@ def commit_tokens(seq: Sequence, tokens: Seq[int], logprobs: Seq[TokenLogprob | 
     out = Outcome(seq)
     if tokens and seq.first_token_at is None:
         seq.first_token_at = time.perf_counter()
+    delivered: list[int] = []
+    delivered_logprobs: list[TokenLogprob] = []
     for token, logprob in zip(tokens, logprobs):
         seq.generated.append(token)
         out.committed.append(token)
         if token in seq.stop_tokens:
             out.finish = FinishReason.STOP
             break
-        out.events.append(RequestEvent(token=token, logprob=logprob))
+        delivered.append(token)
+        if logprob is not None:
+            delivered_logprobs.append(logprob)
         if len(seq.generated) >= seq.max_tokens or len(seq.prompt) + len(seq.generated) >= ctx_size:
             out.finish = FinishReason.LENGTH
             break
+    if delivered:
+        logprobs_all = tuple(delivered_logprobs) if len(delivered_logprobs) == len(delivered) else ()
+        out.events.append(TokenEvents(seq.request_id, tuple(delivered), logprobs=logprobs_all))
     return out
 
 
@@ -93,23 +101,22 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
 
 
 def _resumable(outcome: Outcome) -> None:
-    """Stamp the events with what resuming the request needs (skippy.protocol.ResumePoint): the draws after the
-    window on its last event, the prompt's chunk ends on the request's first token."""
+    """Stamp the window's tokens with what resuming the request needs (skippy.protocol.ResumePoint): the draws
+    after the window, and on the request's first tokens the prompt's chunk ends."""
     seq, events = outcome.seq, outcome.events
     if not events:
         return
-    events[-1] = replace(events[-1], draws=seq.draws)
-    if len(seq.generated) == len(outcome.committed):  # the request's first tokens
-        events[0] = replace(events[0], chunk_ends=tuple(seq.chunk_ends))
+    first = len(seq.generated) == len(outcome.committed)
+    events[-1] = msgspec.structs.replace(events[-1], draws=seq.draws, chunk_ends=tuple(seq.chunk_ends) if first else ())
 
 
-def progress_event(pw: PlannedWindow) -> RequestEvent:
+def progress_event(pw: PlannedWindow) -> TokenEvents:
     """The prompt's progress once this prefill chunk came back through every stage."""
     seq = pw.seq
     started = seq.admitted_at if seq.admitted_at is not None else seq.submitted_at
     processed = min(len(seq.prompt), pw.pos_start + len(pw.tokens))
-    return RequestEvent(progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
-                                              round((time.perf_counter() - started) * 1000, 3)))
+    return TokenEvents(seq.request_id, (), progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
+                                                                 round((time.perf_counter() - started) * 1000, 3)))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

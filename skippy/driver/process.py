@@ -93,10 +93,10 @@ class DriverProcess:
         try:
             if front is not None:
                 await asyncio.to_thread(front.stop)
-            forwarders = self.requests.forwarders
-            if forwarders:  # final events (e.g. of requests failed by a crash) reach their clients
-                await asyncio.wait(forwarders, timeout=DELIVER_ON_STOP_S)
-            for task in list(forwarders):
+            senders = self.requests.senders
+            if senders:  # final events (e.g. of requests failed by a crash) reach their clients
+                await asyncio.wait(senders, timeout=DELIVER_ON_STOP_S)
+            for task in list(senders):
                 task.cancel()
         finally:
             self.sinks.close()

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from skippy.driver.prefill import ChunkPlanner
-from skippy.protocol import ErrorCode, FinishReason, PrefixRef, ResumePoint, StageTiming
+from skippy.protocol import ErrorCode, FinishReason, PrefixRef, ResumePoint, StageTiming, TokenEvents
 from skippy.protocol.stats import PrefixStats, RequestStats
-from skippy.request_events import RequestEvent, RequestHandle
+from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 
 
@@ -208,7 +208,7 @@ class SequenceTable:
             self._releases.append(seq.session_id)
         seq.state = SeqState.FINISHED
         del self._by_request[seq.request_id]
-        seq.handle.put(RequestEvent(finish_reason=reason, error=error, code=code, stats=stats))
+        seq.handle.put(TokenEvents(seq.request_id, (), reason, error, code, stats=stats))
         return True
 
     def take_releases(self) -> tuple[int, ...]:

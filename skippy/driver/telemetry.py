@@ -124,7 +124,7 @@ class DriverTelemetry:
     def outcome(self, outcome: Outcome) -> None:
         """One request's share of a returned batch: its delivered tokens and speculative counts."""
         seq = outcome.seq
-        delivered = sum(1 for e in outcome.events if e.token is not None)
+        delivered = sum(len(e.tokens) for e in outcome.events)
         if delivered:
             self.decode_tokens.inc(delivered)
         if outcome.proposed:

@@ -45,6 +45,7 @@ from skippy.protocol.messages import (
     Credit,
     ErrorCode,
     ErrorReport,
+    EventBatch,
     FinishReason,
     Heartbeat,
     Hello,
@@ -71,11 +72,13 @@ from skippy.protocol.messages import (
     WireDtype,
     WireVerdict,
 )
+from skippy.protocol.requests import event_message, events_of
 
 __all__ = [
-    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps", "Cancel",
-    "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "FinishReason", "Heartbeat", "Hello", "KeptPrefix", "Message",
-    "MessageKind", "Predictions", "PrefixRef", "PromptProgress", "ProtocolError",
-    "Ready", "ReleaseSessions", "ResumePoint", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
+    "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps",
+    "Cancel", "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "EventBatch", "FinishReason", "Heartbeat", "Hello",
+    "KeptPrefix", "Message", "MessageKind", "Predictions", "PrefixRef", "PromptProgress", "ProtocolError", "Ready",
+    "ReleaseSessions", "ResumePoint", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
     "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
+    "event_message", "events_of",
 ]

@@ -28,8 +28,9 @@ from skippy.protocol.kinds import I31, U63, ErrorCode
 #    Status.wire, SetWire.whole_chain (the activation wire format certified at startup)
 # 8: Submit.resume_from (a ResumePoint) in place of Submit.history/chunks/draws, TokenEvents.chunks renamed
 #    chunk_ends (an older stage 0 would ignore resume_from and start the request afresh, repeating its tokens)
+# 9: EventBatch (a client's TokenEvents of one step in one message; an older client would drop them all)
 
-PROTOCOL_VERSION: Final = 8  # also the Literal of MessageBase.v
+PROTOCOL_VERSION: Final = 9  # also the Literal of MessageBase.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
@@ -59,7 +60,7 @@ class ProtocolError(Exception):
 class MessageBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="k"):
     """What every message has: its header's ``k`` (the class's tag, its MessageKind) and ``v``."""
 
-    v: Literal[8] = PROTOCOL_VERSION
+    v: Literal[9] = PROTOCOL_VERSION
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):

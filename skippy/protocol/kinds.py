@@ -84,6 +84,7 @@ class MessageKind(enum.StrEnum):
     SUBMIT = "submit"
     CANCEL = "cancel"
     TOKENS = "tokens"
+    EVENTS = "events"
     STATUS_QUERY = "status_query"
     STATUS = "status"
 

@@ -39,6 +39,7 @@ from skippy.protocol.base import (  # noqa: F401 - re-exported
 from skippy.protocol.kinds import I31, U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype  # noqa: F401 - re-exported
 from skippy.protocol.requests import (  # noqa: F401 - re-exported
     Cancel,
+    EventBatch,
     PromptProgress,
     ResumePoint,
     Status,
@@ -242,5 +243,5 @@ class SetWire(MessageBase, tag=MessageKind.WIRE.value, frozen=True):
 
 Message: TypeAlias = (
     Hello | Ready | Batch | ConfigureSession | ReleaseSessions | Credit | Predictions | ErrorReport | Heartbeat
-    | SetWire | Submit | Cancel | TokenEvents | StatusQuery | Status
+    | SetWire | Submit | Cancel | TokenEvents | EventBatch | StatusQuery | Status
 )

@@ -6,12 +6,13 @@ TokenEvents and Status. Stage-to-stage messages are `skippy.protocol.messages`'.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
-from skippy.protocol.base import Logprobs, MessageBase, Tokens
+from skippy.protocol.base import MAX_SESSIONS_PER_MESSAGE, Logprobs, MessageBase, Tokens
 from skippy.protocol.kinds import U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype
 from skippy.protocol.stats import RequestStats
 
@@ -70,7 +71,10 @@ class Cancel(MessageBase, tag=MessageKind.CANCEL.value, frozen=True):
 
 
 class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):
-    """Stage 0 / broker -> client: new tokens of a request; ``finish_reason`` set on the last one.
+    """Stage 0 / broker -> client: what one step gave a request: its new tokens (every token it committed in
+    that step, several when a speculative window accepted drafts) and, on the last message, ``finish_reason``.
+    Stage 0 merges a request's events of one step into one TokenEvents; in-process consumers iterate the same
+    type (skippy.request_events.RequestHandle).
 
     ``code`` classifies an error (skippy.protocol.kinds.HTTP_STATUS maps it to an HTTP status). On the
     last message, ``stats`` are the request's numbers; ``sent_direct`` is set only on the submitter's copy
@@ -91,6 +95,25 @@ class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):
     draws: U63 = 0
     chunk_ends: Tokens = ()
     progress: PromptProgress | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EventBatch(MessageBase, tag=MessageKind.EVENTS.value, frozen=True):
+    """Stage 0 / broker -> client: the TokenEvents of one step for every request of one client, in one message
+    (a lone event travels as itself)."""
+    events: Annotated[tuple[TokenEvents, ...], Meta(min_length=1, max_length=MAX_SESSIONS_PER_MESSAGE)]
+
+
+def event_message(events: Sequence[TokenEvents]) -> TokenEvents | EventBatch:
+    """One message for a client's events of one step."""
+    return events[0] if len(events) == 1 else EventBatch(tuple(events))
+
+
+def events_of(msg: TokenEvents | EventBatch) -> tuple[TokenEvents, ...]:
+    return msg.events if isinstance(msg, EventBatch) else (msg,)
 
 
 class StatusQuery(MessageBase, tag=MessageKind.STATUS_QUERY.value, frozen=True):

@@ -27,7 +27,7 @@ from brokers import Broker
 from skippy.config import AdmissionOptions, StageTopology
 from skippy.launcher import StageProcesses
 from skippy.log import configure_logging
-from skippy.protocol import Cancel, Status, StatusQuery, Submit, TokenEvents
+from skippy.protocol import Cancel, EventBatch, Status, StatusQuery, Submit, TokenEvents, events_of
 from skippy.transport.endpoints import request_endpoint
 from skippy.transport.queues import DealerQueue, RouterQueue
 
@@ -110,8 +110,9 @@ class BrokerClient:
     async def _read(self) -> None:
         while True:
             msg = await self.queue.recv()
-            if isinstance(msg, TokenEvents):
-                self.streams[msg.request_id].put(msg)
+            if isinstance(msg, TokenEvents | EventBatch):
+                for event in events_of(msg):
+                    self.streams[event.request_id].put(event)
             elif isinstance(msg, Status):
                 self._status.pop(msg.nonce).set_result(msg)
             else:

@@ -153,11 +153,11 @@ def test_an_adapter_on_the_host_gets_its_events_straight_from_stage_0(shared_pip
                 for client in (via_broker, no_broker):
                     tokens, final = await (await client.submit([5, 6, 7, 8], max_tokens=40)).collect()
                     assert (tokens, final.finish_reason) == (expected, "length")
-                    assert client.direct_events == 41  # 40 tokens and the final event (not stage 0's copy of it)
+                    assert 1 <= client.direct_events <= 40  # a message per step at most, the final in the last
                 handle = await via_broker.submit([5, 6, 7, 8], max_tokens=LONG)
                 events = aiter(handle)
                 first = await anext(events)
-                assert first.token is not None
+                assert first.tokens
                 await via_broker.cancel(handle.request_id)
                 rest = [event async for event in events]
                 assert rest[-1].finish_reason == "cancelled" and len(rest) < LONG
@@ -183,12 +183,12 @@ def test_the_client_bound_after_a_dead_one_on_its_events_endpoint_cancels_its_re
             first = PipelineClient(broker.endpoint, events_endpoint=endpoint)
             handle = await first.submit([5, 6, 7, 8], max_tokens=LONG)
             events = aiter(handle)
-            assert (await anext(events)).token is not None
+            assert (await anext(events)).tokens
             await stranger.cancel(handle.request_id)
             await stranger.cancel(handle.request_id, events_to=f"ipc://{tmp_path}/elsewhere.sock")
             await stranger.status()  # answered after both cancels: one client's messages are handled in order
             more = [await anext(events) for _ in range(8)]
-            assert all(e.token is not None and e.finish_reason is None for e in more), more
+            assert all(e.tokens and e.finish_reason is None for e in more), more
             first.close()  # gone without a cancel: its request runs on, nobody reading its events
             heir = PipelineClient(broker.endpoint, events_endpoint=endpoint)
             try:

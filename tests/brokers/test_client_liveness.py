@@ -19,8 +19,8 @@ import zmq
 from broker_helpers import WAIT_S, run
 
 from skippy.client import PipelineClient
-from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, decode, encode
-from skippy.request_events import RequestEvent, RequestHandle
+from skippy.protocol import ErrorCode, FinishReason, Status, StatusQuery, TokenEvents, decode, encode
+from skippy.request_events import RequestHandle
 
 SILENT_ROUTER = """
 import sys, zmq
@@ -34,8 +34,8 @@ while True:
 """
 
 
-async def _final(handle: RequestHandle) -> RequestEvent:
-    async def last() -> RequestEvent:
+async def _final(handle: RequestHandle) -> TokenEvents:
+    async def last() -> TokenEvents:
         return (await handle.collect())[1]
 
     return await asyncio.wait_for(last(), WAIT_S)  # a bound against a hang, not a timing claim
@@ -51,7 +51,7 @@ def test_pending_requests_fail_when_the_broker_process_dies(tmp_path: Path) -> N
     endpoint = f"ipc://{tmp_path}/broker.sock"
     proc = _silent_router_process(endpoint)
 
-    async def scenario() -> tuple[list[RequestEvent], int]:
+    async def scenario() -> tuple[list[TokenEvents], int]:
         client = PipelineClient(endpoint, dead_after_s=600.0)  # only the disconnect can fail them here
         try:
             handles = [await client.submit([1, 2, 3], max_tokens=4) for _ in range(3)]
@@ -94,7 +94,7 @@ def test_pending_requests_fail_when_the_broker_stops_answering_and_serve_again(t
                     router.send_multipart([peer, *encode(Status(msg.nonce, True, None, 0, 0, 1, 512))])
             await asyncio.sleep(0.01)  # poll interval (the client's status timeout bounds the wait)
 
-    async def scenario() -> tuple[RequestEvent, Status]:
+    async def scenario() -> tuple[TokenEvents, Status]:
         client = PipelineClient(endpoint, watch_every_s=0.05, dead_after_s=0.3)
         try:
             handle = await client.submit([1, 2, 3], max_tokens=4)  # the router never reads it: a hung broker

@@ -17,26 +17,25 @@ from broker_helpers import WAIT_S, PipelineProcs, run, running_broker
 
 from skippy.adapter.resume import ResumingClient
 from skippy.client import PipelineClient
-from skippy.request_events import RequestEvent
+from skippy.protocol import TokenEvents
 
 MAX_TOKENS = 120
 PROMPTS = [[5, 6, 7, 8 + i] for i in range(2)]
 
 
-async def _collect(events: AsyncIterator[RequestEvent], started: asyncio.Event) -> tuple[list[int], RequestEvent]:
+async def _collect(events: AsyncIterator[TokenEvents], started: asyncio.Event) -> tuple[list[int], TokenEvents]:
     tokens: list[int] = []
     async for event in events:
         if event.final:
             return tokens, event
-        assert event.token is not None
-        tokens.append(event.token)
-        if len(tokens) == 5:
+        tokens += event.tokens
+        if len(tokens) >= 5:
             started.set()
     raise AssertionError("no final event")
 
 
 async def _generate(resuming: ResumingClient, prefix: str,
-                    on_started: Callable[[], None] | None = None) -> list[tuple[list[int], RequestEvent]]:
+                    on_started: Callable[[], None] | None = None) -> list[tuple[list[int], TokenEvents]]:
     started = [asyncio.Event() for _ in PROMPTS]
     runs = [asyncio.create_task(_collect(await resuming.submit(p, None, MAX_TOKENS, frozenset(), f"{prefix}{i}"), s))
             for i, (p, s) in enumerate(zip(PROMPTS, started))]

@@ -21,7 +21,7 @@ from test_pipeline_failures import Watched  # tests/pipeline's consumer of a req
 from skippy.driver.driver import Driver
 from skippy.launcher import read_events
 from skippy.log import configure_logging
-from skippy.request_events import RequestEvent
+from skippy.protocol import TokenEvents
 
 FAIL_WITHIN_S = 10.0  # a killed stage fails the requests in flight within this (the issue's bound)
 BACK_WITHIN_S = 60.0  # a restarted stage is serving again within this (bounded wait, not a timing claim)
@@ -35,7 +35,7 @@ async def decoding(driver: Driver, n: int, max_tokens: int = 400) -> list[Watche
     return watched
 
 
-async def failed_naming(watched: list[Watched], stage_id: str) -> list[RequestEvent]:
+async def failed_naming(watched: list[Watched], stage_id: str) -> list[TokenEvents]:
     """Every watched request ends with an error naming `stage_id` within FAIL_WITHIN_S."""
     finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), FAIL_WITHIN_S)
     for final in finals:
@@ -43,7 +43,7 @@ async def failed_naming(watched: list[Watched], stage_id: str) -> list[RequestEv
     return finals
 
 
-async def completed(watched: list[Watched], timeout_s: float = BACK_WITHIN_S) -> list[RequestEvent]:
+async def completed(watched: list[Watched], timeout_s: float = BACK_WITHIN_S) -> list[TokenEvents]:
     """Every watched request completes by length (paused by a dead stage, then replayed) within a bounded wait."""
     finals = await asyncio.wait_for(asyncio.gather(*(w.task for w in watched)), timeout_s)
     for final in finals:

@@ -4,9 +4,10 @@
 Nothing is lost: every request completes (0 errored, 0 hung: when a later stage dies the requests in flight
 pause and stage 0 replays them once the chain is back; when stage 0 or the broker dies the adapter resumes
 them from the tokens it has sent), every completed stream's text is the same (the undisturbed run's:
-they are one greedy request), requests complete again after each restart without restarting the other
-stages, the survivors' resident memory stays flat, and no process of the run is left after `skippy up`
-stops. The figures (requests sent,
+they are one greedy request, served with `--deterministic`, where a request's tokens depend on nothing but
+the request: docs/deterministic.md), requests complete again after each
+restart without restarting the other stages, the survivors' resident memory stays flat, and no process of
+the run is left after `skippy up` stops. The figures (requests sent,
 completed, errored, hung; restart times; memory) are printed and written to
 `<run_dir>/chaos-figures.json`, and to `$SKIPPY_CHAOS_REPORT` when set.
 
@@ -72,7 +73,7 @@ def _chaos(server: SkippyServer, setting: str) -> list[int]:
 
 def test_chaos_on_loopback(start_up: Callable[..., Any], tiny_llama: Path) -> None:
     with start_up("chaos-loopback", tiny_llama, "--split", "2,4", "--lane-count", "8", "--ctx-size", "512",
-                  "--downstream-wire-delay-ms", "20") as server:
+                  "--downstream-wire-delay-ms", "20", "--deterministic") as server:
         killed = _chaos(server, "loopback, 20 ms emulated per forward hop")
     assert all(not Path(f"/proc/{pid}").exists() for pid in killed)  # and launch_up checked no process is left
 
@@ -84,7 +85,7 @@ def test_chaos_on_netns_hosts(netns_hosts: Callable[..., Any], tiny_model: Calla
     root = tmp_path_factory.mktemp("chaos-netns")
     # in <run_dir>/topology, where `skippy up` would write its own (SkippyServer.stage_pids looks there)
     topology, configs = write_local_topology(root / "run" / "topology", tiny_model("llama"), 6, [2, 4], lane_count=8,
-                                             ctx_size=512, model_id="tiny")
+                                             ctx_size=512, model_id="tiny", extra={"deterministic": True})
     place_on_hosts(topology, configs, [address for _, address in hosts.hosts])
     keys_for_topology(topology, topology.parent / "keys", ["client"])
     with launch_up(root, skippy_cache_dir, None, ["--topology", str(topology)]) as server:

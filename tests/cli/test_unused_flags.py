@@ -59,7 +59,8 @@ UP_REFUSED = {
 def test_up_refuses_a_flag_its_layout_does_not_read(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     argv: list[str], flag: str, why: str) -> None:
     run_dir = tmp_path / "run"
-    assert main(["up", *argv, "--run-dir", str(run_dir), "--bind", "127.0.0.1:0"]) == 2
+    model = [] if "--topology" in argv else ["--model", "no-such.gguf"]  # were it not refused: no model, no server
+    assert main(["up", *model, *argv, "--run-dir", str(run_dir), "--bind", "127.0.0.1:0"]) == 2
     assert capsys.readouterr().err == f"skippy up: error: {flag} has no effect {why}\n"
     assert not run_dir.exists(), "nothing may start"
 

@@ -22,8 +22,19 @@ import zmq.asyncio
 
 from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
-from skippy.protocol import ErrorCode, FinishReason, ResumePoint, Status, StatusQuery, Submit, TokenEvents, decode
-from skippy.request_events import RequestEvent, RequestHandle
+from skippy.protocol import (
+    ErrorCode,
+    EventBatch,
+    FinishReason,
+    ResumePoint,
+    Status,
+    StatusQuery,
+    Submit,
+    TokenEvents,
+    decode,
+    events_of,
+)
+from skippy.request_events import RequestHandle
 from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, RouterQueue
 
@@ -50,22 +61,23 @@ class ScriptedStage0:
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
-        self.handles[request_id].put(RequestEvent(finish_reason=FinishReason.CANCELLED))
+        self.handles[request_id].put(TokenEvents(request_id, (), FinishReason.CANCELLED))
 
     def status(self, nonce: int) -> Status:
         return Status(nonce, True, None, len(self.handles), 0, 2, 512)
 
 
 class CountingSinks(EventSinks):
-    """EventSinks that count the events each endpoint's socket took."""
+    """EventSinks that count the tokens each endpoint's socket took."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taken: dict[str, int] = {}
 
-    async def send(self, endpoint: str, msg: TokenEvents) -> bool:
+    async def send(self, endpoint: str, msg: TokenEvents | EventBatch) -> bool:
         took = await super().send(endpoint, msg)
-        self.taken[endpoint] = self.taken.get(endpoint, 0) + took
+        tokens = sum(len(e.tokens) for e in events_of(msg)) if took else 0
+        self.taken[endpoint] = self.taken.get(endpoint, 0) + tokens
         return took
 
 
@@ -104,8 +116,8 @@ def _drain(pull: zmq.Socket[bytes]) -> list[TokenEvents]:
             msg = decode(pull.recv_multipart(zmq.NOBLOCK, copy=False))
         except zmq.Again:
             return got
-        assert isinstance(msg, TokenEvents)
-        got.append(msg)
+        assert isinstance(msg, TokenEvents | EventBatch)
+        got += events_of(msg)
 
 
 def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) -> None:
@@ -125,10 +137,10 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             stuck = stage0.handles["stuck"]
             put = 0
             final: Any = None
-            while final is None:  # events as fast as stage 0 makes them, until its socket toward the client is full
+            while final is None:  # steps as fast as stage 0 makes them, until its socket toward the client is full
                 assert put < 200 * BURST, "no overflow: the events queue somewhere without bound"
-                for _ in range(BURST):
-                    stuck.put(RequestEvent(token=put % 1000))
+                for _ in range(BURST):  # one step's events of the request: they leave as one message
+                    stuck.put(TokenEvents("stuck", (put % 1000,)))
                     put += 1
                 try:
                     final = await asyncio.wait_for(submitter.recv(), 0.2)  # poll interval of a bounded poll
@@ -142,16 +154,16 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             assert not sink._socket._sends and sink._socket.socket.getsockopt(zmq.SNDHWM) == MAX_QUEUED  # none in stage 0
             assert sinks.taken[stalled_at] < put  # the rest was never queued anywhere
             assert next(counted) == 1 and len(log.events("events_to_overflow")) == 1
-            await asyncio.wait_for(_no_forwarders(endpoint), WAIT_S)  # the stuck request's events stop there
+            await asyncio.wait_for(_no_senders(endpoint), WAIT_S)  # the stuck request's events stop there
 
             # a client that reads is served meanwhile: every event, in order, the final copy to the submitter
             await submitter.send(Submit("fine", (1, 2), {}, 50, (), reading_at))
             assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "fine"
             got = []
-            for token in range(50):  # as a decode step makes them: one, read, the next (a burst may overflow too)
-                stage0.handles["fine"].put(RequestEvent(token=token))
+            for token in range(50):  # as decode steps make them: one, read, the next
+                stage0.handles["fine"].put(TokenEvents("fine", (token,)))
                 got += await _read(reading, 1)
-            stage0.handles["fine"].put(RequestEvent(finish_reason=FinishReason.LENGTH))
+            stage0.handles["fine"].put(TokenEvents("fine", (), FinishReason.LENGTH))
             copy = await _recv(submitter)
             assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("fine", FinishReason.LENGTH, 50)
             got += await _read_until_final(reading)
@@ -165,13 +177,14 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
             await submitter.send(Submit("later", (1, 2), {}, 3, (), stalled_at))
             assert await asyncio.wait_for(stage0.submitted.get(), WAIT_S) == "later"
             for token in (7, 8):  # the socket still holds the stuck request's events: these wait
-                stage0.handles["later"].put(RequestEvent(token=token))
-            stage0.handles["later"].put(RequestEvent(finish_reason=FinishReason.STOP))
+                stage0.handles["later"].put(TokenEvents("later", (token,)))
+            stage0.handles["later"].put(TokenEvents("later", (), FinishReason.STOP))  # one step: one message
             left = sinks.taken[stalled_at]
             # the stalled client reads again: the left events come first, in order, then the new request's; the
             # episode ends
             got = await _read_until_final(stalled)  # the stuck request's final went nowhere: this one is later's
-            assert [m.request_id for m in got] == ["stuck"] * left + ["later"] * 3
+            assert [m.request_id for m in got][-1] == "later" and {m.request_id for m in got[:-1]} == {"stuck"}
+            assert got[-1].tokens == (7, 8) and got[-1].finish_reason == FinishReason.STOP
             assert [t for m in got for t in m.tokens] == [i % 1000 for i in range(left)] + [7, 8]  # in order, no gap
             copy = await _recv(submitter)
             assert (copy.request_id, copy.finish_reason, copy.sent_direct) == ("later", FinishReason.STOP, 2)
@@ -190,8 +203,8 @@ def test_a_client_that_does_not_read_is_failed_within_the_bound(tmp_path: Path) 
     asyncio.run(asyncio.wait_for(body(), 120.0))
 
 
-async def _no_forwarders(endpoint: RequestEndpoint) -> None:
-    while endpoint.forwarders:
+async def _no_senders(endpoint: RequestEndpoint) -> None:
+    while endpoint.senders:
         await asyncio.sleep(0.01)  # poll interval of a bounded poll (the caller bounds it)
 
 

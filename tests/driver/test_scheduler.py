@@ -324,4 +324,4 @@ def test_a_replayed_session_commits_its_next_token(generated: tuple[int, ...]) -
             break
         assert outcomes == []
     assert len(s.generated) == len(generated) + 1 and s.generated[-1] == 42
-    assert [e.token for o in outcomes for e in o.events] == [42]
+    assert [t for o in outcomes for e in o.events for t in e.tokens] == [42]

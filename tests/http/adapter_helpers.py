@@ -20,8 +20,8 @@ from typing import Any
 from skippy.adapter.chat_template import ChatTemplate
 from skippy.adapter.routes import OpenAIAdapter
 from skippy.http.server import HttpLimits, HttpServer
-from skippy.protocol import ResumePoint, Status
-from skippy.request_events import RequestEvent, RequestHandle
+from skippy.protocol import ResumePoint, Status, TokenEvents
+from skippy.request_events import RequestHandle
 from skippy.runtime.slices import read_model_info
 from skippy.runtime.tokenizer import Tokenizer
 
@@ -57,16 +57,18 @@ class FakeBroker:
         handle = RequestHandle(request_id or "fake")
         if self.lose_after is not None:
             lose, self.lose_after, self.not_ready = self.lose_after, None, self.not_ready_after_loss
+            rid = handle.request_id
             for token in TOKENS[:lose]:
-                handle.put(RequestEvent(token=token))
-            handle.put(RequestEvent(finish_reason="error", error="stage 0 at ipc://x lost its connection", code="pipeline_lost"))
+                handle.put(TokenEvents(rid, (token,)))
+            handle.put(TokenEvents(rid, (), "error", "stage 0 at ipc://x lost its connection", "pipeline_lost"))
             return handle
+        rid = handle.request_id
         for token in TOKENS[len(history):max_tokens if self.fail_after is None else self.fail_after]:
-            handle.put(RequestEvent(token=token))
+            handle.put(TokenEvents(rid, (token,)))
         if self.fail_after is not None:
-            handle.put(RequestEvent(finish_reason="error", error="stage 1 at ipc://x lost", code="pipeline_failed"))
+            handle.put(TokenEvents(rid, (), "error", "stage 1 at ipc://x lost", "pipeline_failed"))
         else:
-            handle.put(RequestEvent(finish_reason="length"))
+            handle.put(TokenEvents(rid, (), "length"))
         return handle
 
     async def cancel(self, request_id: str) -> None:

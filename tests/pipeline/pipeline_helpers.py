@@ -24,7 +24,7 @@ from skippy.driver.liveness import DEAD_AFTER_S
 from skippy.driver.speculative.engine import Speculation
 from skippy.launcher import StageProcesses, read_events, write_local_topology
 from skippy.log import configure_logging
-from skippy.request_events import RequestEvent
+from skippy.protocol import TokenEvents
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.slices import read_model_info
@@ -153,7 +153,7 @@ async def generate_then_release(driver: Driver, speculation: Speculation, prompt
 class Result:
     session_id: int
     tokens: list[int]
-    final: RequestEvent
+    final: TokenEvents
 
 
 async def generate_each(driver: Driver, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:

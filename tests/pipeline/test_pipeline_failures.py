@@ -20,7 +20,8 @@ from pathlib import Path
 from pipeline_helpers import Pipeline, random_prompt, run, running_driver
 
 from skippy.driver.driver import Driver
-from skippy.request_events import RequestEvent, RequestHandle
+from skippy.protocol import TokenEvents
+from skippy.request_events import RequestHandle
 
 FAIL_WITHIN_S = 30.0  # bounded wait: the heartbeat bound, then the resume deadline
 RESUME = ("--openai-resume-timeout-s", "2")
@@ -36,19 +37,18 @@ class Watched:
 
     def __init__(self, handle: RequestHandle, min_tokens: int = 3) -> None:
         self.tokens: list[int] = []
-        self.final: RequestEvent | None = None
+        self.final: TokenEvents | None = None
         self.started = asyncio.Event()
         self.min_tokens = min_tokens
         self.task = asyncio.get_running_loop().create_task(self._consume(handle))
 
-    async def _consume(self, handle: RequestHandle) -> RequestEvent:
+    async def _consume(self, handle: RequestHandle) -> TokenEvents:
         async for event in handle:
             if event.final:
                 self.final = event
                 self.started.set()  # a request that ends early must not leave the test waiting
                 return event
-            assert event.token is not None
-            self.tokens.append(event.token)
+            self.tokens += event.tokens
             if len(self.tokens) >= self.min_tokens:
                 self.started.set()
         raise AssertionError("event stream ended without a final event")
@@ -143,7 +143,7 @@ def test_sigterm_mid_generation_is_reported_by_the_stage(tiny_model: Callable[..
     """The stopping stage's own report (not a heartbeat timeout) is what fails the requests."""
     pipe = make_pipeline(tiny_model("llama"), [3], lane_count=2, ctx_size=512)
 
-    async def body() -> RequestEvent:
+    async def body() -> TokenEvents:
         async with running_driver(pipe, *RESUME, dead_after_s=600.0) as driver:  # no heartbeat timeout here
             (watched,) = await _decoding(driver, 1, max_tokens=480)
             pipe.stages.procs["stage1"].send_signal(signal.SIGTERM)

@@ -23,8 +23,8 @@ import pytest
 from pipeline_helpers import REQUEST_TIMEOUT_S, Pipeline, random_prompt, run, running_driver
 
 from skippy.driver.driver import Driver
+from skippy.protocol import TokenEvents
 from skippy.protocol.stats import PrefixStats
-from skippy.request_events import RequestEvent
 from skippy.runtime.chain import LocalChain
 from skippy.testing.reference_runs import check_against_alone, greedy_with_margins, replay_op_log
 
@@ -157,7 +157,7 @@ def test_a_miss_at_one_stage_falls_back_to_a_full_prefill(
         pipe.stages.start_stage(index)
     first = random_prompt(50, 30, 400)
 
-    async def body() -> tuple[list[int], list[int], RequestEvent, dict[str, Any]]:
+    async def body() -> tuple[list[int], list[int], TokenEvents, dict[str, Any]]:
         async with running_driver(pipe) as driver:
             _, reply, _ = await ask(driver, first)
             if missing == 0:

@@ -26,7 +26,7 @@ from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
 from skippy.driver.sequence import Sequence
 from skippy.log import configure_logging
-from skippy.protocol import ErrorCode, FinishReason, Submit, TokenEvents
+from skippy.protocol import ErrorCode, EventBatch, FinishReason, Submit, TokenEvents, events_of
 from skippy.protocol.kinds import http_status
 from skippy.transport.queues import DealerQueue, RouterQueue
 
@@ -91,7 +91,7 @@ def test_a_flood_of_direct_submits_is_refused_past_the_waiting_bound(tiny_model:
                     assert not events("request_refused")  # nor a line per refused request elsewhere
                 finally:
                     serving.cancel()
-                    await asyncio.gather(serving, *endpoint.forwarders, return_exceptions=True)
+                    await asyncio.gather(serving, *endpoint.senders, return_exceptions=True)
                     client.close()
                     ctx.term()
                     router.close()
@@ -106,8 +106,9 @@ async def answers(client: DealerQueue, n: int) -> tuple[dict[str, TokenEvents], 
     tokens: Counter[str] = Counter()
     while len(finals) < n:
         msg = await asyncio.wait_for(client.recv(), WAIT_S)
-        assert isinstance(msg, TokenEvents), msg
-        tokens[msg.request_id] += len(msg.tokens)
-        if msg.finish_reason is not None:
-            finals[msg.request_id] = msg
+        assert isinstance(msg, TokenEvents | EventBatch), msg
+        for event in events_of(msg):
+            tokens[event.request_id] += len(event.tokens)
+            if event.finish_reason is not None:
+                finals[event.request_id] = event
     return finals, tokens
