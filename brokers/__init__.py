@@ -12,7 +12,7 @@ relays their token events back.  It holds no model.  Its settings are one
 - `pool.py`: the pipeline replicas: Status polling, readiness, capacity and least-loaded routing.
 - `link.py`: `PipelineLink`, one replica as the broker sees it: a DEALER to its stage 0 request endpoint.
 - `prefix_routing.py`: prefix affinity, a prompt sent to the replica its beginning went to before.
-- `held_requests.py`: `RequestLedger`, the requests held from Submit to final event, and the one way each ends.
+- `held_requests.py`: `RequestLedger`, the requests held from Submit to final event: their cancels, how each ends.
 - `relay.py`: `AdapterRelay`, the sends to adapters: bounded, and never dropped in silence.
 - `telemetry.py`: `BrokerTelemetry`, the broker's observer: /metrics and a span per request.
 """

@@ -18,7 +18,7 @@ pipeline_lost (stage 0 stopped answering with it in flight; cancelled there): sk
 
 Every send to an adapter goes through `AdapterRelay` (brokers.relay): bounded, and never dropped in silence.
 Metrics and spans are `BrokerTelemetry`'s (brokers.telemetry), built from the queue, pool and tally. The
-requests held, and how each ends, are the `RequestLedger`'s (brokers.held_requests).
+requests held, their cancels and how each ends, are the `RequestLedger`'s (brokers.held_requests).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class Broker:
         if isinstance(msg, Submit):
             await self._on_submit(client, msg)
         elif isinstance(msg, Cancel):
-            await self._on_cancel(client, msg.request_id, msg.events_to)
+            await self.ledger.cancel(client, msg.request_id, msg.events_to, self.pool.links)
         elif isinstance(msg, StatusQuery):
             self.relay.tell(client, self.status(msg.nonce))
         elif isinstance(msg, ProtocolError):
@@ -232,26 +232,6 @@ class Broker:
             return
         req = self.ledger.hold(client, msg)
         req.task = self._spawn(self._admit(req))
-
-    async def _on_cancel(self, client: bytes, request_id: str, events_to: str | None) -> None:
-        req = self.requests.get(request_id)
-        if req is None:  # held by a broker before this one (it died; its adapter resumes the request): every stage 0 is told
-            for link in self.pool.links:
-                await link.cancel(request_id)
-            return
-        if req.done:
-            return
-        if req.client != client:
-            if events_to is None or events_to != req.submit.events_to:
-                self.log.warning("cancel_ignored", request_id=request_id, client=client.hex(),
-                                 error="not the request's submitter, nor bound where its events go")
-                return
-            self.log.info("orphan_cancel", request_id=request_id, client=client.hex(), events_to=events_to)
-        if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
-            assert req.task is not None
-            req.task.cancel()
-        else:
-            await req.link.cancel(request_id)  # stage 0 answers with the final "cancelled" event
 
     # -- requests ------------------------------------------------------------------------------
     async def _admit(self, req: HeldRequest) -> None:

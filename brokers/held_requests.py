@@ -1,17 +1,18 @@
-"""The requests the broker holds, each from its Submit to its final event, and the one way one ends.
+"""The requests the broker holds, each from its Submit to its final event: who may cancel one, and the one way one ends.
 
 `HeldRequest` is the broker's record of one request: its adapter, its permit, the replica it went to and
-the tokens relayed. `RequestLedger` keeps them by request id (`hold`) and ends each exactly once
-(`finish`): its final event to the adapter (unless the adapter has it from stage 0), its permit freed (a
-request that completed gives `AdaptiveConcurrency` its throughput), its outcome counted in the broker's
-tally, its span and its `request_done` line. Built from the broker's parts, never from the broker.
+the tokens relayed. `RequestLedger` keeps them by request id (`hold`), takes their adapters' cancels
+(`cancel`) and ends each exactly once (`finish`): its final event to the adapter (unless the adapter has it
+from stage 0), its permit freed (a request that completed gives `AdaptiveConcurrency` its throughput), its
+outcome counted in the broker's tally, its span and its `request_done` line. Built from the broker's parts,
+never from the broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,29 @@ class RequestLedger:
         """A request taken from adapter `client`, held until its final event."""
         req = self.requests[submit.request_id] = HeldRequest(client, submit, self.clock())
         return req
+
+    async def cancel(self, client: bytes, request_id: str, events_to: str | None, links: Sequence[PipelineLink]) -> None:
+        """Adapter `client` cancels a request: honoured for its submitter, or an adapter bound where its events go
+        (`events_to`: one that took over a dead one's endpoint); one not held here is cancelled at every stage 0
+        (`links`)."""
+        req = self.requests.get(request_id)
+        if req is None:  # held by a broker before this one (it died; its adapter resumes the request): every stage 0 is told
+            for link in links:
+                await link.cancel(request_id)
+            return
+        if req.done:
+            return
+        if req.client != client:
+            if events_to is None or events_to != req.submit.events_to:
+                self.log.warning("cancel_ignored", request_id=request_id, client=client.hex(),
+                                 error="not the request's submitter, nor bound where its events go")
+                return
+            self.log.info("orphan_cancel", request_id=request_id, client=client.hex(), events_to=events_to)
+        if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
+            assert req.task is not None
+            req.task.cancel()
+        else:
+            await req.link.cancel(request_id)  # stage 0 answers with the final "cancelled" event
 
     async def finish(self, req: HeldRequest, final: TokenEvents, tell_client: bool = True) -> None:
         """Send the request's final event (once, unless the client has it from stage 0), free its permit and log it."""
