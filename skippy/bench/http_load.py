@@ -1,5 +1,6 @@
 """`skippy bench http`, the measurement: streamed /v1/completions requests over raw HTTP on asyncio
-streams, each content chunk timed as it arrives; a level of the concurrency sweep is N requests with
+streams, each content chunk timed as it arrives (tokens counted from the stream's usage where the server
+gives it: a server streaming per step sends several in one chunk); a level of the concurrency sweep is N requests with
 C in flight, summarised as percentiles (ms), aggregate tok/s and the server's CPU ms per token by process
 (skippy.bench.cpu_time); the sweep alternates the servers
 level by level so machine noise hits both alike, or (`sweep_in_turn`) runs one server at a time, each alone
@@ -39,7 +40,8 @@ class Sample:
     status: int
     ttft: float = 0.0  # seconds from connect to the first content chunk
     tpot: float = 0.0  # seconds per token after the first
-    tokens: int = 0  # content chunks (one per token; checked against max_tokens)
+    tokens: int = 0  # the stream's usage.completion_tokens, else its content chunks (one per token)
+    chunks: int = 0  # content chunks (a server that streams per step sends several tokens in one)
 
 
 @dataclass
@@ -66,6 +68,7 @@ async def stream_once(host: str, port: int, body: bytes) -> Sample:
             return Sample(status)
         chunked = b"transfer-encoding: chunked" in head.lower()
         times: list[float] = []
+        usage_tokens: int | None = None
         buf = b""
         while True:
             if chunked:
@@ -80,13 +83,17 @@ async def stream_once(host: str, port: int, body: bytes) -> Sample:
             for line in lines:
                 line = line.strip()
                 if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                    choice = (json.loads(line[5:]).get("choices") or [{}])[0]
+                    event = json.loads(line[5:])
+                    choice = (event.get("choices") or [{}])[0]
                     if choice.get("text"):
                         times.append(now)
+                    if isinstance(event.get("usage"), dict):
+                        usage_tokens = int(event["usage"].get("completion_tokens", 0))
         if not times:
             return Sample(status)
-        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-        return Sample(status, times[0] - start, tpot, len(times))
+        tokens = usage_tokens or len(times)
+        tpot = (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else 0.0
+        return Sample(status, times[0] - start, tpot, tokens, len(times))
     finally:
         writer.close()
 
@@ -109,7 +116,8 @@ async def run_level(server: Server, body: Callable[[], bytes], concurrency: int,
     ttft, tpot = [s.ttft for s in ok], [s.tpot for s in ok]
     return {"concurrency": concurrency, "requests": n, "ok": len(ok), "status_429": sum(s.status == 429 for s in samples),
             "errors": sum(s.status not in (200, 429) or (s.status == 200 and not s.tokens) for s in samples),
-            "tokens": sum(s.tokens for s in ok), "token_counts": sorted({s.tokens for s in ok}), "wall_s": wall,
+            "tokens": sum(s.tokens for s in ok), "token_counts": sorted({s.tokens for s in ok}),
+            "chunks": sum(s.chunks for s in ok), "wall_s": wall,
             "tok_s": sum(s.tokens for s in ok) / wall, "ttft_p50_ms": pct(ttft, 50), "ttft_p95_ms": pct(ttft, 95),
             "tpot_p50_ms": pct(tpot, 50), "tpot_p95_ms": pct(tpot, 95),
             "cpu_ms_per_token": per_token_ms(cpu_before, cpu_after, sum(s.tokens for s in ok))}
@@ -120,6 +128,7 @@ def bodies(model: str | None, max_tokens: int, banned: list[int], unique: bool) 
     def body() -> bytes:
         prompt = f"Note {next(_SEQ)}. {PROMPT}" if unique else PROMPT
         return json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True},
                            "ignore_eos": True, "logit_bias": {str(t): -100 for t in banned},
                            **({"model": model} if model else {})}).encode()
     return body

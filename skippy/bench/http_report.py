@@ -98,7 +98,7 @@ def write_report(out: Path, results: Results, facts: dict[str, Any], text: str, 
     """bench-http.json (``facts``, every level, the ratios against TARGETS, ``text``) and bench-http.png."""
     counts = {c for rows in results.values() for r in rows for c in r["token_counts"]}
     if counts != {max_tokens}:
-        print(f"warning: content chunks per request {sorted(counts)} != max_tokens {max_tokens}", file=sys.stderr)
+        print(f"warning: tokens per request {sorted(counts)} != max_tokens {max_tokens}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     by_pair = {f"{ours} / {peer}": (peer, ratios(results, peer, ours)) for ours, peer in pairs(results)}
     (out / "bench-http.json").write_text(json.dumps({
