@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from scripted_stage0 import ScriptedStage0
 
 from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
@@ -26,45 +27,18 @@ from skippy.protocol import (
     ErrorCode,
     EventBatch,
     FinishReason,
-    ResumePoint,
-    Status,
     StatusQuery,
     Submit,
     TokenEvents,
     decode,
     events_of,
 )
-from skippy.request_events import RequestHandle
-from skippy.runtime.sampling import SamplingParams
 from skippy.transport.queues import DealerQueue, RouterQueue
 
 MAX_QUEUED = 4
 PATIENCE_S = 0.2  # an event waits this long for room before its request fails (the test's; serving waits longer)
 WAIT_S = 15.0  # bound on each wait
 BURST = 2000  # events put in at a time while waiting for the overflow
-
-
-class ScriptedStage0:
-    """Stage 0 as the request endpoint sees it: handles the test fills, cancels recorded."""
-
-    def __init__(self) -> None:
-        self.handles: dict[str, RequestHandle] = {}
-        self.cancelled: list[str] = []
-        self.submitted = asyncio.Queue[str]()
-
-    def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
-        assert request_id is not None
-        handle = self.handles[request_id] = RequestHandle(request_id)
-        self.submitted.put_nowait(request_id)
-        return handle
-
-    def cancel(self, request_id: str) -> None:
-        self.cancelled.append(request_id)
-        self.handles[request_id].put(TokenEvents(request_id, (), FinishReason.CANCELLED))
-
-    def status(self, nonce: int) -> Status:
-        return Status(nonce, True, None, len(self.handles), 0, 2, 512)
 
 
 class CountingSinks(EventSinks):

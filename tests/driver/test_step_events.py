@@ -15,34 +15,15 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from scripted_stage0 import ScriptedStage0
 
 from skippy.driver.direct_events import EventSinks
 from skippy.driver.requests import RequestEndpoint
-from skippy.protocol import EventBatch, FinishReason, ResumePoint, Status, Submit, TokenEvents, decode
-from skippy.request_events import RequestHandle, merge_events, split_final
-from skippy.runtime.sampling import SamplingParams
+from skippy.protocol import EventBatch, FinishReason, Submit, TokenEvents, decode
+from skippy.request_events import merge_events, split_final
 from skippy.transport.queues import DealerQueue, RouterQueue
 
 WAIT_S = 15.0
-
-
-class ScriptedStage0:
-    def __init__(self) -> None:
-        self.handles: dict[str, RequestHandle] = {}
-        self.submitted = asyncio.Queue[str]()
-
-    def submit(self, prompt: list[int], sampling: SamplingParams | None, max_tokens: int, stop_tokens: frozenset[int],
-               request_id: str | None, resume_from: ResumePoint | None = None, progress: bool = False) -> RequestHandle:
-        assert request_id is not None
-        handle = self.handles[request_id] = RequestHandle(request_id)
-        self.submitted.put_nowait(request_id)
-        return handle
-
-    def cancel(self, request_id: str) -> None:
-        self.handles[request_id].put(TokenEvents(request_id, (), FinishReason.CANCELLED))
-
-    def status(self, nonce: int) -> Status:
-        return Status(nonce, True, None, len(self.handles), 0, 2, 512)
 
 
 class Log:
