@@ -166,12 +166,13 @@ class Metrics:
 
 
 class DirectEventsCollector(Collector):
-    """skippy_direct_token_events_total, read at each scrape: token events stage 0 sent straight to this
-    adapter instead of through the broker (skippy.driver.direct_events)."""
+    """skippy_direct_token_events_total, read at each scrape: token event messages (one per step, a TokenEvents or an
+    EventBatch) stage 0 sent straight to this adapter instead of through the broker (skippy.driver.direct_events)."""
 
     def __init__(self, count: Callable[[], int]) -> None:
         self.count = count
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("skippy_direct_token_events", "token events stage 0 sent straight to this adapter",
+        yield CounterMetricFamily("skippy_direct_token_events",
+                                  "token event messages (one per step) stage 0 sent straight to this adapter",
                                   value=float(self.count()))

@@ -275,7 +275,9 @@ def test_readyz_and_metrics(server: SkippyServer, client: openai.OpenAI) -> None
     assert grew(route % ("/metrics", 200)) == 1  # the first scrape, counted once it was answered
     assert grew("skippy_prompt_tokens_total") == done.usage.prompt_tokens
     assert grew("skippy_completion_tokens_total") == 3
-    assert grew("skippy_direct_token_events_total") == 4  # 3 tokens and the final event, straight from stage 0
+    # straight from stage 0, a message per step at most: 3 tokens and the final event with the last (fewer steps
+    # when a window's drafts were accepted)
+    assert 1 <= grew("skippy_direct_token_events_total") <= 3
     assert grew("skippy_time_to_first_token_seconds_count") == 1
     assert grew('skippy_time_to_first_token_seconds_bucket{le="+Inf"}') == 1
     assert grew("skippy_time_to_first_token_seconds_sum") > 0

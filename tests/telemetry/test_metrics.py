@@ -87,8 +87,8 @@ def test_adapter_metrics_keep_their_names() -> None:
     metrics = Metrics(Telemetry())
     metrics.count_request("/v1/completions", 200)
     metrics.generation_started("r1", 0.0, prompt_tokens=5, kind="completion")
-    for _ in range(3):
-        metrics.token("r1")
+    metrics.tokens("r1", 1)
+    metrics.tokens("r1", 2)  # a step that committed two
     metrics.generation_done("r1", None, stopped=True)
     metrics.observe_stats(RequestStats(speculative=SpeculativeStats(proposed=4, accepted=3)))
     got = samples_of(metrics.render())
