@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from skippy.runtime.chain import LocalChain
+from skippy.runtime.models import DEFAULT_MODEL, PACKAGED
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
 from skippy.runtime.slices import stderr_progress
 from skippy.runtime.spec import RuntimeSpec
@@ -49,7 +50,8 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text through the model's slices in one process")
-    p.add_argument("--model", default="default", help="a packaged model (default: smollm2-135m; gemma3-270m) or a GGUF path")
+    p.add_argument("--model", default="default",
+                   help=f"a packaged model ({', '.join(PACKAGED)}; default: {DEFAULT_MODEL.name}) or a GGUF path")
     p.add_argument("--split", type=parse_split, default=[], help="split points, e.g. 9 or 5,13 (none: whole model)")
     p.add_argument("--topology", type=Path, default=None,
                    help="run over this topology's stage processes (stage configs <stage_id>.json beside it); "

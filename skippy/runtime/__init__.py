@@ -7,7 +7,8 @@
 - `llama_backend.py` (process-wide state and log lines), `llama_model.py` (weights), `llama_api.py`
   (contexts, batches), `capture.py` (the compiled eval callback of a non-final stage, from capture.c),
   `resident.py` (dropping the mapped pages of a loaded slice, so a stage's RSS is what it touches).
-- `slices.py` and `gguf_file.py`: slice GGUFs of a layer range; `models.py`: where model files come from.
+- `slices.py` and `gguf_file.py`: slice GGUFs of a layer range; `models.py`: where model files come from;
+  `part_packages.py`: a GGUF shipped as numbered PyPI part packages, assembled once into the cache.
 - `families.py`: the architectures split and each one's rules (docs/families.md is generated from it);
   `layer_kinds.py`: the per-layer kinds (sliding-window, attention, recurrent) a slice must keep.
 - `sampling.py` (a session's llama.cpp sampler chain), `session_samplers.py` (every session's, and what one
