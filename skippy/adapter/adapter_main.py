@@ -96,7 +96,7 @@ async def serve(args: argparse.Namespace) -> int:
     broker = PipelineClient(args.broker, ctx, events_endpoint=args.events_endpoint)
     adapter = OpenAIAdapter(broker, tokenizer, template, args.model_id, args.default_max_tokens,
                             CorsPolicy(args.cors_origins), key, metrics_targets=args.metrics_targets,
-                            resume_timeout_s=args.openai_resume_timeout_s,
+                            resume_timeout_s=args.openai_resume_timeout_s, strict_request_fields=args.strict_request_fields,
                             stages=stage_ranges(args.topology), ping_interval_s=args.sse_ping_interval or None,
                             model_card=model_card_sampling(path))
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))

@@ -19,6 +19,7 @@ from typing import Any
 
 import llama_cpp as L
 
+from skippy.adapter.request_fields import ignore_unknown
 from skippy.http.errors import HttpError, invalid
 from skippy.runtime.tokenizer import Tokenizer
 
@@ -99,9 +100,7 @@ def infill_completion(body: Any, tokenizer: Tokenizer, fim: FimTokens, model_id:
     if not isinstance(body, dict):
         raise HttpError(400, "request body must be a JSON object", code="invalid_value")
     fim.require("input_prefix")
-    unknown = sorted(set(body) - INFILL_FIELDS - PASSED_ON - {"n_predict"})
-    if unknown:
-        raise invalid(unknown[0], "unrecognized request argument", "unknown_parameter")
+    ignore_unknown(set(body) - INFILL_FIELDS - PASSED_ON - {"n_predict"})
     ids = fim_prompt(tokenizer, fim, _string(body, "input_prefix", True), _string(body, "input_suffix", True),
                      _string(body, "prompt", False), _extra(body.get("input_extra")))
     completion = {name: body[name] for name in PASSED_ON if name in body}

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from skippy.adapter.completions import Generation
+from skippy.adapter.request_fields import ignore_unknown
 from skippy.adapter.tokenize import TOKENIZE_KEYS, piece_text, switch, tokenize_content
 from skippy.http.errors import HttpError, invalid
 from skippy.http.routing import Request, Response, json_response
@@ -39,9 +40,7 @@ def _object(request: Request) -> dict[str, Any]:
 
 
 def _known(body: dict[str, Any], keys: frozenset[str]) -> None:
-    unknown = sorted(set(body) - keys)
-    if unknown:
-        raise invalid(unknown[0], "unrecognized request argument", "unknown_parameter")
+    ignore_unknown(set(body) - keys)
 
 
 class PromptRoutes:

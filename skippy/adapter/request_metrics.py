@@ -1,7 +1,7 @@
 """The HTTP adapter's Prometheus metrics (prometheus_client), its request spans, and the broker's view.
 
 Requests by route and status, error codes, prompt and completion tokens, time to first token and
-time per output token histograms, speculative counts summed over requests (also under llama-server's
+time per output token histograms, request fields ignored (skippy.adapter.request_fields), speculative counts summed over requests (also under llama-server's
 `spec_decode_*` names: skippy.adapter.spec_metrics), and the pipeline as the
 broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
 generation is tracked from its first token to its end (`generation_started` / `token` /
@@ -73,6 +73,9 @@ class Metrics:
                                     registry=registry)
         self.resumed = Counter("skippy_http_resumed", "generations resumed from the tokens their client was sent after"
                                " their stage 0 or the broker died (skippy.adapter.resume)", registry=registry)
+        self.fields_ignored = Counter("skippy_request_fields_ignored", "request fields no route knows, ignored (not"
+                                      " refused: --strict-request-fields), by route and field", ["route", "field"],
+                                      registry=registry)
         self.open_connections = Gauge("skippy_http_connections_open", "HTTP connections being served", registry=registry)
         for reason in REFUSALS:
             self.refused.labels(reason)
@@ -86,6 +89,9 @@ class Metrics:
 
     def requests_total(self) -> int:
         return int(sum(s.value for m in self.requests.collect() for s in m.samples if s.name.endswith("_total")))
+
+    def count_ignored_field(self, route: str, field: str) -> None:
+        self.fields_ignored.labels(route, field).inc()
 
     def connection_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()

@@ -1,4 +1,5 @@
-"""The OpenAI adapter: its routes, health and readiness, /v1/models, /metrics, /detokenize.
+"""The OpenAI adapter: its routes, `/` (GET and HEAD: the server's name), health and readiness, /v1/models and
+/v1/models/{id}, /metrics, /detokenize.
 
 The generation routes are skippy.adapter.completions, the OpenAI Responses API skippy.adapter.agents.responses_api and
 the Anthropic Messages API skippy.adapter.agents.anthropic_api (both translated onto the chat route); /tokenize,
@@ -7,7 +8,9 @@ skippy.adapter.pipeline_info; the live pipeline page /dashboard is skippy.adapte
 route table of the adapter (what `skippy adapter` serves):
 every route, the dashboard's included, is counted, answers CORS preflights and carries CORS headers
 for the allowed origins (skippy.http.cors), and with an API key wants it as a Bearer token, all but
-/health and /readyz (skippy.http.auth; the dashboard's routes also take its `?key=` and cookie).
+/health and /readyz (skippy.http.auth; the dashboard's routes also take its `?key=` and cookie, and `/` wants
+the key too). Each route ignores request fields it does not know, or refuses them with `strict_request_fields`
+(skippy.adapter.request_fields.UnknownFields).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from skippy.adapter.completions import Generation
 from skippy.adapter.dashboard import Dashboard
 from skippy.adapter.pipeline_info import PipelineInfo, StageRange
 from skippy.adapter.prompt_routes import PromptRoutes
+from skippy.adapter.request_fields import UnknownFields
 from skippy.adapter.request_metrics import Metrics
 from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S, ResumingClient
 from skippy.adapter.sampling_defaults import model_sampling_defaults
@@ -45,12 +49,12 @@ class OpenAIAdapter:
                  default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
                  metrics_targets: Path | None = None, stages: list[StageRange] | None = None,
                  ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S, model_card: dict[str, float] | None = None,
-                 resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S) -> None:
+                 resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, strict_request_fields: bool = False) -> None:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
         `stages`: the pipeline's layer ranges (/props, /slots); `ping_interval_s`: SSE pings (None: none);
         `model_card`: the served model's recommended sampling (skippy.adapter.sampling_defaults);
         `resume_timeout_s`: how long a request lost with its stage 0 or the broker may take to resume
-        (skippy.adapter.resume)."""
+        (skippy.adapter.resume); `strict_request_fields`: a request field no route knows is a 400, not ignored."""
         self.broker = broker
         self.tokenizer = tokenizer
         self.template = template
@@ -60,6 +64,7 @@ class OpenAIAdapter:
         self.auth = ApiKey(api_key)
         self.created = int(time.time())
         self.metrics = Metrics()
+        self.unknown_fields = UnknownFields(strict_request_fields, self.metrics.count_ignored_field)
         self.log = get_logger()
         self._status: tuple[float, Status] | None = None
         self.resuming = ResumingClient(broker, resume_timeout_s, self.metrics.resumed.inc)
@@ -75,7 +80,9 @@ class OpenAIAdapter:
     def router(self) -> Router:
         router = Router()
         routes: list[tuple[str, str, Callable[[Request], Awaitable[Response | StreamResponse]]]] = [
+            ("GET", "/", self.root), ("HEAD", "/", self.root),
             ("GET", "/health", self.health), ("GET", "/readyz", self.readyz), ("GET", "/v1/models", self.models),
+            ("GET", "/v1/models/{id}", self.model),
             ("GET", "/metrics", self.metrics_text),
             ("POST", "/v1/chat/completions", lambda r: self.generate(r, "chat")),
             ("POST", "/v1/completions", lambda r: self.generate(r, "completion")),
@@ -94,7 +101,7 @@ class OpenAIAdapter:
         routes += self.messages_api.routes()
         # -- end of the agent APIs
         for method, path, handler in routes:
-            guarded = self.auth.wrap(path, handler, browser=path in pages)
+            guarded = self.auth.wrap(path, self.unknown_fields.wrap(path, handler), browser=path in pages)
             if path in anthropic:
                 guarded = anthropic_envelope(guarded)
             router.add(method, path, self.cors.wrap(self._counted(path, guarded)))
@@ -133,9 +140,23 @@ class OpenAIAdapter:
             return json_response({"status": "not ready", "reason": reason}, 503)
         return json_response({"status": "ready", "running": status.running, "waiting": status.waiting})
 
+    async def root(self, request: Request) -> Response:
+        if request.method == "HEAD":
+            return Response(200)
+        return json_response({"server": "skippy", "model": self.model_id})
+
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skippy"}
+
     async def models(self, _: Request) -> Response:
-        return json_response({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skippy"}]})
+        return json_response({"object": "list", "data": [self._model_object()]})
+
+    async def model(self, request: Request) -> Response:
+        model = request.path.removeprefix("/v1/models/")
+        if model != self.model_id:
+            raise HttpError(404, f"The model {model!r} does not exist; this server serves {self.model_id!r}",
+                            param="model", code="model_not_found")
+        return json_response(self._model_object())
 
     async def detokenize(self, request: Request) -> Response:
         return detokenize(self.tokenizer, request)

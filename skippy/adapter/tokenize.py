@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from skippy.adapter.request_fields import ignore_unknown
 from skippy.http.errors import HttpError, invalid
 from skippy.http.routing import Request, Response, json_response
 from skippy.runtime.tokenizer import Tokenizer
@@ -23,9 +24,7 @@ def _object(request: Request, keys: set[str]) -> dict[str, Any]:
     body = request.json()
     if not isinstance(body, dict):
         raise HttpError(400, "request body must be a JSON object", code="invalid_value")
-    unknown = sorted(set(body) - keys)
-    if unknown:
-        raise invalid(unknown[0], "unrecognized request argument", "unknown_parameter")
+    ignore_unknown(set(body) - keys)
     return body
 
 

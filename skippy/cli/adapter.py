@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the pipeline's topology: /props and /slots show each stage's layer range")
     p.add_argument("--cors-origins", default=(), type=cors_origins, metavar="LIST",
                    help="origins browsers may call from, comma separated scheme://host[:port], or * (default: none)")
+    p.add_argument("--strict-request-fields", action="store_true",
+                   help="a request field no route knows is a 400 naming it (default: ignored, logged once per name"
+                        " and counted as skippy_request_fields_ignored_total)")
     p.add_argument("--http-head-timeout-s", default=None, metavar="SECS",
                    help="a request head must arrive whole within this, from the accept (kept alive: its first byte);"
                         " then a 408 and close (default 30)")

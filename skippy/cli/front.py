@@ -36,6 +36,11 @@ def cors_flags(origins: tuple[str, ...]) -> list[str]:
     return ["--cors-origins", ",".join(origins)] if origins else []
 
 
+def strict_fields_flags(strict: bool) -> list[str]:
+    """The adapter's `--strict-request-fields` for `--openai-strict-request-fields` (off: unknown fields ignored)."""
+    return ["--strict-request-fields"] if strict else []
+
+
 class FrontProcesses:
     """The broker and the adapter of one front, each startable again the way it first started
     (`starters`, for a ChildRestarter): the broker on the same endpoint, the adapter on the port it
@@ -78,6 +83,7 @@ class FrontProcesses:
             "--openai-resume-timeout-s", f"{self.options.resume_timeout_s:g}",
             "--sse-ping-interval", f"{openai.sse_ping_interval_s:g}", "--topology", str(self.topology),
             *self.level, *cors_flags(openai.cors_origins), *openai.http.adapter_flags(),
+            *strict_fields_flags(openai.strict_request_fields),
             "--metrics-targets", str(run_dir / TARGETS_FILE), "--restarts-file", str(run_dir / RESTARTS_FILE)], timeout_s)
         self.url = str(ready["url"])
         self.bind = f"{self.bind.rpartition(':')[0]}:{urlsplit(self.url).port}"  # a restart binds the same port

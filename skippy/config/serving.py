@@ -91,6 +91,7 @@ class OpenAIOptions(ConfigModel):
     admission: AdmissionOptions
     api_key: str | None = field(default=None, repr=False)  # --openai-api-key(-file) (the adapter also reads its env var)
     cors_origins: tuple[str, ...] = ()  # --openai-cors-origins: () = no CORS headers, preflights without them
+    strict_request_fields: bool = False  # --openai-strict-request-fields: unknown request fields are a 400
     http: HttpLimits = field(default_factory=HttpLimits)  # --openai-http-*: deadlines and the connection cap
 
 
@@ -173,6 +174,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
         admission=resolve_admission(flags, config.lane_count),
         api_key=_api_key(flags),
         cors_origins=_cors_origins(flags),
+        strict_request_fields=flags.switch("--openai-strict-request-fields"),
         http=resolve_http_limits(flags),
     )
 

@@ -77,6 +77,8 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
     ("--openai-api-key-file", "PATH", "file holding the Bearer key (instead of --openai-api-key)", _A),
     ("--openai-cors-origins", "LIST", "origins browsers may call the HTTP API from, comma separated"
      " scheme://host[:port], or * for any (default: none, no CORS headers)", _A),
+    ("--openai-strict-request-fields", None, "a request field the HTTP API does not know is a 400 (default: ignored,"
+     " logged once per name and counted on /metrics)", _A),
     ("--openai-http-head-timeout-s", "SECS", "a request head must arrive within this, whole (default 30)", _A),
     ("--openai-http-body-timeout-s", "SECS", "a request body must arrive within this, whole (default 60)", _A),
     ("--openai-http-max-connections", "N", "open HTTP connections at most; one more gets a 503 (default 512)", _A),

@@ -53,7 +53,9 @@ def json_response(obj: Any, status: int = 200, headers: Sequence[tuple[str, str]
 
 
 class Router:
-    """Exact-path routing: 404 for an unknown path, 405 (with Allow) for a known path and another method."""
+    """Exact-path routing: 404 for an unknown path, 405 (with Allow) for a known path and another method. A
+    path ending in `/{name}` (`/v1/models/{id}`) takes every longer path under it that no exact route takes;
+    its handler reads the rest from `request.path`."""
 
     def __init__(self) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
@@ -65,8 +67,17 @@ class Router:
         """Every (method, path) served, in the order added."""
         return [(method, path) for path, methods in self._routes.items() for method in methods]
 
+    def _under(self, path: str) -> dict[str, Handler] | None:
+        """The methods of the longest `/{name}` route `path` lies under."""
+        prefixes = [p for p in self._routes if p.endswith("}") and "/{" in p]
+        for pattern in sorted(prefixes, key=len, reverse=True):
+            prefix = pattern[:pattern.rindex("/{") + 1]
+            if path.startswith(prefix) and len(path) > len(prefix):
+                return self._routes[pattern]
+        return None
+
     def resolve(self, method: str, path: str) -> Handler:
-        methods = self._routes.get(path)
+        methods = self._routes.get(path) or self._under(path)
         if methods is None:
             raise HttpError(404, f"Invalid URL ({method} {path})", code="not_found")
         handler = methods.get(method.upper())

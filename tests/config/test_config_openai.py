@@ -10,7 +10,8 @@ from config_helpers import OPENAI, Serve, ServeError
 
 from skippy.cli.adapter import cors_origins as adapter_cors_origins
 from skippy.cli.adapter import ipc_only
-from skippy.cli.front import cors_flags
+from skippy.cli.front import cors_flags, strict_fields_flags
+from skippy.cli.main import build_parser
 
 
 def test_openai_defaults(serve: Serve) -> None:
@@ -58,6 +59,7 @@ def test_openai_only_on_stage_zero(serve_error: ServeError) -> None:
         ["--openai-model-id", "x"],
         ["--openai-default-max-tokens", "9"],
         ["--openai-cors-origins", "http://ui.example"],
+        ["--openai-strict-request-fields"],
     ],
 )
 def test_front_flags_need_the_front(serve_error: ServeError, flags: list[str]) -> None:
@@ -105,6 +107,17 @@ def test_adapter_cors_origins_checked_alike() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="^--cors-origins must list origins as scheme://host"):
         adapter_cors_origins("a.example")
     assert cors_flags(()) == [] and cors_flags(("http://a.example", "*")) == ["--cors-origins", "http://a.example,*"]
+
+
+def test_strict_request_fields_travel_to_the_adapter(serve: Serve) -> None:
+    """Off by default (unknown request fields ignored); `skippy up`'s flag becomes the adapter's."""
+    default, strict = serve(*OPENAI).openai, serve(*OPENAI, "--openai-strict-request-fields").openai
+    assert default is not None and strict is not None
+    assert (default.strict_request_fields, strict.strict_request_fields) == (False, True)
+    assert strict_fields_flags(False) == [] and strict_fields_flags(True) == ["--strict-request-fields"]
+    adapter = ["adapter", "--broker", "ipc:///b", "--model-id", "m"]
+    assert not build_parser().parse_args(adapter).strict_request_fields
+    assert build_parser().parse_args([*adapter, *strict_fields_flags(True)]).strict_request_fields
 
 
 @pytest.mark.parametrize("bad", ["tcp://127.0.0.1:5555", "ipc://", "/run/events.sock"])

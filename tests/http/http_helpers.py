@@ -115,13 +115,16 @@ class Reply:
         return json.loads(self.body)
 
 
-async def read_reply(reader: asyncio.StreamReader) -> Reply:
-    """Parse one HTTP/1.1 response (Content-Length or chunked), keeping chunk boundaries."""
+async def read_reply(reader: asyncio.StreamReader, head_only: bool = False) -> Reply:
+    """Parse one HTTP/1.1 response (Content-Length or chunked), keeping chunk boundaries (`head_only`: the
+    answer to a HEAD request, which has no body whatever its Content-Length says)."""
 
     async def read() -> Reply:
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(head[0].split(" ")[1])
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
+        if head_only:
+            return Reply(status, headers, [])
         if headers.get("transfer-encoding") == "chunked":
             chunks = []
             while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
@@ -137,7 +140,7 @@ async def roundtrip(server: HttpServer, raw: bytes) -> Reply:
     reader, writer = await connect(server)
     try:
         writer.write(raw)
-        return await read_reply(reader)
+        return await read_reply(reader, head_only=raw.startswith(b"HEAD "))
     finally:
         writer.close()
 

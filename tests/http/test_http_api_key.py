@@ -88,7 +88,7 @@ async def test_every_route_of_the_adapter_wants_the_key(tiny_model: Callable[...
         assert {("GET", "/dashboard"), ("GET", "/dashboard/data"), ("GET", "/metrics"), ("POST", "/v1/responses"),
                 ("POST", "/v1/responses/input_tokens"), ("POST", "/v1/messages"),
                 ("POST", "/v1/messages/count_tokens")} <= set(routes)
-        guarded = [(m, p) for m, p in routes if m != "OPTIONS" and p not in OPEN]
+        guarded = [(m, p) for m, p in routes if m not in ("OPTIONS", "HEAD") and p not in OPEN]
         assert len(guarded) >= 14, routes
         for method, path in guarded:
             body = BODIES.get(path, b"")
@@ -98,6 +98,8 @@ async def test_every_route_of_the_adapter_wants_the_key(tiny_model: Callable[...
                     reply = await roundtrip(server, request(method, path + query, body, {**headers, **wrong}))
                     assert_unauthorized(reply, path)
                     assert "set-cookie" not in reply.headers, (method, path)
+        assert [(m, p) for m, p in routes if m == "HEAD"] == [("HEAD", "/")]  # as GET / (checked above), no body
+        assert (await roundtrip(server, request("HEAD", "/"))).status == 401
         for method, path in routes:
             if path in OPEN and method == "GET":
                 assert (await roundtrip(server, request(method, path))).status == 200

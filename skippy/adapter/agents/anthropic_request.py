@@ -1,7 +1,8 @@
 """An Anthropic Messages request (`POST /v1/messages`) -> the chat completions body it means (skippy.adapter.agents.translation).
 
 - `system`: a string or text blocks (`cache_control` and other block fields accepted and ignored).
-- `messages`: roles user and assistant; content a string or blocks: `text`; a user's `tool_result`
+- `messages`: roles user and assistant, and system (Claude Code's; folded in order into the system prompt,
+  after the top-level `system`, never mid-conversation); content a string or blocks: `text`; a user's `tool_result`
   (`tool_use_id`, `content` a string or text blocks, `is_error`) goes back as a tool result (before the
   turn's text, as Anthropic orders them); an assistant's `tool_use` (`id`, `name`, `input`) is its call;
   `thinking` / `redacted_thinking` blocks are dropped (this model does not think); image and document
@@ -15,7 +16,8 @@
   `output_config.format` (`{"type": "json_schema", "schema"}`) through the grammar, as chat's
   response_format. Accepted and meaningless here: `metadata` (`user_id`), `thinking`, `output_config.effort`,
   `service_tier`, a top-level `cache_control`, `inference_geo`, `speed`, `diagnostics`, `user_profile_id`,
-  `workspace_id`. `container` and `mcp_servers` are refused.
+  `workspace_id`. `container` and `mcp_servers` are refused; any other field (Claude Code's
+  `context_management`) is ignored (skippy.adapter.request_fields).
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ def _assistant(content: Any, param: str) -> dict[str, Any]:
 
 
 def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
+    """The chat messages; system turns inside `messages` (Claude Code sends them) are folded, in order, into
+    the one system prompt after the top-level `system`."""
     out: list[dict[str, Any]] = []
-    if system is not None:
-        out.append({"role": "system", "content": text_parts(system, "system", ("text",))})
+    systems = [] if system is None else [text_parts(system, "system", ("text",))]
     if not isinstance(value, list) or not value:
         raise invalid("messages", "expected a non-empty list of messages")
     for i, message in enumerate(value):
@@ -114,10 +117,11 @@ def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
             out += _user(message.get("content"), f"{param}.content")
         elif role == "assistant":
             out.append(_assistant(message.get("content"), f"{param}.content"))
+        elif role == "system":
+            systems.append(text_parts(message.get("content"), f"{param}.content", ("text",)))
         else:
-            hint = " (a system prompt goes in the top-level system field)" if role == "system" else ""
-            raise invalid(f"{param}.role", f'expected "user" or "assistant", got {role!r}{hint}')
-    return out
+            raise invalid(f"{param}.role", f'expected "user", "assistant" or "system", got {role!r}')
+    return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + out
 
 
 def _function(tool: dict[str, Any], param: str) -> dict[str, Any] | None:

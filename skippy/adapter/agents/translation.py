@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from skippy.adapter.completions import Generation, Piece, Run
 from skippy.adapter.openai_request import GenerationRequest
+from skippy.adapter.request_fields import ignore_unknown
 from skippy.http.errors import HttpError, invalid
 from skippy.http.routing import Handler, Response, StreamResponse, json_response
 from skippy.http.sse import with_pings
@@ -91,17 +92,15 @@ def count_translated(generation: Generation, translated: Translated) -> int:
 
 
 def check_fields(body: Any, known: Iterable[str], refused: dict[str, str]) -> dict[str, Any]:
-    """`body` as an object whose every non-null field is known; a refused one is a 400 naming it with its reason."""
+    """`body` as an object; a refused non-null field is a 400 naming it with its reason, an unknown one goes to
+    `ignore_unknown` (skippy.adapter.request_fields)."""
     if not isinstance(body, dict):
         raise HttpError(400, "request body must be a JSON object", code="invalid_value")
-    names = set(known)
     for name, value in body.items():
-        if value is None:
-            continue
-        if name in refused:
+        if value is not None and name in refused:
             raise invalid(name, refused[name], "unsupported_parameter")
-        if name not in names:
-            raise invalid(name, "unrecognized request argument", "unknown_parameter")
+    names = set(known)
+    ignore_unknown(name for name, value in body.items() if value is not None and name not in names)
     return body
 
 
