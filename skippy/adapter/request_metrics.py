@@ -1,12 +1,12 @@
 """The HTTP adapter's Prometheus metrics (prometheus_client), its request spans, and the broker's view.
 
 Requests by route and status, error codes, prompt and completion tokens, time to first token and
-time per output token histograms, request fields ignored (skippy.adapter.request_fields), speculative counts summed over requests (also under llama-server's
-`spec_decode_*` names: skippy.adapter.spec_metrics), and the pipeline as the
-broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
-generation is tracked from its first token to its end (`generation_started` / `token` /
+time per output token histograms, request fields ignored (skippy.adapter.request_fields), speculative counts
+summed over requests (also under llama-server's `spec_decode_*` names: skippy.adapter.spec_metrics), and the
+pipeline as the broker reports it (ready, running, waiting, concurrency; refreshed when /metrics is scraped). A
+generation is tracked from its first token to its end (`generation_started` / `tokens` /
 `generation_done`), which also emits its summary span `stage.openai_request_summary`.
-`DirectEventsCollector` counts the token events stage 0 sent straight to the adapter. The HTTP server's
+`DirectEventsCollector` counts the token event messages stage 0 sent straight to the adapter. The HTTP server's
 connection events (skippy.http.server.ConnectionObserver): connections refused past the cap, clients
 closed as too slow (head, body or idle deadline), connections open.
 """
