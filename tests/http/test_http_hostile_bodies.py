@@ -74,8 +74,8 @@ async def test_hostile_json_is_400_invalid_json_saying_what(adapter: tuple[HttpS
     ('"temperature": -0.1', "temperature", "must be in [0, 2], got -0.1"),
     ('"n": 0', "n", "must be in [1, 128], got 0"),
     ('"n": 2', "n", "only n = 1 is supported"),
-    ('"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string",'
-     ' "minLength": 1000000000000}}}', "response_format.json_schema.schema.minLength", "must be at most 10000"),
+    ('"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {'
+     '"type": "string", "minLength": 1000000000000}}}', "response_format.json_schema.schema.minLength", "must be at most 10000"),
     ('"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments":'
      f' "{nested(200)}"}}}}]}}]', "messages[0].tool_calls[0].function.arguments", "nested deeper than 128"),
 ], ids=lambda v: v if len(v) < 30 else None)

@@ -78,6 +78,24 @@ def test_unsupported_parts_are_named(schema: Any, param: str) -> None:
     assert info.value.param == param
 
 
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, "minimum"),
+    ({"oneOf": [{"type": "string"}]}, "oneOf"), ({"anyOf": [{"type": "string"}], "type": "string"}, "type"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 1}, "minItems"),
+    ({"type": "string", "format": "email"}, "format"), ({"type": "string", "pattern": "^a.b$"}, "pattern"),
+    ({"type": "string", "format": "date", "maxLength": 10}, "maxLength"), ({"exclusiveMaximum": 3}, "exclusiveMaximum"),
+    ({"type": ["string", "null"], "minLength": 2}, "minLength"), ({"type": "string", "maxLength": 10_001}, "maxLength"),
+])
+def test_relaxed_parts_are_recorded_not_refused(tokenizer: Tokenizer, schema: Any, keyword: str) -> None:
+    builder = GrammarBuilder()
+    check_grammar(tokenizer.vocab, builder.grammar(builder.rule_for(schema, "r", "s", relax=True)))
+    assert list(builder.relaxed) == [keyword]
+    for malformed in ({"type": "wat"}, {"type": "object", "properties": {}, "required": ["x"]}, {"$ref": "http://x"}):
+        with pytest.raises(SchemaError):
+            GrammarBuilder().rule_for(malformed, "r", "s", relax=True)
+
+
 @pytest.mark.parametrize("pattern, expected", [
     ("^[a-z]{2,5}$", "^([a-z]{2,5})$"), ("\\d+\\.\\d*", "^([0-9]+[.][0-9]*)$"), ("^(ab|cd)?x$", "^((ab|cd)?x)$"),
     ("[A-Z_-]", "^([A-Z_-])$"), ("\\w", "^([0-9A-Z_a-z])$"),
@@ -103,7 +121,7 @@ def test_unsafe_patterns_are_refused(pattern: str) -> None:
     (chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice.function.name"),
     (chat(tools=[{"type": "custom", "custom": {"name": "x"}}]), "tools[0].type"),
     (chat(tools=[{**TOOL, "function": {**TOOL["function"], "parameters": {"type": "object", "properties": {
-        "n": {"type": "number", "maximum": 3}}}}}]), "tools[0].function.parameters.properties.n.maximum"),
+        "n": {"type": "wat", "maximum": 3}}}}}]), "tools[0].function.parameters.properties.n.type"),
     (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]"),
     ({"model": "m", "prompt": "x", "tools": [TOOL]}, "tools"), ({"model": "m", "prompt": "x", "echo": True}, "echo"),

@@ -6,7 +6,9 @@ and picks one branch when keywords mix. So every schema is first checked and nor
 node keeps only keywords the converter enforces exactly, annotations (`title`, `description`, ...)
 are dropped, local `$ref`s are re-pointed at uniquely named `$defs` (so several schemas can share one
 grammar), and anything else is refused with a `SchemaError` that names the part, e.g.
-`response_format.json_schema.schema.properties.age.minimum`. Strings are generated without raw
+`response_format.json_schema.schema.properties.age.minimum` -- or, when the caller relaxes (tools, and
+`response_format` without `strict`), dropped and recorded in `relaxed` (the value is then generated
+without that constraint; a malformed schema is still refused). Strings are generated without raw
 control characters (the converter's own `char` rule would allow them, which is not valid JSON).
 """
 
@@ -53,22 +55,29 @@ def _is_type(value: Any, name: str) -> bool:
     return checks[name](value)
 
 
-def _count(node: dict[str, Any], key: str, path: str) -> int | None:
-    value = node.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise SchemaError(f"{path}.{key}", f"expected a non-negative integer, got {value!r}")
-    if value is not None and value > MAX_COUNT:  # the converter spells out every repetition: bound it first
-        raise SchemaError(f"{path}.{key}", f"must be at most {MAX_COUNT} (the grammar spells out each repetition)")
-    return value
-
-
 class _Cleaner:
     """One schema document: normalises nodes, collecting referenced targets under unique `$defs` keys."""
 
-    def __init__(self, root: Any, prefix: str) -> None:
-        self.root, self.prefix = root, prefix
+    def __init__(self, root: Any, prefix: str, relax: bool, relaxed: dict[str, str]) -> None:
+        self.root, self.prefix, self.relax, self.relaxed = root, prefix, relax, relaxed
         self.defs: dict[str, Any] = {}
         self._keys: dict[str, str] = {}  # JSON pointer -> defs key
+
+    def _unsupported(self, path: str, keys: list[str], message: str) -> None:
+        """Refuse `keys` (naming the first), or, relaxing, record them as generated without their constraint."""
+        if keys and not self.relax:
+            raise SchemaError(f"{path}.{keys[0]}", message)
+        for key in keys:
+            self.relaxed.setdefault(key, f"{path}.{key}")
+
+    def _count(self, node: dict[str, Any], key: str, path: str) -> int | None:
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SchemaError(f"{path}.{key}", f"expected a non-negative integer, got {value!r}")
+        if value is not None and value > MAX_COUNT:  # the converter spells out every repetition: bound it first
+            self._unsupported(path, [key], f"must be at most {MAX_COUNT} (the grammar spells out each repetition)")
+            return None
+        return value
 
     def ref(self, pointer: Any, path: str) -> dict[str, Any]:
         if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
@@ -92,28 +101,34 @@ class _Cleaner:
         if not isinstance(node, dict):
             raise SchemaError(path, f"expected a schema object, got {json.dumps(node)[:40]}")
         keys = {k for k in node if k not in ANNOTATIONS and not k.startswith("x-")}
+        if self.relax and "oneOf" in keys and "anyOf" not in keys:  # generated as anyOf: exclusivity relaxed
+            self._unsupported(path, ["oneOf"], _UNSUPPORTED)
+            node, keys = {**node, "anyOf": node["oneOf"]}, keys - {"oneOf"} | {"anyOf"}
         for combinator in ("$ref", "anyOf", "const", "enum"):
             if combinator in keys:
                 extra = sorted(keys - {combinator, "type"} if combinator in ("const", "enum") else keys - {combinator})
                 if extra:
-                    raise SchemaError(f"{path}.{extra[0]}", f"cannot be combined with {combinator}")
+                    self._unsupported(path, extra, f"cannot be combined with {combinator}")
                 return self._combinator(node, combinator, path, depth)
         kind = node.get("type")
         if isinstance(kind, list):
-            if keys != {"type"} or not kind or any(k not in PRIMITIVES for k in kind):
+            if not kind or any(k not in PRIMITIVES for k in kind) or (keys != {"type"} and not self.relax):
                 raise SchemaError(f"{path}.type", "a list of types must name primitive types and stand alone")
+            self._unsupported(path, sorted(keys - {"type"}), _UNSUPPORTED)
             return {"type": list(kind)}
         if kind is None:
             if not keys:
                 return {"type": "object"}  # only annotations: any value; an object is one
             kind = next((k for k, allowed in ALLOWED.items() if keys <= allowed), None)
+            if kind is None and self.relax:  # the type whose keywords it uses, else any value (an object is one)
+                kind = next((k for k, allowed in ALLOWED.items() if keys & (allowed - {"type"})), "object")
             if kind is None:
                 raise SchemaError(f"{path}.{sorted(keys)[0]}", _UNSUPPORTED)
         if kind not in ALLOWED:
             raise SchemaError(f"{path}.type", f"expected one of {sorted(PRIMITIVES)}, got {kind!r}")
         extra = sorted(keys - ALLOWED[kind])
         if extra:
-            raise SchemaError(f"{path}.{extra[0]}", f"{_UNSUPPORTED} for type {kind}")
+            self._unsupported(path, extra, f"{_UNSUPPORTED} for type {kind}")
         build = {"object": self._object, "array": self._array, "string": self._string}.get(kind)
         return {"type": kind} if build is None else build(node, path, depth)
 
@@ -159,15 +174,19 @@ class _Cleaner:
         return out
 
     def _array(self, node: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
-        lo, hi = _count(node, "minItems", path), _count(node, "maxItems", path)
+        lo, hi = self._count(node, "minItems", path), self._count(node, "maxItems", path)
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"{path}.minItems", f"{lo} is over maxItems {hi}")
         tuple_items = node.get("prefixItems", node["items"] if isinstance(node.get("items"), list) else None)
         if tuple_items is not None:
             if not isinstance(tuple_items, list) or not tuple_items:
                 raise SchemaError(f"{path}.prefixItems", "expected a non-empty list of schemas")
-            if lo is not None or hi is not None or ("prefixItems" in node and node.get("items", False) is not False):
+            open_parts = [k for k, v in (("minItems", lo), ("maxItems", hi)) if v is not None]
+            if "prefixItems" in node and node.get("items", False) is not False:
+                open_parts.append("items")
+            if open_parts and not self.relax:
                 raise SchemaError(f"{path}.prefixItems", "only a closed tuple (no items, minItems, maxItems) is supported")
+            self._unsupported(path, open_parts, "")
             return {"type": "array", "prefixItems": [self.node(s, f"{path}.prefixItems[{i}]", depth + 1)
                                                      for i, s in enumerate(tuple_items)]}
         items = self.node(node.get("items", True), f"{path}.items", depth + 1)
@@ -176,20 +195,24 @@ class _Cleaner:
         return out
 
     def _string(self, node: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
-        groups = [[k for k in group if k in node] for group in (("pattern",), ("format",), ("minLength", "maxLength"))]
-        given = [g[0] for g in groups if g]
-        if len(given) > 1:
-            raise SchemaError(f"{path}.{given[1]}", f"cannot be combined with {given[0]}")
+        groups = [g for g in ([k for k in group if k in node] for group in (("pattern",), ("format",),
+                                                                              ("minLength", "maxLength"))) if g]
+        if len(groups) > 1:  # relaxed: only the first is enforced
+            dropped = [k for g in groups[1:] for k in g]
+            self._unsupported(path, dropped, f"cannot be combined with {groups[0][0]}")
+            node = {k: v for k, v in node.items() if k not in dropped}
         if "pattern" in node:
             try:
                 return {"type": "string", "pattern": safe_pattern(str(node["pattern"]))}
             except PatternError as exc:
-                raise SchemaError(f"{path}.pattern", f"{exc} (supported: {SUPPORTED})") from None
+                self._unsupported(path, ["pattern"], f"{exc} (supported: {SUPPORTED})")
+                return {"type": "string"}
         if "format" in node:
-            if node["format"] not in FORMATS:
-                raise SchemaError(f"{path}.format", f"{node['format']!r} is not supported (supported: {sorted(FORMATS)})")
-            return {"type": "string", "format": node["format"]}
-        lo, hi = _count(node, "minLength", path), _count(node, "maxLength", path)
+            if node["format"] in FORMATS:
+                return {"type": "string", "format": node["format"]}
+            self._unsupported(path, ["format"], f"{node['format']!r} is not supported (supported: {sorted(FORMATS)})")
+            return {"type": "string"}
+        lo, hi = self._count(node, "minLength", path), self._count(node, "maxLength", path)
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"{path}.minLength", f"{lo} is over maxLength {hi}")
         return {"type": "string", **{k: v for k, v in (("minLength", lo), ("maxLength", hi)) if v is not None}}
@@ -200,10 +223,12 @@ class GrammarBuilder:
 
     def __init__(self) -> None:
         self._converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self.relaxed: dict[str, str] = {}  # keyword -> where it was first relaxed
 
-    def rule_for(self, schema: Any, name: str, path: str) -> str:
-        """The rule generating JSON values valid against `schema` (SchemaError names what is not supported)."""
-        cleaner = _Cleaner(schema, name)
+    def rule_for(self, schema: Any, name: str, path: str, relax: bool = False) -> str:
+        """The rule generating JSON values valid against `schema` (SchemaError names what is not supported;
+        `relax`: what the grammar cannot enforce is dropped and recorded in `relaxed` instead)."""
+        cleaner = _Cleaner(schema, name, relax, self.relaxed)
         doc = cleaner.node(schema, path, 0)
         # the cleaner's refs are all `#/$defs/<unique key>`: register them instead of the converter's
         # resolve_refs (which does not look inside a referenced schema, so misses nested refs)

@@ -7,7 +7,7 @@ the model as a user turn `<tool_response>\\n...\\n</tool_response>` (skippy.adap
 
 - `tool_choice` `"required"` or `{"type": "function", "function": {"name": N}}`: the output is one call,
   forced by a grammar built from the functions' `parameters` schemas, so it always parses and its
-  arguments validate.
+  arguments validate against what the grammar enforces (a keyword it cannot is relaxed, never refused).
 - `"auto"` (the default when tools are given): the grammar lets the output be either one such call or
   text that does not start with `<` (or, with `response_format`, that JSON).
 - `"none"`: the tools are not shown and no call is made.
@@ -131,9 +131,10 @@ def add_call_rules(builder: GrammarBuilder, plan: ToolPlan) -> str:
         wrapper = {"type": "object", "required": ["name", "arguments"],
                    "properties": {"name": {"const": tool.name}, "arguments": tool.parameters}}
         path = f"tools[{tool.index}].function"
+        wrapped, unwrapped = f"{path}.properties.arguments", f"{path}.parameters"
         try:
-            alternatives.append(builder.rule_for(wrapper, f"call{tool.index}", path))
+            alternatives.append(builder.rule_for(wrapper, f"call{tool.index}", path, relax=True))
         except SchemaError as exc:  # name the tool's parameters, not the wrapper around them
-            param = exc.param.replace(f"{path}.properties.arguments", f"{path}.parameters")
-            raise SchemaError(param, exc.detail) from None
+            raise SchemaError(exc.param.replace(wrapped, unwrapped), exc.detail) from None
+        builder.relaxed.update({k: v.replace(wrapped, unwrapped) for k, v in builder.relaxed.items()})
     return f"{_literal(OPEN)} ({' | '.join(alternatives)}) {_literal(CLOSE)}"
