@@ -102,6 +102,8 @@ class _Cleaner:
             raise SchemaError(path, f"expected a schema object, got {json.dumps(node)[:40]}")
         keys = {k for k in node if k not in ANNOTATIONS and not k.startswith("x-")}
         if self.relax and "oneOf" in keys and "anyOf" not in keys:  # generated as anyOf: exclusivity relaxed
+            if not isinstance(node["oneOf"], list) or not node["oneOf"]:
+                raise SchemaError(f"{path}.oneOf", "expected a non-empty list of schemas")
             self._unsupported(path, ["oneOf"], _UNSUPPORTED)
             node, keys = {**node, "anyOf": node["oneOf"]}, keys - {"oneOf"} | {"anyOf"}
         for combinator in ("$ref", "anyOf", "const", "enum"):
