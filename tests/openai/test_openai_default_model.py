@@ -1,13 +1,11 @@
-"""`skippy up` with its defaults (the packaged SmolLM2-135M-Instruct, whole in one stage as the plan for one host
-says, its ChatML template from the
-GGUF) serves the official client: the README's first example, sent as printed, names colours; a request that
-sets no sampling fields gets its model card's temperature and top_p (the GGUF states none) and llama.cpp's
-top_k and min_p, shown by /props; the model has no
-fill-in-the-middle tokens, so /infill and a completion `suffix` are 400s saying so."""
+"""`skippy up` with its defaults (the packaged Qwen2.5-Coder-0.5B-Instruct, whole in one stage as the plan for one
+host says) serves the README's examples as printed, through the official client: the chat example answers with
+code, the fill-in-the-middle examples (/infill and a completion's `suffix`) fill the gap, and a request that sets
+no sampling fields gets the model card's sampling (temperature 0.7, top_p 0.8, top_k 20, repeat penalty 1.05),
+shown by /props."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,18 +14,17 @@ import openai
 import pytest
 from up_helpers import SkippyServer
 
-COLOURS = frozenset({"red", "blue", "green", "yellow", "orange", "purple", "pink", "black", "white", "brown", "gray",
-                     "grey", "violet", "indigo", "cyan", "magenta"})
-README_CHAT: Any = [{"role": "user", "content": "Name three colors."}]  # the README's first example
-
-
-def colours_in(text: str) -> set[str]:
-    return {word for word in re.findall(r"[a-z]+", text.lower()) if word in COLOURS}
+MODEL_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+# the README's examples, as printed there
+README_CHAT: Any = [{"role": "user", "content": "In Python, how do I reverse a string s? One line of code, no explanation."}]
+README_INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 16}
+README_SUFFIX = {"model": MODEL_ID, "prompt": "def fibonacci(n):\n    ", "suffix": "\n\nprint(fibonacci(10))\n",
+                 "max_tokens": 64, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def default_server(start_up: Callable[..., Any], smollm2_path: Path) -> Iterator[SkippyServer]:
-    assert smollm2_path.is_file()
+def default_server(start_up: Callable[..., Any], qwen05b_path: Path) -> Iterator[SkippyServer]:
+    assert qwen05b_path.is_file()
     with start_up("up-default", None) as s:
         yield s
 
@@ -39,53 +36,44 @@ def default_client(default_server: SkippyServer) -> Iterator[openai.OpenAI]:
     c.close()
 
 
-def ask(client: openai.OpenAI, server: SkippyServer, **kwargs: Any) -> str:
-    reply = client.chat.completions.create(model=server.model_id, max_tokens=32, messages=README_CHAT, **kwargs)
-    return reply.choices[0].message.content or ""
-
-
 @pytest.mark.gemma
-def test_default_is_smollm2_in_one_stage_with_its_own_template(default_server: SkippyServer,
-                                                                  default_client: openai.OpenAI) -> None:
-    assert default_server.model_id == "smollm2-135m-instruct-q4_1"
+def test_default_is_qwen_coder_in_one_stage_with_its_own_template(default_server: SkippyServer) -> None:
+    assert default_server.model_id == MODEL_ID
     props = default_server.request("GET", "/props").json()
-    assert props["stages"] == [{"stage_id": "stage0", "layer_start": 0, "layer_end": 30}]  # one host: not split
-    assert props["chat_template_source"] == "gguf" and "<|im_start|>" in props["chat_template"]
-    assert props["eos_token"] == "<|im_end|>"
-    r = default_client.chat.completions.create(model=default_server.model_id, max_tokens=32, temperature=0,
-                                               messages=README_CHAT)
-    content = r.choices[0].message.content or ""
-    assert len(colours_in(content)) == 3, content
-    assert r.choices[0].finish_reason == "stop"  # it ends its answer (<|im_end|>) well within 32 tokens
-    assert r.usage is not None and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert props["stages"] == [{"stage_id": "stage0", "layer_start": 0, "layer_end": 24}]  # one host: not split
+    assert "<|im_start|>" in props["chat_template"] and "tools" in props["chat_template"]
 
 
 @pytest.mark.gemma
-def test_sampled_with_the_default_sampling_it_names_colours_nearly_every_time(default_server: SkippyServer,
-                                                                           default_client: openai.OpenAI) -> None:
-    """The README's request, as printed (no sampling fields; a seed each, so a failure is reproducible)."""
-    answers = [ask(default_client, default_server, seed=seed) for seed in range(8)]
-    named = [len(colours_in(a)) >= 2 for a in answers]
-    assert sum(named) >= 7, list(zip(named, answers))
+def test_the_readme_chat_example_answers_with_the_code(default_server: SkippyServer,
+                                                      default_client: openai.OpenAI) -> None:
+    """Sent as printed (no sampling fields), with a seed each so a failure is reproducible."""
+    answers = [default_client.chat.completions.create(model=MODEL_ID, messages=README_CHAT, max_tokens=64, seed=seed)
+               for seed in range(4)]
+    texts = [a.choices[0].message.content or "" for a in answers]
+    assert all("[::-1]" in t for t in texts), texts
+    assert sum(a.choices[0].finish_reason == "stop" for a in answers) >= 3, texts  # it ends its answer on its own
 
 
 @pytest.mark.gemma
-def test_props_show_the_sampling_defaults_and_a_requests_fields_win(default_server: SkippyServer,
-                                                                   default_client: openai.OpenAI) -> None:
+def test_props_show_the_model_cards_sampling_and_a_requests_fields_win(default_server: SkippyServer,
+                                                                      default_client: openai.OpenAI) -> None:
     settings = default_server.request("GET", "/props").json()["default_generation_settings"]
     params = settings["params"]
-    assert (params["temperature"], params["top_k"], params["top_p"], params["min_p"]) == (0.2, 40, 0.9, 0.05)
-    assert settings["sampling_source"] == {"temperature": "model card", "top_p": "model card", "top_k": "llama.cpp",
-                                           "min_p": "llama.cpp", "repeat_penalty": "llama.cpp"}
-    greedy = [ask(default_client, default_server, temperature=0, seed=seed) for seed in (1, 2)]
-    assert greedy[0] == greedy[1]  # its own temperature 0 wins over the default 0.2: greedy, whatever the seed
+    assert (params["temperature"], params["top_k"], params["top_p"], params["repeat_penalty"]) == (0.7, 20, 0.8, 1.05)
+    assert {k: settings["sampling_source"][k] for k in ("temperature", "top_p", "top_k", "repeat_penalty")} == dict.fromkeys(
+        ("temperature", "top_p", "top_k", "repeat_penalty"), "model card")
+    greedy = [default_client.chat.completions.create(model=MODEL_ID, messages=README_CHAT, max_tokens=24, temperature=0,
+                                                     seed=seed).choices[0].message.content for seed in (1, 2)]
+    assert greedy[0] == greedy[1]  # its own temperature 0 wins over the default 0.7: greedy, whatever the seed
 
 
 @pytest.mark.gemma
-def test_fill_in_the_middle_is_refused_naming_the_missing_tokens(default_server: SkippyServer) -> None:
-    infill = default_server.request("POST", "/infill", {"input_prefix": "def f(", "input_suffix": "):"})
-    assert infill.status == 400 and infill.json()["error"]["code"] == "infill_unsupported"
-    assert "no fill-in-the-middle tokens" in infill.json()["error"]["message"]
-    suffix = default_server.request("POST", "/v1/completions", {"model": default_server.model_id, "prompt": "def f(",
-                                                                "suffix": "):"})
-    assert suffix.status == 400 and suffix.json()["error"]["param"] == "suffix"
+def test_the_readme_fill_in_the_middle_examples_fill_the_gap(default_server: SkippyServer) -> None:
+    infill = default_server.request("POST", "/infill", README_INFILL)
+    assert infill.status == 200, infill.body
+    assert infill.json()["content"].startswith("return a + b"), infill.json()
+    completion = default_server.request("POST", "/v1/completions", README_SUFFIX)
+    assert completion.status == 200, completion.body
+    text = completion.json()["choices"][0]["text"]
+    assert "fibonacci(n - 1)" in text.replace("n-1", "n - 1") and "print(fibonacci(10))" not in text.split("\n")[0], text

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,11 +44,9 @@ def parts_05b() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def qwen_05b_path(parts_05b: list[Path], skippy_cache_dir: Path) -> Iterator[Path]:
-    """The 0.5B assembled in this session's fresh cache; removed after this module (pytest keeps old tmp dirs)."""
-    path = resolve_model_path("qwen2.5-coder-0.5b")
-    yield path
-    path.unlink(missing_ok=True)
+def qwen_05b_path(parts_05b: list[Path], qwen05b_path: Path) -> Path:
+    """The 0.5B assembled in this session's fresh cache (conftest removes it at the session's end)."""
+    return qwen05b_path
 
 
 @pytest.mark.gemma
