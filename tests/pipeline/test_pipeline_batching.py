@@ -102,10 +102,7 @@ GEMMA_TEXTS = (
 GEMMA_MAX_TOKENS = (12, 8, 16, 10, 8, 12, 10, 14)
 
 
-@pytest.mark.gemma
-def test_gemma_concurrent_requests_match_unsplit_same_batches(gemma_path: Path,
-                                                               make_pipeline: Callable[..., Pipeline]) -> None:
-    pipe = make_pipeline(gemma_path, [5, 13], lane_count=LANES, ctx_size=128)
+def _check_texts_concurrently(pipe: Pipeline) -> None:
     chain = pipe.reference_chain()
     try:
         tokenizer = Tokenizer(chain.stages[0].model)
@@ -114,3 +111,17 @@ def test_gemma_concurrent_requests_match_unsplit_same_batches(gemma_path: Path,
         chain.close()
     compared = _check_concurrent(pipe, prompts, GEMMA_MAX_TOKENS)
     assert compared >= sum(GEMMA_MAX_TOKENS) // 2, f"only {compared} of {sum(GEMMA_MAX_TOKENS)} tokens comparable"
+
+
+@pytest.mark.gemma
+def test_gemma_concurrent_requests_match_unsplit_same_batches(gemma_path: Path,
+                                                               make_pipeline: Callable[..., Pipeline]) -> None:
+    _check_texts_concurrently(make_pipeline(gemma_path, [5, 13], lane_count=LANES, ctx_size=128))
+
+
+@pytest.mark.gemma
+@pytest.mark.parametrize(("model", "splits"), [("qwen05b_path", [12]), ("qwen15b_path", [9, 19])],
+                         ids=["qwen05b-2stage", "qwen15b-3stage"])
+def test_qwen_coder_concurrent_requests_match_unsplit_same_batches(
+        request: pytest.FixtureRequest, make_pipeline: Callable[..., Pipeline], model: str, splits: list[int]) -> None:
+    _check_texts_concurrently(make_pipeline(request.getfixturevalue(model), splits, lane_count=LANES, ctx_size=128))

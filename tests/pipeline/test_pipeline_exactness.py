@@ -86,9 +86,24 @@ def _check_texts(pipe: Pipeline, max_tokens: int = 16) -> None:
     assert _check_pipeline(pipe, prompts, max_tokens) == expected
 
 
+QWEN_CASES = [("qwen05b_path", [12], 24), ("qwen05b_path", [6, 18], 24), ("qwen15b_path", [14], 28),
+              ("qwen15b_path", [7, 21], 28)]
+
+
+@pytest.mark.gemma
+@pytest.mark.parametrize(("model", "splits", "n_layer"), QWEN_CASES,
+                         ids=[f"{m[:7]}-{'_'.join(map(str, s))}" for m, s, _ in QWEN_CASES])
+def test_qwen_coder_split_matches_unsplit(request: pytest.FixtureRequest, make_pipeline: Callable[..., Pipeline],
+                                          model: str, splits: list[int], n_layer: int) -> None:
+    """Real weights (Qwen2.5-Coder-0.5B and -1.5B-Instruct, Q4_K_M, untied output) at even and uneven splits."""
+    pipe = make_pipeline(request.getfixturevalue(model), splits, lane_count=2, ctx_size=128)
+    assert pipe.n_layer == n_layer
+    _check_texts(pipe)
+
+
 @pytest.mark.gemma
 def test_smollm2_split_matches_unsplit(smollm2_path: Path, make_pipeline: Callable[..., Pipeline]) -> None:
-    """The default model (llama architecture, 30 layers, Q4_1) split where `skippy up` splits it."""
+    """SmolLM2 (llama architecture, 30 layers, Q4_1) split in half."""
     pipe = make_pipeline(smollm2_path, [15], lane_count=2, ctx_size=128)
     assert pipe.n_layer == 30
     _check_texts(pipe)

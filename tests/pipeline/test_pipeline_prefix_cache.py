@@ -100,6 +100,12 @@ def test_gemma_multi_turn_chat_equals_the_unsplit_replay(gemma_path: Path,
     check_multi_turn(cached_pipeline(make_pipeline, gemma_path, [9]), 20_000)
 
 
+@pytest.mark.gemma
+def test_qwen_coder_multi_turn_chat_equals_the_unsplit_replay(qwen05b_path: Path,
+                                                              make_pipeline: Callable[..., Pipeline]) -> None:
+    check_multi_turn(cached_pipeline(make_pipeline, qwen05b_path, [12]), 20_000)
+
+
 def test_two_sessions_restore_the_same_prefix_at_once(tiny_model: Callable[..., Path],
                                                       make_pipeline: Callable[..., Pipeline]) -> None:
     pipe = cached_pipeline(make_pipeline, tiny_model("gemma3"), SPLITS["3stage"])

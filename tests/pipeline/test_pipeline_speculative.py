@@ -34,6 +34,7 @@ from skippy.driver.speculative.suffix import SuffixProposerFactory
 from skippy.driver.speculative.window import WindowStats
 from skippy.protocol import Predictions
 from skippy.runtime.sampling import SamplingParams
+from skippy.runtime.tokenizer import Tokenizer
 from skippy.testing.reference_runs import replay_op_log
 
 MAX_TOKENS = 24
@@ -88,26 +89,21 @@ class FixedK:
         return self.k
 
 
-@pytest.mark.parametrize(("splits", "corrupt_at", "expect"), [
-    ([3], None, "full"), ([3], 0, "early"), ([2, 4], 2, "tail"), ([2, 4], None, "full"),
-], ids=["2stage-full", "2stage-early", "3stage-tail", "3stage-full"])
-def test_verify_windows_commit_exactly_what_plain_greedy_commits(
-        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], splits: list[int],
-        corrupt_at: int | None, expect: str) -> None:
-    pipe = make_pipeline(tiny_model("llama"), splits, lane_count=4, ctx_size=128)
-    prompts = [random_prompt(10 + 3 * i, 70 + i, 400) for i in range(3)]
+def _verify_with_oracle(pipe: Pipeline, prompts: list[list[int]], corrupt_at: int | None
+                       ) -> tuple[list[list[int]], list[list[int]], list, Speculation]:
+    """The prompts decoded with verify windows of 4 oracle drafts (the plain greedy run, corrupted at `corrupt_at`):
+    (their tokens, the plain run's, the op log); checks the run equals its unsplit replay bitwise."""
     plain = reference_generate(pipe, prompts, MAX_TOKENS)
     speculation = Speculation(OracleFactory({tuple(p): c for p, c in zip(prompts, plain)}, corrupt_at), FixedK(4))
 
-    async def body() -> tuple[list[list[int]], list, Speculation]:
+    async def body() -> tuple[list[list[int]], list]:
         async with running_driver(pipe, speculation=speculation) as driver:
             handles = [driver.submit(p, max_tokens=MAX_TOKENS) for p in prompts]
-            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 60)
+            done = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 120)
             assert all(final.finish_reason == "length" for _, final in done), done
-            return [tokens for tokens, _ in done], list(driver.recorder), speculation
+            return [tokens for tokens, _ in done], list(driver.recorder)
 
-    got, op_log, spec = run(body())
-    assert got == plain  # the tiny models' greedy margins are wide; see the replay check for bitwise
+    got, op_log = run(body())
     chain = pipe.reference_chain()
     try:
         replayed = replay_op_log(chain, op_log)
@@ -118,17 +114,48 @@ def test_verify_windows_commit_exactly_what_plain_greedy_commits(
     assert all(len(w[2]) == len(w[4]) + 1 and w[3] == tuple(range(len(w[2]))) for w in verify_windows)
     by_session = {w[0]: w for kind, batch in op_log if kind == "batch" for w in batch}
     assert sorted(replayed.get(s, [])[: MAX_TOKENS] for s in by_session) == sorted(got)
+    assert speculation.totals.windows == len(verify_windows)
+    return got, plain, op_log, speculation
+
+
+@pytest.mark.parametrize(("splits", "corrupt_at", "expect"), [
+    ([3], None, "full"), ([3], 0, "early"), ([2, 4], 2, "tail"), ([2, 4], None, "full"),
+], ids=["2stage-full", "2stage-early", "3stage-tail", "3stage-full"])
+def test_verify_windows_commit_exactly_what_plain_greedy_commits(
+        tiny_model: Callable[..., Path], make_pipeline: Callable[..., Pipeline], splits: list[int],
+        corrupt_at: int | None, expect: str) -> None:
+    pipe = make_pipeline(tiny_model("llama"), splits, lane_count=4, ctx_size=128)
+    prompts = [random_prompt(10 + 3 * i, 70 + i, 400) for i in range(3)]
+    got, plain, op_log, spec = _verify_with_oracle(pipe, prompts, corrupt_at)
+    assert got == plain  # the tiny models' greedy margins are wide; the replay check is the bitwise one
     totals = spec.totals
-    assert totals.windows == len(verify_windows)
     if expect == "full":
         assert totals.full_accepts == totals.windows and totals.accepted == totals.proposed
         assert len(op_log) < 3 * MAX_TOKENS  # far fewer batches than one per token per session
     elif expect == "early":
         assert totals.early_rejects == totals.windows and totals.accepted == 0
     else:  # a draft of 3+ tokens is corrupted at offset 2: exactly 2 accepted; shorter drafts are intact
-        corrupted = sum(1 for w in verify_windows if len(w[4]) >= 3)
+        corrupted = sum(1 for kind, batch in op_log if kind == "batch" for w in batch if len(w[4]) >= 3)
         assert totals.tail_rejects == corrupted > 0 and totals.early_rejects == 0
         assert totals.full_accepts == totals.windows - corrupted
+
+
+@pytest.mark.gemma
+@pytest.mark.parametrize(("model", "splits"), [("qwen05b_path", [12]), ("qwen15b_path", [14])],
+                         ids=["qwen05b", "qwen15b"])
+def test_qwen_coder_verify_windows_equal_the_unsplit_replay(request: pytest.FixtureRequest,
+                                                           make_pipeline: Callable[..., Pipeline], model: str,
+                                                           splits: list[int]) -> None:
+    """Real weights: windows with a draft token the model did not pick (offset 2) and intact ones, split in two."""
+    pipe = make_pipeline(request.getfixturevalue(model), splits, lane_count=4, ctx_size=128)
+    chain = pipe.reference_chain()
+    try:
+        tokenizer = Tokenizer(chain.stages[0].model)
+        prompts = [tokenizer.encode(t) for t in ("def quicksort(xs):\n", "import os\n\ndef main():\n", "SELECT")]
+    finally:
+        chain.close()
+    spec = _verify_with_oracle(pipe, prompts, 2)[3]
+    assert spec.totals.tail_rejects > 0 and spec.totals.accepted > 0, spec.totals
 
 
 def _prompts_whose_first_token_repeats_a_trigram(pipe: Pipeline, n: int) -> list[list[int]]:

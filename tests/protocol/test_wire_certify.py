@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from skippy.client import PipelineClient
+from skippy.driver.wire_certify import MIN_AGREEMENT
 from skippy.launcher import LaunchError, StageProcesses, read_events, write_local_topology
 from skippy.protocol import Status, WireDtype
 from skippy.runtime.slices import read_model_info
@@ -70,3 +71,17 @@ def test_tiny_gemma3_q8_is_certified_on_every_link(tiny_model: Callable[..., Pat
     assert ready["positions"] > 0
     switched = [e["activation_dtype"] for e in middle if e.get("event") == "wire_changed" and e.get("whole_chain")]
     assert switched == ["f32", "q8"]  # the reference round in f32, then the asked format, on the middle link too
+
+
+@pytest.mark.gemma
+@pytest.mark.parametrize(("model", "splits"), [("qwen05b_path", [12]), ("qwen15b_path", [14])], ids=["qwen05b", "qwen15b"])
+def test_qwen_coder_auto_serves_a_certified_format(request: pytest.FixtureRequest,
+                                                   tmp_path_factory: pytest.TempPathFactory, model: str,
+                                                   splits: list[int]) -> None:
+    """Real weights: `auto` certifies q8 or falls back to f16, and the format served passed on this split."""
+    with pipeline(request.getfixturevalue(model), splits, tmp_path_factory.mktemp("wire"), "auto") as stages:
+        ready = stages.ready["stage0"]["wire"]
+        status = asyncio.run(status_of(stages))
+    assert ready["asked"] == "auto" and ready["certified"] and ready["positions"] > 10, ready
+    assert ready["used"] in ("q8", "f16") and ready["agreement"][ready["used"]] >= MIN_AGREEMENT, ready
+    assert status.wire is not None and status.wire.used.value == ready["used"]
