@@ -3,10 +3,11 @@ side by side in one run.
 
 Stage 1 runs as a real process (`skippy stage`); stage 0's driver runs in this process, as in
 `skippy bench pipeline`, so the bench can switch the driver's speculation between rounds of requests:
-none (plain, what `--no-speculative` runs), and the default of `skippy up` (the policy: the suffix
+none (plain, what `--no-speculative` runs), the default of `skippy up` (the policy: the suffix
 proposer with the cross-request index under SpeculationPolicy, C(rows) calibrated through the pipeline when
 the driver starts, the hop delay followed live; its index emptied before every cell, so no cell drafts from
-another cell's requests); in the 0 ms cells also llama-server with and without its own n-gram drafting
+another cell's requests), and with `--draft-model` a small model of the same vocabulary drafting under the same
+policy (what `skippy up --openai-draft-model` runs); in the 0 ms cells also llama-server with and without its own n-gram drafting
 (skippy.bench.speculative_peers, `--peers`). Every cell (workload x delay per hop x concurrency) runs its
 rounds mode after mode on the same prompts, so machine noise hits the modes alike, and checks each greedy
 output against the plain one.
@@ -42,6 +43,8 @@ from skippy.bench.speculative_workloads import FORMATS, Prompt, PromptFormat, pr
 from skippy.config import WireCondition, parse_serving_args
 from skippy.config.generation import DEFAULT_GLOBAL_TOKENS, DEFAULT_POLICY_PLAN
 from skippy.driver.driver import Driver
+from skippy.driver.speculative import ProposerFactory
+from skippy.driver.speculative.draft_model import DraftModelProposerFactory
 from skippy.driver.speculative.engine import Speculation
 from skippy.driver.speculative.global_suffix import GlobalSuffixProposerFactory
 from skippy.driver.speculative.policy import SpeculationPolicy
@@ -58,7 +61,6 @@ from skippy.runtime.tokenizer import Tokenizer
 from skippy.stage.links import DownstreamLink, apply_wire
 from skippy.transport.queues import PullQueue
 
-MODES = ("plain", "policy")
 ROUND = 2  # a round is 2c requests at concurrency c: finished requests are replaced, as under steady load
 WORKLOADS = ("re-emission", "sub-tasks", "prose")
 
@@ -115,11 +117,18 @@ class ReturnRelay:
         self.inbound.close()
 
 
+def policy_speculation(factory: ProposerFactory) -> Speculation:
+    """`factory`'s drafts under the default plan's window and SpeculationPolicy, as build_speculation makes them."""
+    window = DEFAULT_POLICY_PLAN.verify_window
+    return Speculation(factory, SpeculationPolicy(window.max_tokens, max_depth=window.pipeline_depth),
+                       window.max_tokens, depth=window.pipeline_depth, min_k=window.min_tokens, calibrate=True)
+
+
 @dataclass
 class Bench:
     driver: Driver
     relay: ReturnRelay | None  # None: one stage, no hop
-    modes: dict[str, Speculation | None]
+    modes: dict[str, Speculation | None]  # in the order each cell runs them first
     stop: frozenset[int]
     max_tokens: int
     waves: int = 0
@@ -142,10 +151,10 @@ class Bench:
     async def cell(self, workload: str, delay_ms: float, concurrency: int, prompts: list[Prompt],
                    max_tokens: int | None = None) -> Cell:
         peers = tuple(self.peers) if delay_ms == 0 else ()
-        modes = (*MODES, *peers)
+        modes = (*self.modes, *peers)
         results = {mode: ModeResult() for mode in modes}
         for spec in self.modes.values():  # an empty cross-request index: drafts only from this cell's requests
-            if spec is not None:
+            if spec is not None and isinstance(spec.factory, GlobalSuffixProposerFactory):
                 spec.release(list(spec.sessions))
                 spec.factory.close()
                 spec.factory = policy_factory()
@@ -165,9 +174,9 @@ class Bench:
 
 @contextlib.asynccontextmanager
 async def running_bench(directory: Path, model: Path, split: int, lanes: int, ctx_size: int, stop: frozenset[int],
-                        max_tokens: int) -> AsyncIterator[Bench]:
+                        max_tokens: int, draft_model: Path | None = None) -> AsyncIterator[Bench]:
     """The pipeline split at `split` (0: the model whole in one stage, this process's driver, as plain `skippy up`
-    serves one host), its driver switchable between plain and the policy."""
+    serves one host), its driver switchable between plain, the policy and (given `draft_model`) the draft model."""
     n_layer = read_model_info(model).n_layer
     topology, configs = write_local_topology(directory, model, n_layer, [split] if split else [], lane_count=lanes,
                                              ctx_size=ctx_size)
@@ -179,18 +188,23 @@ async def running_bench(directory: Path, model: Path, split: int, lanes: int, ct
         assert options.topology is not None
         relay = ReturnRelay(ctx, options.topology.first().endpoint, driver_endpoint) if split else None
         runtime = StageRuntime(RuntimeSpec.from_stage_config(options.config))
-        window = DEFAULT_POLICY_PLAN.verify_window  # what build_speculation makes of the default plan
-        policy = Speculation(policy_factory(), SpeculationPolicy(window.max_tokens, max_depth=window.pipeline_depth),
-                             window.max_tokens, depth=window.pipeline_depth, min_k=window.min_tokens, calibrate=True)
+        policy = policy_speculation(policy_factory())
+        modes: dict[str, Speculation | None] = {"plain": None, "policy": policy}
+        if draft_model is not None:  # refused here, before any wave, if its vocabulary is not the target's
+            modes["draft-model"] = policy_speculation(DraftModelProposerFactory(
+                draft_model, target_vocab_model=runtime.model, lane_count=lanes, ctx_size=ctx_size,
+                n_threads=runtime.spec.n_threads))
         driver = Driver(options, runtime, speculation=policy)  # calibrates C(rows) at start
-        bench = Bench(driver, relay, dict(zip(MODES, (None, policy))), stop, max_tokens)
+        bench = Bench(driver, relay, modes, stop, max_tokens)
         try:
             await driver.start()
             yield bench
         finally:
             bench.use("plain")
             await driver.close()
-            policy.close()
+            for spec in modes.values():
+                if spec is not None:
+                    spec.close()
             runtime.close()
             if relay is not None:
                 relay.close()
@@ -214,8 +228,9 @@ async def _bench(args: argparse.Namespace, model: Path, fmt: PromptFormat) -> tu
                     for w in args.workloads.split(",") for c in levels}
     with tempfile.TemporaryDirectory(prefix="skippy-bench-spec-") as tmp, \
             running_peers(parse_peers(args.peers), model, Path(tmp), _lanes(args), args.ctx_size) as peers:
+        draft = resolve_model_path(args.draft_model) if args.draft_model else None
         async with running_bench(Path(tmp), model, args.split, _lanes(args), args.ctx_size,
-                                 fmt.tokenizer.eog_tokens(), args.max_tokens) as bench:
+                                 fmt.tokenizer.eog_tokens(), args.max_tokens, draft) as bench:
             bench.peers = peers
             policy = bench.driver.speculation.policy if bench.driver.speculation is not None else None
             cost = policy.cost if isinstance(policy, SpeculationPolicy) else None
@@ -260,7 +275,8 @@ def run_speculative_bench(args: argparse.Namespace) -> int:
         tokenizer.close()
     ensure_matplotlib()
     facts = {"command": " ".join(["scripts/bench-speculative", *sys.argv[3:]]), "model": model.name,
-             "split": args.split, "max_tokens": args.max_tokens, "requests": args.requests, "prompt_format": fmt.name,
+             "split": args.split, "draft_model": args.draft_model,
+             "max_tokens": args.max_tokens, "requests": args.requests, "prompt_format": fmt.name,
              "calibrated_cost_ms": calibrated,
              "load_avg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
              "peers": peer_facts(parse_peers(args.peers), _lanes(args), args.ctx_size)}
@@ -288,5 +304,7 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-format", default="auto", choices=FORMATS,
                    help="chat: each request as chat messages in the model's own template; completion: as raw text;"
                         " auto (default): chat when the GGUF carries a chat template (an instruct model)")
+    p.add_argument("--draft-model", default=None,
+                   help="also a mode where this packaged model or GGUF (same vocabulary) drafts under the policy")
     p.add_argument("--out-dir", default=str(DOCS), help="where bench-speculative.{md,json,png} go")
     p.set_defaults(run=run_speculative_bench)

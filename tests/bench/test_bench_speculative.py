@@ -71,10 +71,15 @@ def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize(("shape", "prompt_format"), [([], "completion"),
-                                                    (["--split", "none", "--model", "smollm2-135m"], "chat")],
-                         ids=["2-stages", "one-stage"])
-def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str], prompt_format: str) -> None:
+ONE_STAGE = ["--split", "none", "--model", "smollm2-135m"]
+
+
+@pytest.mark.parametrize(("shape", "prompt_format", "modes"), [
+    ([], "completion", {"plain", "policy"}), (ONE_STAGE, "chat", {"plain", "policy"}),
+    ([*ONE_STAGE, "--draft-model", "smollm2-135m"], "chat", {"plain", "policy", "draft-model"}),
+], ids=["2-stages", "one-stage", "draft-model"])
+def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: list[str], prompt_format: str,
+                                                      modes: set[str]) -> None:
     done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "3", "--max-tokens", "12", "--workloads",
                    "prose", "--peers", "none", "--out-dir", str(tmp_path), *shape], 300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -82,7 +87,7 @@ def test_one_cell_runs_every_mode_on_the_same_prompts(tmp_path: Path, shape: lis
     (cell,) = [c for c in report["cells"]]
     assert report["prompt_format"] == prompt_format  # the base model's completion text, the instruct model's chat
     assert (cell["workload"], cell["concurrency"], cell["n"]) == ("prose", 2, 4)  # a whole round: 2c requests
-    assert set(cell["modes"]) == {"plain", "policy"}
+    assert set(cell["modes"]) == modes
     for mode in cell["modes"].values():
         assert mode["decode_tokens"] == 4 * 11 and mode["tok_s"] > 0  # 12 tokens each, no end-of-generation
     assert "| prose | 0 | 2 | 4 |" in (tmp_path / "bench-speculative.md").read_text()
