@@ -205,7 +205,7 @@ class Broker:
         if isinstance(msg, Submit):
             await self._on_submit(client, msg)
         elif isinstance(msg, Cancel):
-            await self.ledger.cancel(client, msg.request_id, msg.events_to, self.pool.links)
+            await self.ledger.cancel(client, msg, self.pool.links)
         elif isinstance(msg, StatusQuery):
             self.relay.tell(client, self.status(msg.nonce))
         elif isinstance(msg, ProtocolError):

@@ -21,7 +21,7 @@ from brokers.admission import Permit
 from brokers.link import PipelineLink
 from brokers.relay import AdapterRelay
 from brokers.telemetry import BrokerTelemetry, FinishedRequest
-from skippy.protocol import ErrorCode, FinishReason, Submit, TokenEvents
+from skippy.protocol import Cancel, ErrorCode, FinishReason, Submit, TokenEvents
 
 __all__ = ["HeldRequest", "RequestLedger", "error_event"]
 
@@ -62,14 +62,16 @@ class RequestLedger:
         req = self.requests[submit.request_id] = HeldRequest(client, submit, self.clock())
         return req
 
-    async def cancel(self, client: bytes, request_id: str, events_to: str | None, links: Sequence[PipelineLink]) -> None:
+    async def cancel(self, client: bytes, cancel: Cancel, links: Sequence[PipelineLink]) -> None:
         """Adapter `client` cancels a request: honoured for its submitter, or an adapter bound where its events go
         (`events_to`: one that took over a dead one's endpoint); one not held here is cancelled at every stage 0
-        (`links`)."""
+        (`links`). One still queued leaves the queue; an abandoned one (its client went away) is logged and
+        counted here while queued, else by its stage 0, which is told."""
+        request_id, events_to = cancel.request_id, cancel.events_to
         req = self.requests.get(request_id)
         if req is None:  # held by a broker before this one (it died; its adapter resumes the request): every stage 0 is told
             for link in links:
-                await link.cancel(request_id)
+                await link.cancel(request_id, cancel.abandoned)
             return
         if req.done:
             return
@@ -82,8 +84,13 @@ class RequestLedger:
         if req.link is None:  # still queued: leave the queue (the task answers "cancelled")
             assert req.task is not None
             req.task.cancel()
+            if cancel.abandoned:
+                self.telemetry.abandoned.labels("queued").inc()
+                self.log.info("request_abandoned", request_id=request_id, phase="queued",
+                              prompt_tokens=len(req.submit.prompt), prefilled_tokens=0, generated_tokens=0,
+                              queue_ms=round((self.clock() - req.received_at) * 1e3, 3))
         else:
-            await req.link.cancel(request_id)  # stage 0 answers with the final "cancelled" event
+            await req.link.cancel(request_id, cancel.abandoned)  # stage 0 answers with the final "cancelled" event
 
     async def finish(self, req: HeldRequest, final: TokenEvents, tell_client: bool = True) -> None:
         """Send the request's final event (once, unless the client has it from stage 0), free its permit and log it."""

@@ -103,8 +103,8 @@ class PipelineLink:
     async def submit(self, msg: Submit) -> bool:
         return await self._send(msg)
 
-    async def cancel(self, request_id: str) -> bool:
-        return await self._send(Cancel(request_id))
+    async def cancel(self, request_id: str, abandoned: bool = False) -> bool:
+        return await self._send(Cancel(request_id, abandoned=abandoned))
 
     def reconnect(self) -> None:
         """A fresh socket: messages queued toward a silent stage 0 are dropped, not delivered late."""

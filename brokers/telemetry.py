@@ -6,7 +6,8 @@ Gauges and the outcome counters are read when scraped (nothing on the request pa
 `finished` are the broker's two hooks, `finished` given a `FinishedRequest` (the request's times,
 tokens and pipeline as plain values). `skippy_broker_rejected_429_total` counts the refusals an
 adapter turns into HTTP 429 (queue_full, admission_timeout); `skippy_broker_relay_overflow_total{reason}` the
-messages an adapter's queue refused (full) or that had no adapter (gone), which the broker moves, and
+messages an adapter's queue refused (full) or that had no adapter (gone), which the broker moves,
+`skippy_broker_requests_abandoned_total{phase="queued"}` the requests whose client went away while queued, and
 `skippy_link_*` its CURVE guard's counts (skippy.telemetry.links). Each request ends with a summary span
 `stage.openai_admission` from its arrival to its end, with its queue wait, outcome, tokens and pipeline.
 """
@@ -70,6 +71,10 @@ class BrokerTelemetry:
         self.relay_overflow = Counter("skippy_broker_relay_overflow", "messages for an adapter refused: its queue at the "
                                       "broker full (it does not read) or no such adapter (gone); its request failed",
                                       ["reason"], registry=registry)
+        self.abandoned = Counter("skippy_broker_requests_abandoned", "requests whose client went away while they waited "
+                                 "in the admission queue (taken out of it); stage 0 counts those it had", ["phase"],
+                                 registry=registry)
+        self.abandoned.labels("queued")
         registry.register(LinkMetrics(link_guard))
         registry.register(self)  # the outcome counters, read from the broker's own tally when scraped
         self.queue_wait = Histogram("skippy_broker_queue_wait_seconds", "arrival -> permit", registry=registry,

@@ -5,6 +5,7 @@ Its rooms, top to bottom: a module imports its own room and the rooms below it, 
 
 - `cli/`: the `skippy` command, one module per subcommand; commands only, nothing imports it.
 - `bench/`: the benchmarks behind `skippy bench KIND` (ratios measured side by side in one run).
+- `remote/`: stages started on other machines over SSH, each host sent only its layers (`skippy up --hosts`).
 - `plan/`: the cost model and the search that picks a split for given hosts (`skippy plan`).
 - `testing/`: what tests and benchmarks share: tiny models, reference runs on the unsplit model, a browser.
 - `launcher.py`: starting a pipeline's stage processes, each waited for until ready, and stopping them.

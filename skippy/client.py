@@ -169,8 +169,9 @@ class PipelineClient:
                                      resume_from=resume_from, progress=progress))
         return handle
 
-    async def cancel(self, request_id: str) -> None:
-        await self.queue.send(Cancel(request_id))
+    async def cancel(self, request_id: str, abandoned: bool = False) -> None:
+        """Stop a request; `abandoned`: its client went away (Cancel.abandoned)."""
+        await self.queue.send(Cancel(request_id, abandoned=abandoned))
 
     def close(self) -> None:
         for reader in self._readers:

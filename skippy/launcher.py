@@ -2,9 +2,9 @@
 
 A child says ready over a pipe (`SKIPPY_READY_FD`, see `skippy.log.announce_ready`) with its bound
 endpoints; a thread per child waits on its exit. Each stage's JSON log goes to
-`<run_dir>/<stage_id>.log`. `StageProcesses.stop()` sends SIGTERM to
-every stage, waits, and kills what is left, so nothing outlives its owner. `write_local_topology`
-makes a topology plus one config per stage for a model split at given layers, on ipc:// endpoints
+`<run_dir>/<stage_id>.log` (a stage on another machine starts through its `remote_prefix`: skippy.remote).
+`StageProcesses.stop()` sends SIGTERM to every stage, waits, and kills what is left, so nothing outlives its owner.
+`write_local_topology` makes a topology plus one config per stage for a model split at given layers, on ipc:// endpoints
 in a directory (or tcp on loopback), for tests, `skippy generate --topology` and scripts.
 """
 
@@ -92,7 +92,7 @@ def write_local_topology(
 
 def default_kv_cache(lane_count: int) -> dict[str, object]:
     """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
-    logits), as many KV cells as the lanes (max_bytes 0), every other `kv_cache` field at its default."""
+    logits), in the lanes' KV pool (max_bytes 0), every other `kv_cache` field at its default."""
     return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
 
 
@@ -270,8 +270,9 @@ class StageProcesses(Children):
                  flags: Sequence[str] = (), include_stage0: bool = False, env: dict[str, str] | None = None,
                  first_flags: Sequence[str] = (), last_flags: Sequence[str] = (),
                  stage_cpus: Sequence[CpuSet] = (), replicas: Sequence[PipelineFiles] = (),
-                 own_stage_cpus: str | None = None) -> None:
+                 own_stage_cpus: str | None = None, remote_prefix: Callable[[str], list[str]] | None = None) -> None:
         super().__init__(run_dir, env)
+        self.remote_prefix = remote_prefix  # stage id -> the command it starts through on another machine ([]: here)
         self.topology_path = topology_path
         self.topology = StageTopology.load(topology_path)
         self.config_paths = list(config_paths)
@@ -309,8 +310,8 @@ class StageProcesses(Children):
         extra = self.first_flags if i == 0 else self.last_flags if i == len(pipeline.configs) - 1 else []
         own = ["--stage-cpus", pipeline.stage_cpus] if pipeline.stage_cpus else []
         stage = topology.stages[i]  # a stage whose address a network namespace owns starts inside it
-        prefix = stage_command_prefix(stage.endpoint, stage.host)
-        # inside a namespace its loopback is its own: /metrics at the host's address, where the dashboard reaches it
+        prefix = (self.remote_prefix and self.remote_prefix(stage.stage_id)) or stage_command_prefix(stage.endpoint, stage.host)
+        # inside a namespace (or on another machine) its loopback is its own: /metrics at the host's address
         metrics = (["--metrics-bind", str(stage_address(stage.endpoint, stage.host))]
                    if prefix and not any(f.split("=", 1)[0] == "--metrics-bind" for f in self.flags) else [])
         self.start_process(stage.stage_id,

@@ -5,7 +5,7 @@ It applies the chat template, tokenizes, checks the sampling grammar against the
 detokenizes incrementally (UTF-8 safe), enforces stop strings (no partial stop string is ever sent),
 reads tool calls out of the text (skippy.adapter.grammar.tool_output) and maps broker errors to HTTP by
 `skippy.protocol.kinds.http_status` (a 429 with Retry-After).
-A client that disconnects has its generation cancelled at once, which frees its lane. No response
+A client that disconnects has its generation cancelled at once as abandoned, which frees its lane. No response
 ends without a finish reason or an OpenAI error: a stream that breaks (the broker lost, the adapter
 stopping: skippy.client fails the pending request) ends with an `{"error": ...}` event and `[DONE]`,
 a response not streamed is a 502/503 with the error envelope. A request lost with its stage 0 or the
@@ -24,13 +24,14 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from skippy.adapter.chat_template import ChatTemplate
+from skippy.adapter.context_errors import prompt_error
 from skippy.adapter.grammar.tool_output import CallDelta, ToolCallReader, merge_calls
 from skippy.adapter.infill import FimTokens, fim_prompt, infill_completion
 from skippy.adapter.openai_request import GenerationRequest, parse_generation
@@ -120,7 +121,8 @@ class Generation:
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
         """The token ids the pipeline is given for `req` (a chat's messages through the chat template)."""
         if req.kind == "chat":
-            return self.tokenizer.encode(self.template.apply(req.messages), add_special=True, parse_special=True)
+            text = self.template.apply(req.messages, tools=req.tools)
+            return self.tokenizer.encode(text, add_special=True, parse_special=True)
         if req.suffix is not None:
             self.fim.require("suffix")
             if req.prompt_text is None:
@@ -177,7 +179,7 @@ class Generation:
         ctx = status.ctx_size
         unfit = prompt_length_error(len(ids), ctx)
         if unfit is not None:
-            raise HttpError(400, unfit.message, param=prompt_param, code=unfit.code)
+            raise prompt_error(unfit, prompt_param)  # a 400 context_length_exceeded (Anthropic words it its own way)
         max_tokens = min(req.max_tokens or self.default_max_tokens, ctx - len(ids))  # clamped to what fits
         stop_tokens = frozenset() if req.ignore_eos else self.tokenizer.eog_tokens()
         rid = uuid.uuid4().hex
@@ -187,31 +189,35 @@ class Generation:
         first: asyncio.Future[TokenEvents] = asyncio.ensure_future(events.__anext__())
         try:  # a stream starts (and pings) once the interval passes without a first event
             await asyncio.wait({first}, timeout=self.ping_interval_s if req.stream else None)
-        except BaseException:
+        except BaseException as exc:  # the client went away while it waited (or the adapter is stopping)
             first.cancel()
-            await self.broker.cancel(rid)
+            await asyncio.shield(self.broker.cancel(rid, abandoned=isinstance(exc, asyncio.CancelledError)))
             raise
         if first.done() and first.result().finish_reason == "error":
             self.metrics.count_error(first.result().code or "pipeline_failed")
             raise event_error(first.result())
         kind = api or req.kind
         self.metrics.generation_started(rid, started, len(ids), kind)
-        pieces = self._pieces(rid, first, events, req)
+        primed = self._pieces(rid, first, events, req)
+        await anext(primed)  # from here on, however the pieces end (read or not), the generation ends
+        pieces: AsyncIterator[Piece] = primed
         if req.tools is not None:
-            pieces = read_calls(pieces, ToolCallReader(req.tools.forced))
+            pieces = read_calls(pieces, ToolCallReader(req.tools.forced, frozenset(t.name for t in req.tools.tools)))
         self.log.info("generation_started", request_id=request_id, generation_id=rid, kind=kind,
                       prompt_tokens=len(ids), max_tokens=max_tokens, stream=req.stream,
                       grammar=req.sampling.grammar is not None)
         return Run(rid, len(ids), pieces)
 
     async def _pieces(self, rid: str, first: asyncio.Future[TokenEvents], events: AsyncIterator[TokenEvents],
-                      req: GenerationRequest) -> AsyncIterator[Piece]:
+                      req: GenerationRequest) -> AsyncGenerator[Piece, None]:
         """One piece per step's event: its text (stop strings held back and enforced), ending with one that has
-        finish_reason."""
+        finish_reason. Its first piece is empty, taken by `start`, so that its `finally` runs even when the
+        pieces are never read (the client left in between: the generator is closed, or collected, unstarted)."""
         decoder, stops = IncrementalDecoder(self.tokenizer), StopMatcher(req.stop)
         event: TokenEvents | None = None
-        finished = False
+        finished = abandoned = False
         try:
+            yield Piece("", [], 0)
             event = await first
             while True:
                 if event.progress is not None:
@@ -230,11 +236,14 @@ class Generation:
                     if stops.stopped:
                         return
                 event = await events.__anext__()
+        except (GeneratorExit, asyncio.CancelledError):  # the client went away (its stream closed, its handler cancelled)
+            abandoned = True
+            raise
         finally:
             first.cancel()
             self.metrics.generation_done(rid, event, stops.stopped)
             if not finished:  # stop string, client gone, or error: free the lane now
-                await asyncio.shield(self.broker.cancel(rid))
+                await asyncio.shield(self.broker.cancel(rid, abandoned=abandoned))
 
     def _piece(self, event: TokenEvents, decoder: IncrementalDecoder, stops: StopMatcher) -> Piece:
         """A step's tokens as text; a stop string ends it at the token that completed it."""

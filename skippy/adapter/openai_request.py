@@ -1,8 +1,9 @@
 """OpenAI request bodies -> a validated GenerationRequest (400s name the offending field).
 
 Which fields are honoured, accepted as meaningless or refused is skippy.adapter.request_fields (and the
-README's table); messages are skippy.adapter.chat_messages; `response_format` and tools become the sampling
-grammar in skippy.adapter.grammar.structured. A grammar excludes `stop` strings (one could cut the structured
+README's table); messages are skippy.adapter.chat_messages (the chat template renders them, and the tools:
+skippy.adapter.chat_template); `response_format` and tools become the sampling grammar in
+skippy.adapter.grammar.structured. A grammar excludes `stop` strings (one could cut the structured
 output short while reporting `stop`) and `ignore_eos` (a finished grammar allows only end-of-generation).
 
 A sampling field the request does not set gets the model's default (skippy.adapter.sampling_defaults: the
@@ -21,10 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippy.adapter.chat_messages import parse_messages, with_system
-from skippy.adapter.chat_template import ChatMessage
+from skippy.adapter.chat_messages import ChatMessage, parse_messages
 from skippy.adapter.grammar.structured import build_grammar, response_schema
-from skippy.adapter.grammar.tools import ToolPlan, parse_tools, tools_prompt
+from skippy.adapter.grammar.tools import ToolPlan, parse_tools
 from skippy.adapter.request_fields import audit_fields
 from skippy.adapter.sampling_defaults import LLAMA_CPP_SAMPLING, SamplingDefaults
 from skippy.http.errors import HttpError, invalid
@@ -190,9 +190,7 @@ def parse_generation(body: Any, kind: str, served_model: str,
     req = GenerationRequest(kind=kind, model=model)
     if kind == "chat":
         req.messages = parse_messages(body.get("messages"))
-        req.tools = parse_tools(body)
-        if req.tools is not None:
-            req.messages = with_system(req.messages, tools_prompt(req.tools))
+        req.tools = parse_tools(body)  # shown to the model by the chat template (skippy.adapter.chat_template)
         req.logprobs = _flag(body, "logprobs")
         req.top_logprobs = _integer(body, "top_logprobs", 0, 20) or 0
         if body.get("top_logprobs") is not None and not req.logprobs:

@@ -1,9 +1,12 @@
 """`GET /props` and `GET /slots`: what is served, in llama-server's shapes, plus the pipeline's own view.
 
-/props: `default_generation_settings` (`n_ctx` per lane and `params`: the sampling a request gets for
+/props: `n_ctx` (a request's context, prompt and reply; also as vLLM's `max_model_len`), `n_ctx_train` (the
+model's trained context), `default_generation_settings` (`n_ctx` per lane and `params`: the sampling a request gets for
 the fields it does not set, skippy.adapter.sampling_defaults, with `max_tokens`), `total_slots` (the
 generations run at once: the broker's concurrency, by default the stages' lanes),
-`model_alias`, `model_path`, `chat_template` (and where it came from), `bos_token`, `eos_token`,
+`model_alias`, `model_path`, `chat_template` (where it came from: `gguf` or llama.cpp's `builtin`; its engine:
+`jinja` or `llama.cpp`; `chat_template_caps`: whether it is given the tools and tool turns itself), `bos_token`,
+`eos_token`,
 `infill` (whether the model has fill-in-the-middle tokens), `stages` (the layer ranges). /slots: one
 entry per slot (a generation that can run at once) with `id`, `n_ctx`, `is_processing` and each
 stage's layer range, a pipeline view no peer has. The broker reports how many run, not in which lane:
@@ -26,6 +29,7 @@ from skippy.http.errors import HttpError
 from skippy.http.routing import Request, Response, json_response
 from skippy.protocol import Status
 from skippy.request_events import PipelineUnavailable
+from skippy.runtime.context_size import n_ctx_train
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class PipelineInfo:
         self.status = status
         self.model_path = model_path
         self.stages = stages
+        self.n_ctx_train = n_ctx_train(model_path) if model_path is not None else None  # the model's trained context
 
     async def _status(self) -> Status | None:
         try:
@@ -60,6 +65,11 @@ class PipelineInfo:
         except PipelineUnavailable:
             return None
         return status if status.ctx_size > 0 else None  # ctx 0: no pipeline is ready
+
+    async def n_ctx(self) -> int | None:
+        """A request's context, prompt and reply (None while no pipeline is ready)."""
+        status = await self._status()
+        return status.ctx_size if status else None
 
     def _token_text(self, token: int) -> str:
         return self.generation.tokenizer.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
@@ -74,10 +84,16 @@ class PipelineInfo:
             "default_generation_settings": {"n_ctx": status.ctx_size if status else None, "params": params,
                                             "sampling_source": defaults["source"]},
             "total_slots": status.lane_count if status else None,
+            "n_ctx": status.ctx_size if status else None,  # as vLLM's max_model_len; the model's own: n_ctx_train
+            "max_model_len": status.ctx_size if status else None,
+            "n_ctx_train": self.n_ctx_train,
             "model_alias": gen.model_id,
             "model_path": str(self.model_path) if self.model_path is not None else None,
             "chat_template": gen.template.template.decode("utf-8", "replace"),
             "chat_template_source": gen.template.source,
+            "chat_template_engine": gen.template.engine,
+            "chat_template_caps": {"supports_tools": gen.template.native_tools,
+                                   "supports_tool_calls": gen.template.native_tools},
             "bos_token": self._token_text(L.llama_vocab_bos(vocab.vocab)),
             "eos_token": self._token_text(L.llama_vocab_eos(vocab.vocab)),
             "modalities": {"vision": False, "audio": False},

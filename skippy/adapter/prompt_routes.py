@@ -52,7 +52,7 @@ class PromptRoutes:
         """The templated text of a chat request's body (`model` optional: the served one)."""
         gen = self.generation
         req = gen.parse({"model": gen.model_id, **body}, "chat")
-        return gen.template.apply(req.messages, add_assistant=add_generation_prompt)
+        return gen.template.apply(req.messages, add_assistant=add_generation_prompt, tools=req.tools)
 
     async def apply_template(self, request: Request) -> Response:
         return json_response({"prompt": self._chat_prompt(_object(request))})

@@ -46,7 +46,7 @@ class Submitter(Protocol):
                      stop_tokens: frozenset[int] = frozenset(), request_id: str | None = None, *,
                      resume_from: ResumePoint | None = None, progress: bool = False) -> EventSource: ...
 
-    async def cancel(self, request_id: str) -> None: ...
+    async def cancel(self, request_id: str, abandoned: bool = False) -> None: ...
 
     async def status(self, timeout_s: float = 5.0) -> Status: ...
 
@@ -101,33 +101,35 @@ class ResumingClient:
         self.active[request_id] = req
         return self._events(req, handle)
 
-    async def cancel(self, request_id: str) -> None:
-        req = self.active.get(request_id)
+    async def cancel(self, request_id: str, abandoned: bool = False) -> None:
+        """Cancel whichever submission of the request is current; `abandoned`: its client went away."""
+        req = self.active.pop(request_id, None)
         if req is not None:
             req.cancelled = True
-        await self.client.cancel(req.current if req is not None else request_id)
+        await self.client.cancel(req.current if req is not None else request_id, abandoned)
 
     async def _events(self, req: _Request, handle: EventSource) -> AsyncIterator[TokenEvents]:
-        try:
-            while True:
-                final = None
-                async for event in handle:
-                    if event.final:
-                        final = event
-                        break
-                    req.sent.add(event)
-                    yield event
-                assert final is not None
-                if final.code != ErrorCode.PIPELINE_LOST or req.cancelled:
-                    yield final
-                    return
-                resumed = await self._resume(req, final)
-                if isinstance(resumed, TokenEvents):
-                    yield resumed
-                    return
-                handle = resumed
-        finally:
-            self.active.pop(req.request_id, None)
+        """The request's events across its submissions. It is forgotten at its final event, or, ended before that
+        (its client left), by the `cancel` that follows: which then still names the current submission."""
+        while True:
+            final = None
+            async for event in handle:
+                if event.final:
+                    final = event
+                    break
+                req.sent.add(event)
+                yield event
+            assert final is not None
+            if final.code != ErrorCode.PIPELINE_LOST or req.cancelled:
+                self.active.pop(req.request_id, None)
+                yield final
+                return
+            resumed = await self._resume(req, final)
+            if isinstance(resumed, TokenEvents):
+                self.active.pop(req.request_id, None)
+                yield resumed
+                return
+            handle = resumed
 
     async def _resume(self, req: _Request, lost: TokenEvents) -> EventSource | TokenEvents:
         """Wait for a ready pipeline and submit `req` again from what its client has; the final error when it

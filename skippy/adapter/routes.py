@@ -1,5 +1,6 @@
 """The OpenAI adapter: its routes, `/` (GET and HEAD: the server's name), health and readiness, /v1/models and
-/v1/models/{id}, /metrics, /detokenize.
+/v1/models/{id} (each model with its context: vLLM's `max_model_len`, llama-server's `meta.n_ctx_train` and
+`meta.n_ctx`), /metrics, /detokenize.
 
 The generation routes are skippy.adapter.completions, the OpenAI Responses API skippy.adapter.agents.responses_api and
 the Anthropic Messages API skippy.adapter.agents.anthropic_api (both translated onto the chat route); /tokenize,
@@ -33,6 +34,7 @@ from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S, ResumingClient
 from skippy.adapter.sampling_defaults import model_sampling_defaults
 from skippy.adapter.tokenize import detokenize
 from skippy.client import PipelineClient
+from skippy.config.serving import DEFAULT_MAX_TOKENS
 from skippy.http.auth import ApiKey
 from skippy.http.cors import CorsPolicy
 from skippy.http.errors import HttpError
@@ -46,7 +48,7 @@ from skippy.runtime.tokenizer import Tokenizer
 
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
-                 default_max_tokens: int = 16, cors: CorsPolicy | None = None, api_key: str | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, cors: CorsPolicy | None = None, api_key: str | None = None,
                  metrics_targets: Path | None = None, stages: list[StageRange] | None = None,
                  ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S, model_card: dict[str, float] | None = None,
                  resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, strict_request_fields: bool = False) -> None:
@@ -145,18 +147,23 @@ class OpenAIAdapter:
             return Response(200)
         return json_response({"server": "skippy", "model": self.model_id})
 
-    def _model_object(self) -> dict[str, Any]:
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skippy"}
+    async def _model_object(self) -> dict[str, Any]:
+        """The served model, with its context as vLLM (`max_model_len`) and llama-server (`meta`) report it: a
+        request's context (null while no pipeline is ready) and the one the model was trained with."""
+        n_ctx = await self.info.n_ctx()
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skippy",
+                "max_model_len": n_ctx, "meta": {"n_ctx_train": self.info.n_ctx_train, "n_ctx": n_ctx,
+                                                 "n_vocab": self.tokenizer.n_vocab}}
 
     async def models(self, _: Request) -> Response:
-        return json_response({"object": "list", "data": [self._model_object()]})
+        return json_response({"object": "list", "data": [await self._model_object()]})
 
     async def model(self, request: Request) -> Response:
         model = request.path.removeprefix("/v1/models/")
         if model != self.model_id:
             raise HttpError(404, f"The model {model!r} does not exist; this server serves {self.model_id!r}",
                             param="model", code="model_not_found")
-        return json_response(self._model_object())
+        return json_response(await self._model_object())
 
     async def detokenize(self, request: Request) -> Response:
         return detokenize(self.tokenizer, request)

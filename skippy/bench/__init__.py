@@ -19,6 +19,9 @@ The kinds (`skippy bench KIND --help` for the flags), each with its modules:
   level or runs them one after the other.
 - `plan` (`plan.py`): skippy split by the planner over pinned CPU sets against llama-server on one of them,
   the planner's prediction next to each measurement.
+- `prefill` (`prefill.py`; `prefill_load.py` the prompts and their timing, `prefill_timeline.py` a prompt's
+  chunks stage by stage): a long prompt's TTFT, skippy one host vs llama-server on the same cores, and skippy
+  over one-core stages vs llama-server on one core.
 - `soak` (`soak.py`): the driver's memory over many requests, which must stay flat.
 - `speculative` (`speculative.py`; `speculative_workloads.py` the prompts, `speculative_load.py` the rounds
   and their timing, `speculative_peers.py` llama-server with and without its own drafting,
@@ -49,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         http,
         pipeline,
         plan,
+        prefill,
         prefix_cache,
         runtime,
         soak,
@@ -58,5 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for module in (runtime, pipeline, http, plan, soak, speculative, prefix_cache, telemetry, codec, deterministic):
+    for module in (runtime, pipeline, http, plan, prefill, soak, speculative, prefix_cache, telemetry, codec,
+                   deterministic):
         module.add_to(kinds)

@@ -10,7 +10,7 @@ from pathlib import Path
 from skippy.adapter import adapter_main
 from skippy.adapter.resume import DEFAULT_RESUME_TIMEOUT_S
 from skippy.config import ConfigError
-from skippy.config.serving import parse_cors_origins
+from skippy.config.serving import DEFAULT_MAX_TOKENS, parse_cors_origins
 from skippy.http.auth import API_KEY_ENV
 from skippy.http.sse import DEFAULT_PING_INTERVAL_S
 from skippy.telemetry.options import add_telemetry_arguments
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="default", help="the served GGUF (for its tokenizer and chat template)")
     p.add_argument("--model-id", required=True, help="the id clients put in `model`")
     p.add_argument("--bind", default="127.0.0.1:9337", type=lambda t: split_host_port(t, "--bind"))
-    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--openai-resume-timeout-s", type=positive_seconds, default=DEFAULT_RESUME_TIMEOUT_S, metavar="SECS",
                    help="a request lost with its stage 0 or the broker resumes from the tokens it has once a"
                         " pipeline is ready; it fails after this long (default %(default)s)")

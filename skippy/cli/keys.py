@@ -13,14 +13,11 @@ only the secret keys of the processes it runs.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
-from skippy.config import ConfigError, StageTopology
+from skippy.config import ConfigError
 from skippy.config.link_keys import CLIENT_NAME
-from skippy.config.schema import load_json_object
-from skippy.transport.curve_keys import write_key_pair
+from skippy.transport.curve_keys import add_link_keys, write_key_pair
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,19 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
 def keys_for_topology(path: Path, directory: Path, clients: list[str], *, force: bool = False) -> int:
     """Pairs for every stage and client of the topology at `path`, their public keys written into it."""
-    data = load_json_object(path)
-    StageTopology.from_dict(data, str(path))  # a valid topology before anything is written
-    for stage in data["stages"]:
-        stage["public_key"] = write_key_pair(directory, stage["stage_id"], force=force)
-        print(stage["stage_id"], stage["public_key"])
-    data["clients"] = []
-    for name in clients:
-        data["clients"].append({"name": name, "public_key": write_key_pair(directory, name, force=force)})
-        print(name, data["clients"][-1]["public_key"])
-    data["keys_dir"] = os.path.relpath(directory.resolve(), path.resolve().parent)
-    StageTopology.from_dict(data, str(path))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    for name, public in add_link_keys(path, directory, clients, force=force):
+        print(name, public)
     print(f"wrote the public keys into {path}; secret keys in {directory} (each machine needs only its own)")
     return 0

@@ -67,7 +67,8 @@ def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bo
              replicate: bool = True) -> Plan:
     """The plan for the model, hosts and serving shape in `args` (replicas weighed unless `--no-replicas`)."""
     model = resolve_model_path(args.model)
-    shape = ServingShape(args.lane_count, args.ctx_size, args.prefix_cache)
+    shape = ServingShape(args.lane_count, args.ctx_size, args.prefix_cache,
+                         kv_pool_cells=getattr(args, "kv_pool_cells", 0))  # `skippy up` decided both (0: a context a lane)
     concurrency = 1 if latency else (args.plan_concurrency or args.lane_count)
     return make_plan(model, _hosts(args), shape, concurrency, stages=stages, refresh=args.recalibrate,
                      replicate=replicate and args.replicas)

@@ -27,6 +27,7 @@ from skippy.config.cpu_sets import format_cpu_list
 from skippy.cpu_pinning import pin_process
 from skippy.log import configure_logging, get_logger
 from skippy.plan.memory import MIB, ServingShape, kv_scale, refuse_if_too_big
+from skippy.runtime.context_size import spec_context
 from skippy.runtime.models import resolve_model_path
 from skippy.runtime.spec import RuntimeSpec
 from skippy.runtime.stage_runtime import StageRuntime
@@ -65,9 +66,15 @@ def run(args: argparse.Namespace) -> int:
              openmp_spin=os.environ.get("GOMP_SPINCOUNT"))  # skippy.openmp: chosen by whoever started the stage
     spec = replace(RuntimeSpec.from_stage_config(cfg), mtp=mtp.value,  # used by a final stage (docs/mtp.md)
                    mtp_draft_model=options.speculative.native_mtp_draft_model_path)
+    size = spec_context(spec)  # ctx_size and kv_pool_cells 0: decided from the model and this host's memory
+    spec = replace(spec, ctx_size=size.ctx_size, kv_pool_cells=size.kv_pool_cells)
+    log.info("context_sized", **size.fields())
+    if size.over_trained:  # allowed, as llama-server allows it
+        log.warning("context_over_trained", ctx_size=size.ctx_size, n_ctx_train=size.n_ctx_train,
+                    error="ctx_size exceeds the context the model was trained with: possible training context overflow")
     if spec.load_mode == "runtime-slice" and spec.model_path is not None:  # a host's memory budget, before loading
         shape = ServingShape(spec.lane_count, spec.ctx_size, spec.prefix_entries > 0,
-                             kv_scale(spec.cache_type_k, spec.cache_type_v))
+                             kv_scale(spec.cache_type_k, spec.cache_type_v), spec.kv_pool_cells)
         need = refuse_if_too_big(resolve_model_path(spec.model_path), spec.layer_start, spec.layer_end, shape, cfg.stage_id)
         log.info("memory_predicted", mib=round(need.total / MIB), detail=need.describe())
     runtime = StageRuntime(spec)

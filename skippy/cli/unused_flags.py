@@ -28,12 +28,13 @@ HOST_SHAPE_FLAGS = PLAN_FLAGS[:3]  # what hosts made from --stage-cpus are like
 LINK_FLAGS = PLAN_FLAGS[1:3]
 # what a topology's stage configs fix, for each flag that would set it otherwise
 TOPOLOGY_FIXES = {"--model": "the model", "--split": "the split", "--lane-count": "the lanes",
-                  "--ctx-size": "the context", "--no-prefix-cache": "the prefix cache, kv_cache",
+                  "--ctx-size": "the context", "--kv-pool-cells": "the KV pool",
+                  "--no-prefix-cache": "the prefix cache, kv_cache",
                   "--hosts": "where each stage runs", "--netns": "where each stage runs"}
 SWITCHES = {"--no-prefix-cache": ("prefix_cache", False), "--recalibrate": ("recalibrate", True),
             "--no-replicas": ("replicas", False)}  # flag -> (dest, its value when given)
 GIVEN = "given_flags"  # the Namespace attribute naming the StoreGiven flags given
-RECORDED = ("--model", "--lane-count", "--ctx-size")  # `skippy up`'s flags with a value as default: StoreGiven
+RECORDED = ("--model", "--lane-count", "--ctx-size", "--kv-pool-cells")  # `skippy up`'s flags with a value as default: StoreGiven
 
 
 class StoreGiven(argparse.Action):

@@ -6,8 +6,10 @@ http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU 
 or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
 stderr), else at `--split`, else as the plan for one host: the model whole in one stage (with a link flag,
 `--downstream-wire-delay-ms` and the like, the layers halved: 12 of the default's 24, 9 of Gemma's 18); with the prefix cache on
-(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, holding at most as many KV cells as the
-lanes (max_bytes 0). With `--topology`, that topology's stage configs
+(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, in the lanes' KV pool (max_bytes
+0), each request's context the model's trained one and the pool a context per lane, both bounded by memory
+(`--ctx-size`, `--kv-pool-cells`: skippy.runtime.context_size, decided here once for every stage). With
+`--topology`, that topology's stage configs
 (<stage_id>.json beside it); `--topology` repeated serves each as a replica, a pipeline of its own behind the
 one broker (its least-loaded routing spreads the streams), as a replicated plan does: `skippy plan` weighs
 replicas when every host holds the whole model (`--no-replicas`: splits only), and `--stage-cpus` then names one
@@ -54,7 +56,9 @@ from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import PipelineFiles, StageProcesses, default_kv_cache, write_local_topology
 from skippy.plan.write import write_plan
+from skippy.remote.ssh_stages import ssh_stages
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
+from skippy.runtime.context_size import flag_context
 from skippy.runtime.models import PACKAGED, model_id_for, resolve_model_path
 from skippy.runtime.mtp import sidecar_refusal
 from skippy.runtime.slices import read_model_info
@@ -76,7 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         " hosts given by --stage-cpus / --hosts / --netns, else one stage: one host is not split)")
     p.add_argument("--lane-count", type=int, default=4, action=StoreGiven,
                    help="without --topology: concurrent sessions per stage")
-    p.add_argument("--ctx-size", type=int, default=512, action=StoreGiven, help="without --topology: context per session")
+    p.add_argument("--ctx-size", type=int, default=0, action=StoreGiven,
+                   help="without --topology: context per request, prompt and reply (default 0: the model's trained"
+                        " context, bounded by memory; above it is allowed, as llama-server allows it)")
+    p.add_argument("--kv-pool-cells", type=int, default=0, action=StoreGiven,
+                   help="without --topology: KV cells the lanes share, so one long request can use what idle lanes do"
+                        " not; a request waits until its prompt's cells are free (default 0: a context per lane, at"
+                        " most 1/8 of the memory)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="without --topology: no prefix cache (kv_cache null); default: on")
     p.add_argument("--bind", default="127.0.0.1:9337", help="HTTP address (default 127.0.0.1:9337)")
@@ -125,7 +135,8 @@ def _refuse_shared_stage_ids(topologies: list[Path]) -> None:
 
 def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineFiles]:
     model = resolve_model_path(args.model)
-    extra: dict[str, object] = {"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None}
+    extra: dict[str, object] = {"kv_cache": default_kv_cache(args.lane_count) if args.prefix_cache else None,
+                                **_context(args, model)}
     if args.split is None and hosts_given(args):
         return _planned(args, run_dir, extra)
     n_layer = read_model_info(model).n_layer
@@ -138,6 +149,18 @@ def _split_or_planned(args: argparse.Namespace, run_dir: Path) -> list[PipelineF
     return [PipelineFiles(*write_local_topology(run_dir / "topology", model, n_layer, splits, lane_count=args.lane_count,
                                                 ctx_size=args.ctx_size, model_id=model_id_for(args.model, model),
                                                 extra=extra))]
+
+
+def _context(args: argparse.Namespace, model: Path) -> dict[str, object]:
+    """Every stage's context and KV pool, decided once here from the model and this host's memory (stage 0 admits
+    into the pool every stage holds): `args.ctx_size` set for the topology, the pool for the stage configs."""
+    deterministic = FlagReader(args).switch("--deterministic") or "--deterministic" in args.passthrough
+    size = flag_context(model, args.lane_count, args.ctx_size, args.kv_pool_cells, deterministic)
+    args.ctx_size = size.ctx_size
+    if not deterministic:  # (where each lane has a context of its own: a pool given is refused by the stages)
+        args.kv_pool_cells = size.kv_pool_cells
+    args.context_note = size.describe(args.lane_count)  # said once the flags are known good (a refusal is one line)
+    return {"kv_pool_cells": args.kv_pool_cells}
 
 
 WHOLE = "none"  # --split none: the model whole in one stage
@@ -233,12 +256,15 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     note = _layout_note(args)  # before args.stage_cpus changes hands below
     pipelines = _pipelines(args, run_dir)
+    remote = ssh_stages(args.hosts, run_dir / "topology" / "plan.json", pipelines, run_dir,  # hosts file `ssh` entries
+                        insecure_links=FlagReader(args).switch("--insecure-links") or "--insecure-links" in args.passthrough)
     first = pipelines[0]
     args.stage_cpus = first.stage_cpus  # stage 0's own view, as its command line will say
     options = stage0_options(args, first.topology, first.configs[0])
     args.stage_cpus = None  # each pipeline's share goes to its own stages
-    if note is not None:
-        print(f"skippy up: {note}", file=sys.stderr, flush=True)
+    for line in (note, getattr(args, "context_note", None)):
+        if line is not None:
+            print(f"skippy up: {line}", file=sys.stderr, flush=True)
     if options.insecure_links:
         print("skippy up: warning: --insecure-links: stage links are plain ZeroMQ, neither authenticated nor"
               " encrypted (`skippy keys --topology T` makes keys)", file=sys.stderr, flush=True)
@@ -254,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
                               last_flags=native_mtp_sidecar_flags(options),
                               env={API_KEY_ENV: key} if key else None,  # every /metrics and the adapter want it
                               stage_cpus=[s for p in pipelines for s in _cpu_sets(p)], replicas=pipelines[1:],
-                              own_stage_cpus=first.stage_cpus)
+                              own_stage_cpus=first.stage_cpus, remote_prefix=remote.prefix if remote else None)
 
     front = FrontProcesses(children, options, first.topology, replicas=[p.topology for p in pipelines[1:]])
 
@@ -262,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         stages = sum(len(p.configs) for p in pipelines)
         what = f"{len(pipelines)} replicas ({stages} stages)" if len(pipelines) > 1 else f"{stages} stage{'s' * (stages != 1)}"
         print(f"starting {what}, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
+        if remote is not None:
+            remote.prepare()  # every SSH host checked and sent its slices before any stage starts
         children.start()
         url = front.start()
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "

@@ -23,6 +23,7 @@ type loads from JSON or CLI flags with errors that name the file and field
 - `http_limits.py`: the adapter's HTTP limits (sizes, deadlines, connections).
 - `api_key.py`: the HTTP API key, from the environment, a file or a flag.
 - `cpu_sets.py`: `--cpu-affinity` and `--stage-cpus`, parsed and checked.
+- `ssh_target.py`: how a hosts file's host is reached over SSH (its `ssh` entry), checked.
 """
 
 from skippy.config.admission import resolve_admission

@@ -106,3 +106,5 @@ def check_deterministic(config: Any) -> None:
     check(config.n_ubatch is None or config.n_ubatch <= DETERMINISTIC_MAX_UBATCH, "n_ubatch",
           f"must be <= {DETERMINISTIC_MAX_UBATCH} with deterministic: llama.cpp's CPU flash attention switches"
           " to a tiled kernel at 64 rows")
+    check(config.kv_pool_cells == 0, "kv_pool_cells", "not with deterministic: every lane has a context of its"
+          " own (ctx_size cells), no shared pool")

@@ -65,6 +65,9 @@ __all__ = [
 ]
 
 
+# --openai-default-max-tokens: a reply's budget when the request names none (clamped to the rest of the context);
+# an answer cut at OpenAI's legacy 16 tokens is no answer for a client that never sets it (Codex does not)
+DEFAULT_MAX_TOKENS = 4096
 DEFAULT_RESUME_TIMEOUT_S = 60.0  # --openai-resume-timeout-s: stage 0's replays and the adapter's resumes
 
 
@@ -86,7 +89,7 @@ class OpenAIOptions(ConfigModel):
 
     bind_addr: str
     model_id: str
-    default_max_tokens: int = 16
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
     sse_ping_interval_s: float = 30.0  # --openai-sse-ping-interval (0: no pings)
     admission: AdmissionOptions
     api_key: str | None = field(default=None, repr=False)  # --openai-api-key(-file) (the adapter also reads its env var)
@@ -169,7 +172,7 @@ def _resolve_openai(flags: FlagReader, config: StageConfig, source: str) -> Open
     return OpenAIOptions(
         bind_addr=bind_addr,
         model_id=flags.text("--openai-model-id", config.model_id) or config.model_id,
-        default_max_tokens=flags.integer("--openai-default-max-tokens", 16),
+        default_max_tokens=flags.integer("--openai-default-max-tokens", DEFAULT_MAX_TOKENS),
         sse_ping_interval_s=flags.number("--openai-sse-ping-interval", 30.0),
         admission=resolve_admission(flags, config.lane_count),
         api_key=_api_key(flags),

@@ -98,8 +98,9 @@ class StageConfig(ConfigModel):
     stage_index: int
     layer_start: int
     layer_end: int
-    ctx_size: int = 512
+    ctx_size: int = 0  # positions a session may hold; 0 = the model's trained context, bounded by memory
     lane_count: int = 4
+    kv_pool_cells: int = 0  # skippy's own: KV cells every lane shares; 0 = a context per lane, bounded by memory
     n_batch: int | None = None
     n_ubatch: int | None = None
     n_threads: int | None = None  # skippy's own: llama.cpp threads (default: every core)
@@ -134,9 +135,12 @@ class StageConfig(ConfigModel):
     def _check(self) -> None:
         require_text(self, "run_id", "topology_id", "model_id", "model_path", "source_model_path", "stage_id")
         check_layer_range(self.layer_start, self.layer_end)
-        for name in ("ctx_size", "lane_count", "n_batch", "n_ubatch", "n_threads"):
+        for name in ("lane_count", "n_batch", "n_ubatch", "n_threads"):
             value = getattr(self, name)
             check(value is None or value > 0, name, f"must be > 0, got {value}")
+        if self.ctx_size and self.kv_pool_cells:
+            check(self.kv_pool_cells >= self.ctx_size, "kv_pool_cells",
+                  f"must hold at least one context (ctx_size {self.ctx_size}), got {self.kv_pool_cells}")
         if self.n_batch is not None and self.n_ubatch is not None:
             check(
                 self.n_ubatch <= self.n_batch,

@@ -9,11 +9,13 @@ is `Liveness`; stage 0's PULL is read by `Inbound`, built from those parts, whic
 `submit(...)` returns a handle whose async iterator yields `TokenEvents`, one per step, ending with a final one;
 `cancel(request_id)`. When a later stage dies the requests in flight pause and replay once it is back
 (`Replays`, skippy.driver.replay); new requests wait at stage 0 meanwhile (nobody is admitted), within the
-same deadline. `submit` checks a request with skippy.driver.submission: at most `max_waiting` requests wait
-for a lane (default: `default_max_waiting`, the admission queue's capacity, at least lane_count so that one
-broker's requests always fit); past it `submit` raises `QueueFull` (ErrorCode.QUEUE_FULL, HTTP 429), counted
-in `skippy_driver_waiting_refused_total`. Every loop runs under a `Supervisor`: if one raises, the live
-requests fail with the cause and the owning process exits nonzero.
+same deadline. A request is admitted once a lane and the KV cells it needs are free (`CellPool`, which preempts
+the youngest sessions when decoding ones outgrow the pool). `submit` checks a request with
+skippy.driver.submission: at most `max_waiting` requests wait for a lane (default: `default_max_waiting`, the
+admission queue's capacity, at least lane_count so that one broker's requests always fit); past it `submit`
+raises `QueueFull` (ErrorCode.QUEUE_FULL, HTTP 429), counted in `skippy_driver_waiting_refused_total`. Every
+loop runs under a `Supervisor`: if one raises, the live requests fail with the cause and the owning process
+exits nonzero.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import zmq.asyncio
 from skippy.config import ServingOptions
 from skippy.config.cpu_sets import stage_groups
 from skippy.driver.batches import BatchLauncher, DriverStats, OpRecorder
+from skippy.driver.cell_pool import CellPool
 from skippy.driver.delivery import Delivery
 from skippy.driver.inbound import Inbound
 from skippy.driver.liveness import DEAD_AFTER_S, Liveness
@@ -109,7 +112,13 @@ class Driver:
                                         self.telemetry.waiting_refused.inc)
         self.delivery = Delivery(self.table, self.launcher, self.prefix, speculation, self.telemetry, self.log,
                                  runtime.spec.ctx_size, self._wakeup.set)
-        self.releases = SessionReleases(self.worker, self.table, self.prefix, self.launcher, speculation)
+        # the KV pool's cells: admission waits for them, preemption gives them back (skippy.driver.cell_pool)
+        self.cells = CellPool(runtime.spec.kv_pool_cells, runtime.spec.ctx_size, shared=runtime.lanes is None,
+                              table=self.table, prefix=self.prefix, log=self.log,
+                              on_preempt=self.telemetry.preemptions.inc)
+        self.telemetry.watch_pool(self.cells.cells, self.cells.used)
+        self.releases = SessionReleases(self.worker, self.table, self.prefix, self.launcher, speculation,
+                                        self.cells.forget)
         self.replays = Replays(self.table, self.launcher, self.telemetry, self.log, self.delivery.finish, self._enqueue,
                                options.resume_timeout_s)
 
@@ -198,10 +207,13 @@ class Driver:
         return Status(nonce, dead is None, dead, len(self.table.running), len(self.table.waiting),
                       self.runtime.spec.lane_count, self.runtime.spec.ctx_size, self.wire_verdict)
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, abandoned: bool = False) -> None:
+        """End a request (once its windows in flight are back); `abandoned`: its client went away (counted)."""
         seq = self.table.get(request_id)
         if seq is None:
             return
+        if abandoned and not seq.cancelled:
+            self.telemetry.abandoned(seq)
         seq.cancelled = True
         if not seq.in_flight:  # else it finishes when its batch comes back
             self.delivery.finish(seq, FinishReason.CANCELLED)
@@ -213,18 +225,24 @@ class Driver:
             self._wakeup.clear()
             await self.releases.flush()
             # while a later stage is down nobody is admitted (a configuration would be lost with it)
-            for seq in self.table.admit(self.runtime.spec.lane_count if self.liveness.dead is None else 0):
-                self.prefix.admit(seq)
+            lanes = self.runtime.spec.lane_count if self.liveness.dead is None else 0
+            for seq in self.table.admit(lanes, self.cells.admits):  # FIFO, when its KV cells are free
+                if not seq.preempted:  # a preempted request replays its prompt and tokens as they ran
+                    self.prefix.admit(seq)
+                    self.cells.restored(seq)
                 await self._configure(seq)
             room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
             streaming = any(s.prefilling and s.in_flight and not s.cancelled for s in self.table.running)
             if self.liveness.dead is None and (room or streaming):  # a prompt's chunks follow each other
+                if room:
+                    self.cells.make_room()  # a cell for every session's next token: entries evicted, sessions preempted
+                await self.releases.flush()  # those reach every stage before the windows that use their cells
                 decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
                 max_decode = decode_rows_per_iteration(decoding, self.max_iterations)
                 chainer = self.speculation.chained if self.speculation is not None else None
                 plan = plan_iteration(self.table.running, self.runtime.params.n_batch, max_decode,
                                       await self._drafter(max_decode, decoding) if room else None, chainer,
-                                      only_pipelined_prefill=not room)
+                                      only_pipelined_prefill=not room, cells=self.cells)
                 if plan:
                     fault_point("driver.launch")
                     try:

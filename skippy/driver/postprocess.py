@@ -78,10 +78,13 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
         seq.add_timings(msg.timings)
         if pw.is_prefill:
             seq.planner.observe(observation)
-        if seq.state is SeqState.FINISHED or pw.attempt != seq.attempt or seq.paused:
-            continue  # back after its request ended, or a window abandoned (a chain miss, a replay)
-        if seq.cancelled:
-            outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
+        if seq.state is SeqState.FINISHED or seq.paused:
+            continue  # back after its request ended, or paused (a stage died: replayed, or ended there if cancelled)
+        if seq.cancelled:  # it ends once none of its windows is in flight: every stage then holds what it was sent
+            if not seq.in_flight:
+                outcomes.append(Outcome(seq, finish=FinishReason.CANCELLED))
+        elif pw.attempt != seq.attempt:
+            continue  # a window abandoned (a chain miss, a replay)
         elif seq.session_id in missed:
             outcomes.append(Outcome(seq, chain_miss=True))
         elif pw.epoch != seq.epoch:  # chained behind a window that broke the chain: discard

@@ -11,7 +11,9 @@ prefill chunks there (an entry is recorded at the end of a window). When a batch
 `window_ops` turns this into each window's restore / evict / record, in the order the stages apply
 them, keeping the entries within the bounds every stage announced (`CacheCaps`: the fewest cells
 and entries of any stage, cells counted by a `CellLedger` fed the same operations). The least recently
-used entries are evicted first, never one a session is waiting to restore. A request that ends well
+used entries are evicted first, never one a session is waiting to restore; under KV pool pressure
+(skippy.driver.cell_pool) `evict_lru` gives their cells back, and those evictions reach the stages with the next
+ReleaseSessions, before any window that needs the cells. A request that ends well
 is kept once more when its session is released (`take_kept`, with the ReleaseSessions): its prompt
 and reply, so a conversation's next turn, which repeats the reply, restores that too.
 
@@ -48,7 +50,7 @@ _KEY_MASK = 2**63 - 1
 
 class Entry(NamedTuple):
     tokens: np.ndarray
-    kind: str  # what was recorded: "prompt" (a prompt's end), "grid" (a shared-prefix grid point), "reply"
+    kind: str  # what was recorded: "prompt" (a prompt's end), "grid" (a shared-prefix grid point), "reply", "abandoned"
 
 
 class CacheOps(NamedTuple):
@@ -69,7 +71,7 @@ class PrefixIndex:
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
         self._pins: Counter[int] = Counter()  # entries sessions wait to restore
         self._forgotten: list[int] = []  # dropped from the index, still to be evicted on the stages
-        self._to_keep: list[tuple[int, np.ndarray]] = []  # finished sessions' prompt + reply, kept at release
+        self._to_keep: list[tuple[int, np.ndarray, str]] = []  # finished sessions' prompt + reply, kept at release
         self.counters: Counter[str] = Counter()
         self._reported_evictions = 0
 
@@ -105,7 +107,7 @@ class PrefixIndex:
         state, prompt = seq.prefix, seq.prompt
         state.status = "miss"
         if self.config.should_lookup:
-            best, n = self._longest_match(prompt)
+            best, n = self.lookup(prompt)
             if best is not None:
                 state.status, state.restore, state.matched = "hit", PrefixRef(best, n), n
                 state.hit_kind = self._entries[best].kind
@@ -116,6 +118,27 @@ class PrefixIndex:
             else:
                 self.counters["lookup_misses"] += 1
         state.points = self._points(prompt, state.matched)
+
+    def lookup(self, prompt: np.ndarray) -> tuple[int | None, int]:
+        """(key, n): the entry `admit` would restore for the prompt, and how many of its tokens ((None, 0): none)."""
+        if self.config is None or self.caps is None or not self.config.should_lookup:
+            return None, 0
+        return self._longest_match(prompt)
+
+    def evict_lru(self, keep: int | None = None) -> bool:
+        """Give the KV pool the cells of the least recently used entry no session waits to restore (nor `keep`):
+        gone from the index now, from the stages with the next ReleaseSessions. False when there is none."""
+        key = next((k for k in self._entries if k not in self._pins and k != keep), None)
+        if key is None:
+            return False
+        self._forget([key])
+        self.ledger.evict(key)
+        self.counters["evictions"] += 1
+        return True
+
+    @property
+    def evictions_pending(self) -> bool:
+        return bool(self._forgotten)
 
     def _longest_match(self, prompt: np.ndarray) -> tuple[int | None, int]:
         """(key, n): the entry whose tokens share the longest prefix with the prompt, n >= min_tokens of them
@@ -178,10 +201,10 @@ class PrefixIndex:
             return None
         return self._record_prefix(seq.session_id, seq.prompt[:end], evict, seq)
 
-    def _record_prefix(self, session: int, tokens: np.ndarray, evict: list[int], seq: Sequence | None
-                       ) -> PrefixRef | None:
+    def _record_prefix(self, session: int, tokens: np.ndarray, evict: list[int], seq: Sequence | None,
+                       kept: str = "reply") -> PrefixRef | None:
         """Record the session's first len(tokens) positions if the bounds allow (evicting into `evict`);
-        `seq` when a prefill window records it, None when a finished request's reply is kept."""
+        `seq` when a prefill window records it, None when a finished request's are kept (`kept`: the kind)."""
         assert self.caps is not None
         key, end = self.key(tokens), len(tokens)
         if key in self._entries or end < (self.config.min_tokens if self.config else 0):
@@ -197,7 +220,7 @@ class PrefixIndex:
             evict.append(old)
         self.counters["evictions"] += len(fit)
         self.ledger.record(session, key, end)
-        kind = "reply" if seq is None else "prompt" if end == len(seq.prompt) else "grid"
+        kind = kept if seq is None else "prompt" if end == len(seq.prompt) else "grid"
         self._entries[key] = Entry(tokens.copy(), kind)
         if seq is not None:
             seq.prefix.evictions += len(fit)
@@ -225,14 +248,20 @@ class PrefixIndex:
     def finish(self, seq: Sequence, keep: bool) -> None:
         """The request ended; a restore it never launched no longer pins its entry. With `keep` (it
         ended well) its prompt and reply are kept when it is released, if its KV holds exactly them
-        (not after a verify window's rejected drafts): the conversation's next turn restores the reply too."""
+        (not after a verify window's rejected drafts): the conversation's next turn restores the reply too.
+        One cancelled while it prefilled (its client gave up on a long prompt) keeps what it prefilled (kind
+        "abandoned"), once nothing of it is in flight: the same prompt sent again goes on from there."""
         if seq.prefix.restore is not None:
             self._unpin(seq.prefix.restore.key)
             seq.prefix.restore = None
         runs = self.ledger.sessions.get(seq.session_id)
         n = len(seq.prompt) + len(seq.generated) - 1
         if keep and self.caps is not None and n > len(seq.prompt) and runs and runs[-1][2] == n and not seq.in_flight:
-            self._to_keep.append((seq.session_id, np.concatenate([seq.prompt, np.asarray(seq.generated[:-1], np.int32)])))
+            self._to_keep.append((seq.session_id, np.concatenate([seq.prompt, np.asarray(seq.generated[:-1], np.int32)]),
+                                  "reply"))
+        elif (seq.cancelled and seq.prefilling and self.caps is not None and not seq.in_flight and runs
+              and runs[-1][2] == seq.prefilled > seq.prefix.matched):
+            self._to_keep.append((seq.session_id, seq.fill[:seq.prefilled].copy(), "abandoned"))
 
     def take_kept(self) -> tuple[tuple[KeptPrefix, ...], tuple[int, ...]]:
         """What the next ReleaseSessions keeps and evicts (decided now: the stages apply it in this order)."""
@@ -240,8 +269,8 @@ class PrefixIndex:
         self._forgotten = []
         for key in evict:
             self.ledger.evict(key)
-        for session, tokens in self._to_keep:
-            ref = self._record_prefix(session, tokens, evict, None)
+        for session, tokens, kind in self._to_keep:
+            ref = self._record_prefix(session, tokens, evict, None, kind)
             if ref is not None:
                 kept.append(KeptPrefix(session, ref))
         self._to_keep = []

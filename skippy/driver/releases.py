@@ -2,11 +2,14 @@
 
 `SessionReleases.flush` releases what the sequence table finished since the last flush, with the prompts
 the prefix index keeps as cache entries (and the entries it evicts), in stage 0's runtime thread and then
-in one ReleaseSessions to stage 1; `now` releases given sessions at once (the calibration session's). Built
+in one ReleaseSessions to stage 1 (also sent with no session when the prefix index gave entries' cells back to the
+KV pool: skippy.driver.cell_pool); `now` releases given sessions at once (the calibration session's). Built
 from the driver's parts; `downstream` is set once stage 1 is connected (None: a single stage).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from skippy.driver.batches import BatchLauncher
 from skippy.driver.prefix_index import PrefixIndex
@@ -21,8 +24,11 @@ __all__ = ["SessionReleases"]
 
 class SessionReleases:
     def __init__(self, worker: RuntimeWorker, table: SequenceTable, prefix: PrefixIndex, launcher: BatchLauncher,
-                 speculation: Speculation | None) -> None:
+                 speculation: Speculation | None, on_released: Callable[[tuple[int, ...]], None] = lambda ids: None,
+                 ) -> None:
+        """`on_released`: told the sessions each flush released on every stage (the KV pool's account)."""
         self.worker = worker
+        self.on_released = on_released
         self.table = table
         self.prefix = prefix
         self.launcher = launcher
@@ -37,11 +43,12 @@ class SessionReleases:
 
     async def flush(self) -> None:
         ids = self.table.take_releases()
-        if not ids:
+        if not ids and not self.prefix.evictions_pending:
             return
         keep, evict = self.prefix.take_kept()  # finished prompts + replies kept as prefix cache entries
         await self.worker.call(self._release, ids, keep, evict)
         self.prefix.release(ids)
+        self.on_released(ids)
         self.launcher.record_release(ids, keep, evict)
         if self.downstream is not None:
             self.downstream.enqueue(ReleaseSessions(ids, keep, evict))

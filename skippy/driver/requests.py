@@ -56,8 +56,8 @@ class Stage0(Protocol):
                request_id: str | None, resume_from: ResumePoint | None, progress: bool = False) -> RequestHandle:
         """Take a request (raises QueueFull, PipelineUnavailable, RuntimeUsageError when it cannot)."""
 
-    def cancel(self, request_id: str) -> None:
-        """End a request early (its final event says cancelled)."""
+    def cancel(self, request_id: str, abandoned: bool = False) -> None:
+        """End a request early (its final event says cancelled); `abandoned`: its client went away."""
 
     def status(self, nonce: int) -> Status:
         """The answer to a StatusQuery."""
@@ -123,7 +123,7 @@ class RequestEndpoint:
                 return
             self._route(router, client, handle, msg.events_to if usable(msg.events_to) else None)
         elif isinstance(msg, Cancel):
-            self.stage0.cancel(msg.request_id)
+            self.stage0.cancel(msg.request_id, msg.abandoned)
         elif isinstance(msg, StatusQuery):
             await router.send(client, self.stage0.status(msg.nonce))
         else:

@@ -1,8 +1,8 @@
 """Requests at stage 0: a `Sequence` per request and the `SequenceTable` that owns them all.
 
-A sequence is WAITING (submitted, no lane yet), RUNNING (admitted: holds a session on every stage)
-or FINISHED (gone from the table). Only the table changes that state, so the queues, the
-request-id index and the releases owed to the stages cannot drift apart.
+A sequence is WAITING (submitted, no lane yet; or preempted: it gave its KV cells back and waits to replay),
+RUNNING (admitted: holds a session on every stage) or FINISHED (gone from the table). Only the table changes
+that state, so the queues, the request-id index and the releases owed to the stages cannot drift apart.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,7 @@ class Sequence:
     draws: int = 0  # the final stage's RNG draws for this session, as of the last committed window
     paused: Paused | None = None  # set while the chain is down: nothing of this session runs
     replays: int = 0
+    preempted: int = 0  # times it gave its KV cells back to the pool (skippy.driver.cell_pool)
     chunk_ends: list[int] = field(default_factory=list)  # where this attempt's prompt chunks ended (a replay repeats them)
 
     def __post_init__(self) -> None:
@@ -185,15 +187,24 @@ class SequenceTable:
         self._by_request[seq.request_id] = seq
         self.waiting.append(seq)
 
-    def admit(self, lanes: int) -> list[Sequence]:
-        """Move waiting sequences (FIFO) to running while lanes are free; returns the admitted."""
+    def admit(self, lanes: int, fits: Callable[[Sequence], bool] = lambda seq: True) -> list[Sequence]:
+        """Move waiting sequences (FIFO) to running while lanes are free and the next `fits` (its KV cells are
+        free: nothing overtakes it); returns the admitted."""
         admitted = []
-        while self.waiting and len(self.running) < lanes:
+        while self.waiting and len(self.running) < lanes and fits(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.state, seq.admitted_at = SeqState.RUNNING, time.perf_counter()
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def preempt(self, seq: Sequence) -> None:
+        """A running sequence gives its KV cells back: its session is released on every stage and it waits again,
+        first in line (it prefills again from position 0 once admitted: `Sequence.replay`)."""
+        self.running.remove(seq)
+        self._releases.append(seq.session_id)
+        seq.state = SeqState.WAITING
+        self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None,
                code: ErrorCode | None = None, stats: RequestStats | None = None) -> bool:

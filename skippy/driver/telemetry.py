@@ -6,14 +6,17 @@ every stage's utilisation from stage 0 alone. Stage 0's own batches feed the sam
 as every other stage. `DriverTelemetry` is built from the driver's parts (its identity, its
 `SequenceTable`, its `BatchLauncher` with the batches in flight and the downstream link, a getter of
 their limit), never from the driver itself. Hooks: `iteration` when a batch's predictions are back (and its debug log
-`iteration_done`), `outcome` for each request's share of it, `finished` when a request ends. Spans:
+`iteration_done`, with every stage's timing: a prompt's per-chunk timeline), `outcome` for each request's share of
+it, `finished` when a request ends. Spans:
 summary `stage.openai_prefill` (a request's first token) and `stage.openai_generation_summary` (its
 totals); debug `stage.scheduler_iteration`, `stage.binary_llama_decode` (stage 0's compute) and
 `stage.openai_decode_token` (phase cold, warmup, steady). Bounded queues' refusals are counters the driver
 and its request endpoint move: `waiting_refused` (a direct submit past `max_waiting`, answered queue_full)
 and `events_to_overflow` (a direct token event a client's full event socket refused; its request failed).
 `replays` / `replayed_tokens`: requests replayed after a later stage died, or submitted from a resume point
-(skippy.driver.replay).
+(skippy.driver.replay); `preemptions` and the KV pool's gauges (`watch_pool`): skippy.driver.cell_pool.
+`abandoned`: a request whose client went away (Cancel.abandoned), counted by the phase it was in
+(`skippy_driver_requests_abandoned_total{phase="queued|prefill|decode"}`) and logged `request_abandoned`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from skippy.driver.batches import BatchLauncher, InFlight
 from skippy.driver.postprocess import Outcome
-from skippy.driver.sequence import Sequence, SequenceTable
+from skippy.driver.sequence import SeqState, Sequence, SequenceTable
 from skippy.log import get_logger
 from skippy.protocol import FinishReason, Predictions, StageIdentity
 from skippy.stage.telemetry import bytes_out, credits_outstanding
@@ -83,6 +86,13 @@ class DriverTelemetry:
                                " that died is back, and ones submitted from a resume point", registry=registry)
         self.replayed_tokens = Counter("skippy_driver_replayed_tokens", "committed tokens prefilled again by replays",
                                        registry=registry)
+        self.preemptions = Counter("skippy_driver_preemptions", "sessions preempted to give their KV cells to older"
+                                   " ones (they replay once cells are free)", registry=registry)
+        self.abandoned_requests = Counter("skippy_driver_requests_abandoned", "requests whose client went away, by the"
+                                          " phase they were in: queued (no lane yet), prefill, decode", ["phase"],
+                                          registry=registry)
+        for phase in ("queued", "prefill", "decode"):
+            self.abandoned_requests.labels(phase)
         registry.register(LinkMetrics(link_guard))
         self.hops = Histogram("skippy_pipeline_hop_seconds", "send -> receive between consecutive stages", ["hop"],
                               registry=registry, buckets=SECONDS_BUCKETS)
@@ -90,6 +100,12 @@ class DriverTelemetry:
         self.telemetry.attach(registry)
         self.telemetry.span("stage.scheduler_start", self.telemetry.started_at, max_iterations_in_flight=max_iterations(),
                             max_active_sequences=lanes, n_batch=n_batch)
+
+    def watch_pool(self, cells: int, used: Callable[[], int]) -> None:
+        """The KV pool's size and the cells sessions and prefix cache entries hold (skippy.driver.cell_pool)."""
+        Gauge("skippy_driver_kv_pool_cells", "KV cells every lane shares", registry=self.registry).set(cells)
+        Gauge("skippy_driver_kv_pool_cells_used", "KV pool cells held by sessions (reserved) and prefix cache entries",
+              registry=self.registry).set_function(used)
 
     def iteration(self, entry: InFlight, msg: Predictions, hops: list[float], in_flight: int) -> None:
         """A micro-batch's predictions are back (stage 0's compute, every stage's timings, the `hops` in ms;
@@ -108,8 +124,10 @@ class DriverTelemetry:
         for a, b in zip(msg.timings, msg.timings[1:]):
             self.hops.labels(f"{a.stage_id}->{b.stage_id}").observe(max(0.0, b.recv_at - a.sent_at))
         self.log.debug("iteration_done", batch_id=msg.batch_id, rows=rows, sessions=len(entry.plan),
-                       hop_ms=[round(h, 3) for h in hops],
-                       stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings})
+                       prefill_rows=prefill, hop_ms=[round(h, 3) for h in hops],
+                       stage_compute_ms={t.stage_id: round(t.compute_ms, 3) for t in msg.timings},
+                       timings=[[t.stage_id, round(t.recv_at, 6), round(t.compute_ms, 3), round(t.credit_wait_ms, 3),
+                                 round(t.sent_at, 6)] for t in msg.timings])
         if not self.telemetry.debug_spans or not msg.timings:
             return
         first = msg.timings[0]
@@ -146,6 +164,14 @@ class DriverTelemetry:
                                 request_id=seq.request_id, session_id=seq.session_id, tokens=len(outcome.committed),
                                 generated_tokens=len(seq.generated), phase=phase)
         self._last_token[seq.session_id] = now
+
+    def abandoned(self, seq: Sequence) -> None:
+        """A request's client went away: counted by its phase, logged with how much of its prompt had run."""
+        phase = "queued" if seq.state is SeqState.WAITING else "prefill" if seq.prefilling else "decode"
+        self.abandoned_requests.labels(phase).inc()
+        self.log.info("request_abandoned", request_id=seq.request_id, session_id=seq.session_id, phase=phase,
+                      prompt_tokens=len(seq.prompt), prefilled_tokens=min(seq.prefilled, len(seq.prompt)),
+                      cached_tokens=seq.prefix.matched, generated_tokens=len(seq.generated), in_flight=seq.in_flight)
 
     def finished(self, seq: Sequence, reason: FinishReason, error: str | None, speculative: dict[str, Any] | None) -> None:
         """A request ended: its totals as one summary span."""

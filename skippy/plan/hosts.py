@@ -7,7 +7,9 @@ A hosts file is JSON: `{"hosts": [{"name": "h1", "address": "10.77.0.1", "cpus":
 its stage pinned to it; default: every CPU); `speed` how many times as fast as that calibration
 (default 1); `calibration` a cost table measured on the host itself (`python -m skippy.plan.calibrate
 MODEL --out FILE` there); `mem_mb` its memory budget (default: unlimited); `delay_ms` and `mbps` the
-one-way delay and rate of what it sends. The order is the pipeline's: stage 0 on the first host used.
+one-way delay and rate of what it sends; `ssh` how `skippy up` reaches the host to start its stage there
+(skippy.config.ssh_target; its `address` then defaults to the SSH host name, and every host of the file needs
+an address the others reach, never loopback). The order is the pipeline's: stage 0 on the first host used.
 `hosts_from_flags` makes the same from `--stage-cpus 0,1` (one host per CPU set, on loopback) and
 `--host-mem-mb`, `--link-delay-ms`, `--link-mbps`; `netns_hosts` from a namespace host set
 (`scripts/netns-hosts up`, `--netns PREFIX`).
@@ -15,13 +17,15 @@ one-way delay and rate of what it sends. The order is the pipeline's: stage 0 on
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from skippy.config.errors import ConfigError
+from skippy.config.ssh_target import SshTarget, parse_ssh_target
 
-__all__ = ["Host", "hosts_from_flags", "load_hosts", "netns_hosts"]
+__all__ = ["Host", "hosts_from_flags", "load_hosts", "loopback_address", "netns_hosts"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class Host:
     mem_mb: float | None = None
     delay_ms: float = 0.0
     mbps: float | None = None
+    ssh: SshTarget | None = None  # started over SSH (skippy.remote); None: on this machine
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -50,7 +55,8 @@ class Host:
         compute = f"CPUs {self.cpus or 'all'}" + (f" x{self.speed:g}" if self.speed != 1 else "")
         memory = f"{self.mem_mb:g} MiB" if self.mem_mb is not None else "no memory limit"
         link = f"{self.delay_ms:g} ms" + (f", {self.mbps:g} Mbit/s" if self.mbps else "")
-        return f"{self.name} ({self.address}): {compute}, {memory}, link {link}"
+        where = f", {self.ssh.describe()}" if self.ssh else ""
+        return f"{self.name} ({self.address}{where}): {compute}, {memory}, link {link}"
 
 
 def _host(entry: object, index: int, where: str) -> Host:
@@ -63,6 +69,9 @@ def _host(entry: object, index: int, where: str) -> Host:
     data = {"name": f"h{index + 1}", **entry}
     if data.get("cpus") is not None:
         data["cpus"] = str(data["cpus"])
+    if data.get("ssh") is not None:
+        data["ssh"] = parse_ssh_target(data["ssh"], f"{where}: hosts[{index}].ssh")
+        data.setdefault("address", data["ssh"].hostname)
     try:
         return Host(**data)
     except TypeError as error:
@@ -81,7 +90,19 @@ def load_hosts(path: Path) -> list[Host]:
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise ConfigError(f"hosts file {path}: host names must be distinct, got {names}")
+    local = [h for h in hosts if loopback_address(h.address)]
+    if local and any(h.ssh for h in hosts):
+        raise ConfigError(f"hosts file {path}: {local[0].name}'s address {local[0].address} is loopback, but stages on"
+                          " ssh hosts must reach every stage: give each host the address the others reach it at")
     return hosts
+
+
+def loopback_address(address: str) -> bool:
+    """Whether an address stays on its own machine (a loopback IP, or localhost)."""
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def hosts_from_flags(stage_cpus: str | None, mem_mb: float | None = None, delay_ms: float = 0.0,

@@ -6,10 +6,11 @@ sizes). `stage_memory` adds up what a stage holding `[start, end)` keeps residen
 - weights: its blocks (llama.cpp's CPU repack copies Q4_0/Q4_K/IQ4_NL/MXFP4 matrices into anonymous
   memory; the rest stays mapped from the slice file), plus, on a non-final stage, the repacked part of
   the stop block; the first stage the embedding rows it gathers (one page per distinct token, at most
-  lanes x context of them, never more than the table); the final stage the output head (the embedding
+  the KV pool's cells of them, never more than the table); the final stage the output head (the embedding
   itself when tied) and the output norm. A stage drops the pages of its slice it does not use right
   after loading (skippy.runtime.resident), so nothing else of the file stays resident.
-- KV: lanes x context cells (twice that with the prefix cache) over its layers, the stop block included.
+- KV: the pool's cells (`kv_pool_cells`, which the lanes and the prefix cache share; default a context per lane)
+  over its layers, the stop block included.
 - compute: llama.cpp's compute buffer, ubatch x (8 n_embd + 2 n_ff) floats plus the attention masks
   (ubatch x n_ctx), or on the final stage the logits rows it writes when that is larger (`logits_rows`: the
   largest batch of the default speculation's verify windows, which calibration sweeps at startup, or one a
@@ -119,12 +120,13 @@ class ServingShape:
 
     lane_count: int = 4
     ctx_size: int = 512
-    prefix_cache: bool = True  # `skippy up`'s default: twice the KV cells, 4 entries per lane
+    prefix_cache: bool = True  # `skippy up`'s default: 4 entries per lane, in the lanes' KV pool
     kv_scale: float = 1.0  # KV bytes relative to f16 K and V (q8_0: ~0.53)
+    kv_pool_cells: int = 0  # the KV cells every lane shares (0: a context per lane)
 
     @property
     def n_ctx(self) -> int:
-        return self.lane_count * self.ctx_size * (2 if self.prefix_cache else 1)
+        return self.kv_pool_cells or self.lane_count * self.ctx_size
 
     @property
     def n_seq(self) -> int:
@@ -176,7 +178,7 @@ def stage_memory(facts: ModelFacts, start: int, end: int, shape: ServingShape | 
     if final:
         weights += facts.head_bytes + facts.norm_bytes
     if first and not (final and facts.tied):
-        weights += min(facts.embed_bytes, shape.lane_count * shape.ctx_size * max(PAGE, facts.embed_row_bytes))
+        weights += min(facts.embed_bytes, shape.n_ctx * max(PAGE, facts.embed_row_bytes))
     kv = int(shape.n_ctx * sum(kv_layers) * shape.kv_scale)
     ubatch = min(512, shape.n_ctx)
     compute = ubatch * (8 * facts.n_embd + 2 * facts.n_ff) * 4 + ubatch * shape.n_ctx * 4

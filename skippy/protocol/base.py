@@ -34,6 +34,9 @@ PROTOCOL_VERSION: Final = 9  # also the Literal of MessageBase.v
 MAX_HEADER_BYTES: Final = 1 << 20
 MAX_WINDOWS: Final = 1024
 MAX_ROWS: Final = 16384
+# a session's tokens (a prompt, a replayed history): a whole context, past one batch's rows (an agent's prompt
+# alone can pass 16384 tokens); 2**17 ids stay under MAX_HEADER_BYTES at any vocabulary size (5 bytes each)
+MAX_CONTEXT_TOKENS: Final = 1 << 17
 MAX_SESSIONS_PER_MESSAGE: Final = 1024
 MAX_TIMINGS: Final = 256
 MAX_RECORDS: Final = 64  # prefix cache entries one window records
@@ -41,6 +44,7 @@ MAX_TOP_LOGPROBS: Final = 64
 MAX_MTP_DRAFT: Final = 16  # native-MTP drafts one window asks for (the runtime's MAX_DRAFT_TOKENS)
 
 Tokens: TypeAlias = Annotated[tuple[I31, ...], Meta(max_length=MAX_ROWS)]
+ContextTokens: TypeAlias = Annotated[tuple[I31, ...], Meta(max_length=MAX_CONTEXT_TOKENS)]
 Sessions: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]
 Keys: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_MESSAGE)]  # prefix cache entries
 

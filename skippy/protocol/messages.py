@@ -19,6 +19,7 @@ import numpy as np
 from msgspec import Meta
 
 from skippy.protocol.base import (  # noqa: F401 - re-exported
+    MAX_CONTEXT_TOKENS,
     MAX_HEADER_BYTES,
     MAX_MTP_DRAFT,
     MAX_RECORDS,
@@ -28,6 +29,7 @@ from skippy.protocol.base import (  # noqa: F401 - re-exported
     MAX_TOP_LOGPROBS,
     MAX_WINDOWS,
     PROTOCOL_VERSION,
+    ContextTokens,
     Keys,
     Logprobs,
     MessageBase,
@@ -168,7 +170,7 @@ class ConfigureSession(MessageBase, tag=MessageKind.CONFIGURE.value, frozen=True
     accepted into the chain: penalties, grammar) and ``draws`` (the RNG draws its dist sampler had made)."""
     session_id: U63
     sampling: dict[str, Any]
-    history: Tokens = ()
+    history: ContextTokens = ()
     draws: U63 = 0
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from skippy.protocol.base import MAX_SESSIONS_PER_MESSAGE, Logprobs, MessageBase, Tokens
+from skippy.protocol.base import MAX_SESSIONS_PER_MESSAGE, ContextTokens, Logprobs, MessageBase, Tokens
 from skippy.protocol.kinds import U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype
 from skippy.protocol.stats import RequestStats
 
@@ -32,7 +32,7 @@ class ResumePoint(msgspec.Struct, frozen=True):
     prompt's prefill chunks ended (TokenEvents.chunk_ends), and ``draws``, the sampler's RNG draws after
     ``history`` (TokenEvents.draws). Stage 0 prefills them again in those chunks, as a replay does, so the KV
     and the sampler state are the ones the lost stage 0 had."""
-    history: Annotated[Tokens, Meta(min_length=1)]
+    history: Annotated[ContextTokens, Meta(min_length=1)]
     chunk_ends: Tokens = ()
     draws: U63 = 0
 
@@ -50,7 +50,7 @@ class Submit(MessageBase, tag=MessageKind.SUBMIT.value, frozen=True):
     next token.
     """
     request_id: str
-    prompt: Tokens
+    prompt: ContextTokens
     sampling: dict[str, Any]
     max_tokens: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     stop_tokens: Tokens = ()
@@ -65,9 +65,12 @@ class Cancel(MessageBase, tag=MessageKind.CANCEL.value, frozen=True):
     A broker takes a cancel only from the request's submitter, or from a client naming the request's
     ``Submit.events_to`` in ``events_to``: one bound there after it (an adapter restarted on the same events
     endpoint gets the events of its predecessor's requests, which nobody reads now).
+    ``abandoned``: its client went away (an HTTP client disconnected), as opposed to a cancel the client meant
+    (a stop string matched): stage 0 and the broker log it (``request_abandoned``) and count it.
     """
     request_id: str
     events_to: str | None = None
+    abandoned: bool = False
 
 
 class TokenEvents(MessageBase, tag=MessageKind.TOKENS.value, frozen=True):

@@ -95,6 +95,11 @@ class CellLedger:
         runs = [seg for key, segs in self.entries.items() if key not in without for seg in segs]
         return count_cells([*runs, *extra])
 
+    def entry_only_cells(self) -> int:
+        """Cells only entries hold: what evicting every entry would free."""
+        held = [seg for segs in self.sessions.values() for seg in segs]
+        return count_cells([*held, *(seg for segs in self.entries.values() for seg in segs)]) - count_cells(held)
+
     def fit(self, candidate: list[Segment], lru: Iterable[int], max_entries: int, max_cells: int,
             pinned: Collection[int] = ()) -> list[int] | None:
         """Entries to evict, least recently used first and never a pinned one, so that the entries

@@ -25,8 +25,9 @@ class RuntimeSpec:
     model_path: str | Path | None
     layer_start: int
     layer_end: int
-    ctx_size: int = 512
+    ctx_size: int = 512  # 0: the model's trained context, bounded by memory (skippy.runtime.context_size)
     lane_count: int = 4
+    kv_pool_cells: int = 0  # the cells every lane shares; 0: the default (skippy.runtime.context_size)
     n_batch: int | None = None
     n_ubatch: int | None = None
     n_threads: int | None = None
@@ -41,7 +42,7 @@ class RuntimeSpec:
     source_sha256: str | None = None  # the full model's expected digest (checked at load)
     source_bytes: int | None = None  # the full model's expected size (checked at load)
     prefix_entries: int = 0  # prefix cache entries (kv_cache.max_entries); 0 = no prefix cache
-    prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = as many cells as the lanes
+    prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = the whole pool
     deterministic: bool = False  # a row's result independent of its batch (skippy.runtime.lane_contexts)
     mtp: str = "disabled"  # final stage: "integrated" (the slice's NextN block) | "external" | "disabled"
     mtp_draft_model: str | Path | None = None  # "external": the MTP-only GGUF (skippy.runtime.mtp)
@@ -61,6 +62,7 @@ class RuntimeSpec:
             layer_end=config.layer_end,
             ctx_size=config.ctx_size,
             lane_count=config.lane_count,
+            kv_pool_cells=config.kv_pool_cells,
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
             n_threads=config.n_threads,

@@ -25,6 +25,7 @@ import numpy as np
 
 from skippy.protocol import TokenLogprob
 from skippy.runtime.capture import eval_capture
+from skippy.runtime.context_size import sized_spec
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.families import FAMILIES
 from skippy.runtime.lane_contexts import LaneContexts
@@ -47,6 +48,7 @@ from skippy.runtime.windows import DecodeResult, SessionWindow
 class StageRuntime:
     def __init__(self, spec: RuntimeSpec, progress: Progress | None = None) -> None:
         artifact = resolve_artifact(spec, progress)
+        spec = sized_spec(spec)  # its context and KV pool decided (skippy.runtime.context_size)
         self.spec = spec
         self.model_digest = artifact.digest
         self.layer_start, self.layer_end = spec.layer_start, spec.layer_end
@@ -69,7 +71,6 @@ class StageRuntime:
         self.model = LlamaModel(artifact.load_path, load=load, load_mtp=wants_mtp and spec.mtp == "integrated")
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
-        lanes_kv = spec.ctx_size * spec.lane_count
         self.params = context_params(spec, self.is_final, self.family.recurrent, prefix_entries)
         # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
@@ -95,7 +96,8 @@ class StageRuntime:
         self.prefix: PrefixCache | None = None
         if prefix_entries:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
-            cells = min(lanes_kv, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else lanes_kv
+            pool = spec.kv_pool_cells  # entries share the pool with the lanes; stage 0 evicts them under pressure
+            cells = min(pool, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else pool
             self.prefix = PrefixCache(self.kv, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes)
 
     @property

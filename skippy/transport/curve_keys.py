@@ -6,10 +6,13 @@
 endpoint with that stage's public key (stage 0's request endpoint too, and a wildcard bind as a peer
 dials it), and every stage and client key as the peers it admits. A client (broker, tools) loads a
 pair the topology lists under `clients`; its keys name the servers of every topology it talks to.
+`add_link_keys` gives every stage and client of a topology a pair and writes the public keys into it
+(`skippy keys --topology`; `skippy up` for stages it starts over SSH).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +21,12 @@ import zmq
 import zmq.auth
 
 from skippy.config import ConfigError, ServingOptions, StageTopology
+from skippy.config.schema import load_json_object
 from skippy.config.topology import secret_key_path
 from skippy.transport.curve_guard import LinkKeys
 from skippy.transport.endpoints import request_endpoint
 
-__all__ = ["client_link_keys", "link_keys", "load_key_pair", "stage_link_keys", "write_key_pair"]
+__all__ = ["add_link_keys", "client_link_keys", "link_keys", "load_key_pair", "stage_link_keys", "write_key_pair"]
 
 
 def write_key_pair(directory: Path, name: str, *, force: bool = False) -> str:
@@ -35,6 +39,25 @@ def write_key_pair(directory: Path, name: str, *, force: bool = False) -> str:
     public_file, secret_file = zmq.auth.create_certificates(str(directory), name)
     os.chmod(secret_file, 0o600)
     return zmq.auth.load_certificate(public_file)[0].decode()
+
+
+def add_link_keys(path: Path, directory: Path, clients: Sequence[str], *, force: bool = False) -> list[tuple[str, str]]:
+    """A pair in `directory` for every stage and client of the topology at `path` (kept when there, unless `force`),
+    their public keys, `clients` and `keys_dir` written into it; returns (name, public key) of each."""
+    data = load_json_object(path)
+    StageTopology.from_dict(data, str(path))  # a valid topology before anything is written
+    made = []
+    for stage in data["stages"]:
+        stage["public_key"] = write_key_pair(directory, stage["stage_id"], force=force)
+        made.append((stage["stage_id"], stage["public_key"]))
+    data["clients"] = [{"name": name, "public_key": write_key_pair(directory, name, force=force)} for name in clients]
+    made += [(client["name"], client["public_key"]) for client in data["clients"]]
+    data["keys_dir"] = os.path.relpath(directory.resolve(), path.resolve().parent)
+    StageTopology.from_dict(data, str(path))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return made
 
 
 def load_key_pair(path: Path) -> tuple[bytes, bytes]:

@@ -73,7 +73,9 @@ def test_requests_go_to_the_least_loaded_ready_pipeline(tmp_path: Path) -> None:
                 assert first.submits.empty() and second.submits.empty()
                 too_long = await (await client.submit(prompt=range(3, 300))).finished()
                 assert (too_long.code, too_long.error) == (
-                    "context_length_exceeded", "prompt of 297 tokens must have 1..255 tokens (ctx_size 256)")
+                    "context_length_exceeded", "This model's maximum context length is 256 tokens. However, your prompt"
+                    " resulted in 297 tokens (at most 255, to leave one for the reply). Please reduce the length of"
+                    " the prompt.")
 
                 second.ready, second.dead_stage = False, "stage2"
                 await broker.wait_until(lambda: broker.status().lane_count == 2, WAIT_S)

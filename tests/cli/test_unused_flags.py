@@ -27,6 +27,8 @@ UP_REFUSED = {
     # the default's own value, given: still a flag that does nothing
     "topology-lanes": (["--topology", "t.json", "--lane-count", "4"], "--lane-count", TOPOLOGY.format("the lanes")),
     "topology-ctx": (["--topology", "t.json", "--ctx-size", "256"], "--ctx-size", TOPOLOGY.format("the context")),
+    "topology-kv-pool": (["--topology", "t.json", "--kv-pool-cells", "0"], "--kv-pool-cells",
+                         TOPOLOGY.format("the KV pool")),
     "topology-no-prefix-cache": (["--topology", "t.json", "--no-prefix-cache"], "--no-prefix-cache",
                                  TOPOLOGY.format("the prefix cache, kv_cache")),
     "topology-hosts": (["--topology", "t.json", "--hosts", "h.json"], "--hosts",

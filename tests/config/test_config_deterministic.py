@@ -22,6 +22,7 @@ def test_the_flag_sets_the_config_field(serve: Serve) -> None:
     ({"flash_attn_type": "disabled"}, "field 'flash_attn_type' 'disabled' cannot be deterministic"),
     ({"n_gpu_layers": -1}, "field 'n_gpu_layers' deterministic mode is for the CPU backend only"),
     ({"n_ubatch": 64, "n_batch": 64}, "field 'n_ubatch' must be <= 63 with deterministic"),
+    ({"kv_pool_cells": 4096}, "field 'kv_pool_cells' not with deterministic: every lane has a context of its own"),
 ])
 def test_what_cannot_be_deterministic_is_refused(serve: Serve, serve_error: ServeError, overrides: dict[str, Any],
                                                  says: str) -> None:

@@ -19,7 +19,7 @@ def test_openai_defaults(serve: Serve) -> None:
     assert openai is not None
     assert openai.bind_addr == "127.0.0.1:9337"
     assert openai.model_id == "tiny-model"
-    assert openai.default_max_tokens == 16
+    assert openai.default_max_tokens == 4096
 
 
 def test_openai_overrides(serve: Serve) -> None:

@@ -22,8 +22,8 @@ from skippy.config import (
 def test_defaults(stage_dict: dict[str, Any]) -> None:
     config = StageConfig.from_dict(stage_dict)
     assert config.model_path is None
-    assert config.ctx_size == 512
-    assert config.lane_count == 4
+    assert config.ctx_size == 0  # the model's trained context, bounded by memory (skippy.runtime.context_size)
+    assert config.lane_count == 4 and config.kv_pool_cells == 0
     assert (config.n_batch, config.n_ubatch, config.n_threads) == (None, None, None)
     assert config.cache_type_k is KvCacheType.F16 and config.cache_type_v is KvCacheType.F16
     assert config.flash_attn_type is FlashAttnType.AUTO
@@ -94,7 +94,9 @@ def test_peer_endpoint_bare_host_port_normalised() -> None:
     ("override", "field", "fragment"),
     [
         ({"lane_count": 0}, "lane_count", "must be > 0, got 0"),
-        ({"ctx_size": 0}, "ctx_size", "must be > 0, got 0"),
+        ({"ctx_size": -1}, "ctx_size", "must be a non-negative integer, got -1"),  # 0: the default
+        ({"kv_pool_cells": -2}, "kv_pool_cells", "must be a non-negative integer, got -2"),
+        ({"ctx_size": 512, "kv_pool_cells": 256}, "kv_pool_cells", "must hold at least one context (ctx_size 512)"),
         ({"n_batch": 0}, "n_batch", "must be > 0, got 0"),
         ({"n_ubatch": 0}, "n_ubatch", "must be > 0, got 0"),
         ({"n_threads": 0}, "n_threads", "must be > 0, got 0"),

@@ -24,6 +24,7 @@ def full_config_dict(stage_dict: dict[str, Any]) -> dict[str, Any]:
         "layer_end": 8,
         "ctx_size": 1024,
         "lane_count": 2,
+        "kv_pool_cells": 4096,
         "n_batch": 512,
         "n_ubatch": 128,
         "n_threads": 3,
@@ -98,9 +99,10 @@ def test_reference_stage_config_is_accepted_whole(write_json) -> None:
     assert config.n_gpu_layers == -1 and config.repack is False and config.filter_tensors_on_load is True
     assert config.split_mode is SplitMode.AUTO and config.bind_addr == "tcp://127.0.0.1:0"
     dumped = config.to_dict()
-    assert set(dumped) == set(data) | {"n_threads", "deterministic"}  # skippy's own (null, false)
+    assert set(dumped) == set(data) | {"n_threads", "deterministic", "kv_pool_cells"}  # skippy's own (null, false, 0)
     assert {k: v for k, v in dumped.items() if k != "bind_addr"} == {
-        **{k: v for k, v in data.items() if k != "bind_addr"}, "n_threads": None, "deterministic": False}
+        **{k: v for k, v in data.items() if k != "bind_addr"}, "n_threads": None, "deterministic": False,
+        "kv_pool_cells": 0}
 
 
 def test_reference_config_knobs_reach_the_runtime_spec(stage_dict: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ class ScriptedStage0:
         self.submitted.put_nowait(request_id)
         return handle
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, abandoned: bool = False) -> None:
         self.cancelled.append(request_id)
         self.handles[request_id].put(TokenEvents(request_id, (), FinishReason.CANCELLED))
 

@@ -4,7 +4,8 @@
 last request's sampling), so each request exercises the adapter's parsing, tokenizing, detokenizing and
 response paths without a pipeline; with `fail_after = N` it fails each request after N tokens instead
 (`pipeline_failed`, as when a stage dies mid-stream); with `lose_after = N` it loses the first submission after N
-tokens (`pipeline_lost`, as when stage 0 or the broker dies) and keeps each submission's resume point's `history`; with
+tokens (`pipeline_lost`, as when stage 0 or the broker dies) and keeps each submission's resume point's `history`
+(with `hold_resumed` the resumed submission then runs on without events); with
 `not_ready = N` its next N Status answers say no pipeline is ready (`not_ready_after_loss`: from the loss on).
 It keeps the last submitted prompt (`prompt`, token ids).
 `adapter_server(model, api_key=..., limits=..., strict_request_fields=...)` yields the
@@ -33,6 +34,9 @@ class FakeBroker:
     def __init__(self) -> None:
         self.submitted = 0
         self.cancelled = 0
+        self.abandoned = 0  # cancels of requests whose client went away
+        self.cancels: list[str] = []  # the submission ids cancelled, in order
+        self.hold_resumed = False  # a resumed submission gets no events (it is still running)
         self.sampling: Any = None  # the last submitted request's
         self.fail_after: int | None = None
         self.max_tokens: int | None = None  # the last submitted request's
@@ -67,6 +71,8 @@ class FakeBroker:
             handle.put(TokenEvents(rid, (), "error", "stage 0 at ipc://x lost its connection", "pipeline_lost"))
             return handle
         rid = handle.request_id
+        if self.hold_resumed and resume_from is not None:
+            return handle
         for token in TOKENS[len(history):max_tokens if self.fail_after is None else self.fail_after]:
             handle.put(TokenEvents(rid, (token,)))
         if self.fail_after is not None:
@@ -75,8 +81,10 @@ class FakeBroker:
             handle.put(TokenEvents(rid, (), "length"))
         return handle
 
-    async def cancel(self, request_id: str) -> None:
+    async def cancel(self, request_id: str, abandoned: bool = False) -> None:
         self.cancelled += 1
+        self.abandoned += abandoned
+        self.cancels.append(request_id)
 
 
 @asynccontextmanager

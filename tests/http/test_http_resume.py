@@ -1,11 +1,14 @@
 """The adapter's resuming (skippy.adapter.resume) on the real adapter over a fake broker (adapter_helpers):
 a generation lost after its first tokens (`pipeline_lost`: its stage 0 or the broker died) resumes from
 the tokens already streamed and the client gets every token once, in one stream and one usage count, through
-the official SDK; a request that finds no pipeline ready waits for one instead of a 503; a request lost for good
-(no pipeline ready within the deadline) fails with one error naming the loss."""
+the official SDK; a client that leaves a resumed stream has the resumed submission cancelled as abandoned; a
+request that finds no pipeline ready waits for one instead of a 503; a request lost for good (no pipeline ready
+within the deadline) fails with one error naming the loss."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +33,28 @@ async def test_a_lost_generation_resumes_from_its_tokens(tiny_model: Callable[..
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == len(TOKENS)
     assert broker.histories[-2:] == [(), TOKENS[:2]]  # the lost submission, then its resumed one with 2 tokens
+
+
+async def until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, "not within 30 s"
+        await asyncio.sleep(0.01)  # a bounded poll's interval
+
+
+async def test_leaving_a_resumed_stream_cancels_the_resumed_submission(tiny_model: Callable[..., Path]) -> None:
+    async with adapter_server(tiny_model("llama")) as (server, broker):
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0) as oai:
+            broker.lose_after, broker.hold_resumed = 1, True
+            stream = await oai.chat.completions.create(model="tiny", messages=ASK, max_tokens=3, stream=True)
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break  # the token before the loss
+            await until(lambda: broker.submitted == 2)  # lost, and resumed (it runs on, silent)
+            await stream.close()  # the client leaves
+            await until(lambda: broker.abandoned == 1)
+    lost, resumed = broker.cancels[0], broker.cancels[-1]
+    assert resumed == f"{lost}-r1" and broker.cancelled == 2, broker.cancels  # the lost one, then the resumed one
 
 
 async def test_a_request_waits_for_a_pipeline_instead_of_a_503(tiny_model: Callable[..., Path]) -> None:

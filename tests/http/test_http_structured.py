@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from skippy.adapter.chat_messages import parse_messages
+from skippy.adapter.chat_messages import flat_messages, parse_messages
+from skippy.adapter.chat_template import ChatTemplate
 from skippy.adapter.grammar.json_schema import GrammarBuilder, SchemaError
 from skippy.adapter.grammar.schema_pattern import PatternError, safe_pattern
 from skippy.adapter.grammar.tool_output import ToolCallReader, merge_calls
@@ -149,10 +150,14 @@ def test_meaningless_fields_are_accepted() -> None:
     assert req.sampling.grammar is None and req.tools is None
 
 
-def test_tools_are_told_and_constrained() -> None:
+def test_tools_are_told_and_constrained(tokenizer: Tokenizer) -> None:
     forced = parse_generation(chat(tools=[TOOL], tool_choice="required"), "chat", "m")
     assert forced.tools is not None and forced.tools.forced
-    assert forced.messages[0].role == "system" and "get_weather" in forced.messages[0].content
+    template = ChatTemplate(tokenizer.model, "llama")  # no template in the GGUF: llama.cpp's, given skippy's tools prompt
+    assert template.source == "builtin" and not template.native_tools
+    prompt = template.apply(forced.messages, tools=forced.tools)
+    assert "<tools>" in prompt and "get_weather" in prompt and "Call the function get_weather now." in prompt
+    assert "get_weather" not in template.apply(forced.messages)
     assert forced.sampling.grammar is not None and "root ::= tool-call" in forced.sampling.grammar
     auto = parse_generation(chat(tools=[TOOL]), "chat", "m")
     assert auto.tools is not None and not auto.tools.forced and "free-text" in (auto.sampling.grammar or "")
@@ -161,12 +166,13 @@ def test_tools_are_told_and_constrained() -> None:
 
 
 def test_tool_turns_go_back_to_the_template() -> None:
-    messages = parse_messages([
+    """For a template that does not know tool turns: written as text in the tagged call format."""
+    messages = flat_messages(parse_messages([
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
-        {"role": "tool", "tool_call_id": "c2", "content": "13 C"}])
+        {"role": "tool", "tool_call_id": "c2", "content": "13 C"}]))
     assert [m.role for m in messages] == ["user", "assistant", "user"]
     assert messages[1].content == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert messages[2].content == "<tool_response>\n12 C\n</tool_response>\n<tool_response>\n13 C\n</tool_response>"
@@ -196,3 +202,34 @@ def test_text_and_cut_calls() -> None:
                                 "length")
     assert text == "" and reason == "length" and "".join(d.arguments for d in deltas) == '{"a'
     assert read(ToolCallReader(forced=True), ["<tool_call>\n{\"na"], "length") == ('<tool_call>\n{"na', [], "length")
+
+
+@pytest.mark.parametrize("generated", [
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+    '{\n  "name": "get_weather",\n  "arguments": {"city": "Oslo"}\n}\n```',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```\n',
+    '```\n{"name":"get_weather","arguments":{"city": "Oslo"}}\n```'])
+def test_an_untagged_call_of_an_offered_tool_is_a_call(generated: str) -> None:
+    for pieces in (list(generated), [generated]):  # token by token, and at once
+        text, deltas, reason = read(ToolCallReader(forced=False, names=frozenset({"get_weather"})), pieces, "stop")
+        assert (text, reason) == ("", "tool_calls")
+        (call,) = merge_calls(deltas)
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+
+
+@pytest.mark.parametrize("generated", [
+    '{"name": "get_time", "arguments": {}}',  # not an offered tool
+    '{"name": "get_weather", "arguments": "Oslo"}',  # arguments not an object
+    '{"city": "Oslo"}', '```python\nprint("{}")\n```', "`get_weather`", '```json\n[1, 2]\n```', "{", "```js"])
+def test_text_that_is_not_a_call_stays_text(generated: str) -> None:
+    for pieces in (list(generated), [generated]):
+        assert read(ToolCallReader(forced=False, names=frozenset({"get_weather"})), pieces, "stop") == (
+            generated, [], "stop")
+    assert read(ToolCallReader(forced=False), ['{"name": "get_weather", "arguments": {}}'], "stop") == (
+        '{"name": "get_weather", "arguments": {}}', [], "stop")  # no tools named: only tagged calls
+
+
+def test_text_after_an_untagged_call_is_content() -> None:
+    text, deltas, reason = read(ToolCallReader(forced=False, names=frozenset({"get_weather"})),
+                                list('{"name": "get_weather", "arguments": {}}\nChecking now.'), "stop")
+    assert (text, reason, merge_calls(deltas)[0]["function"]["arguments"]) == ("Checking now.", "tool_calls", "{}")

@@ -1,11 +1,13 @@
 """`skippy up` with its defaults (the packaged Qwen2.5-Coder-0.5B-Instruct, whole in one stage as the plan for one
 host says) serves the README's examples as printed, through the official client: the chat example answers with
-code, the fill-in-the-middle examples (/infill and a completion's `suffix`) fill the gap, and a request that sets
-no sampling fields gets the model card's sampling (temperature 0.7, top_p 0.8, top_k 20, repeat penalty 1.05),
-shown by /props."""
+code; the tool call example comes back as the call (its own chat template given the tools, the call read from its
+`<tool_call>` or untagged JSON); the fill-in-the-middle examples (/infill and a completion's `suffix`) fill the
+gap; a request that sets no sampling fields gets the model card's sampling (temperature 0.7, top_p 0.8, top_k 20,
+repeat penalty 1.05), shown by /props."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,10 @@ MODEL_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 # the README's examples, as printed there
 README_CHAT: Any = [{"role": "user", "content": "In Python, how do I reverse a string s? One line of code, no explanation."}]
 README_INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 16}
+README_WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+README_TOOL_CHAT: Any = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 README_SUFFIX = {"model": MODEL_ID, "prompt": "def fibonacci(n):\n    ", "suffix": "\n\nprint(fibonacci(10))\n",
                  "max_tokens": 64, "temperature": 0}
 
@@ -52,7 +58,6 @@ def test_the_readme_chat_example_answers_with_the_code(default_server: SkippySer
                for seed in range(4)]
     texts = [a.choices[0].message.content or "" for a in answers]
     assert all("[::-1]" in t for t in texts), texts
-    assert sum(a.choices[0].finish_reason == "stop" for a in answers) >= 3, texts  # it ends its answer on its own
 
 
 @pytest.mark.gemma
@@ -77,3 +82,15 @@ def test_the_readme_fill_in_the_middle_examples_fill_the_gap(default_server: Ski
     assert completion.status == 200, completion.body
     text = completion.json()["choices"][0]["text"]
     assert "fibonacci(n - 1)" in text.replace("n-1", "n - 1") and "print(fibonacci(10))" not in text.split("\n")[0], text
+
+
+@pytest.mark.gemma
+def test_the_readme_tool_call_example_calls_the_tool(default_client: openai.OpenAI) -> None:
+    """Sent as printed (tool_choice auto, the model's sampling), a seed each."""
+    for seed in range(4):
+        reply = default_client.chat.completions.create(model=MODEL_ID, tools=[README_WEATHER], messages=README_TOOL_CHAT,
+                                                       seed=seed)
+        call = (reply.choices[0].message.tool_calls or [None])[0]
+        assert call is not None, (seed, reply.choices[0].message.content)
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"}), seed
+        assert reply.choices[0].finish_reason == "tool_calls"

@@ -129,7 +129,7 @@ def test_natural_finish_is_consistent(server: SkippyServer, client: openai.OpenA
 def test_default_max_tokens_applies(server: SkippyServer, client: openai.OpenAI) -> None:
     full = client.completions.create(model=server.model_id, prompt=PROMPT, temperature=0, extra_body=IGNORE_EOS)
     assert full.choices[0].finish_reason == "length"
-    assert full.usage.completion_tokens == 11  # the shared server's --openai-default-max-tokens, not the default 16
+    assert full.usage.completion_tokens == 11  # the shared server's --openai-default-max-tokens, not the default 4096
 
 
 def test_models_lists_the_served_model(server: SkippyServer, client: openai.OpenAI) -> None:

@@ -62,7 +62,7 @@ def sse_events(body: bytes) -> tuple[list[Any], int]:
 def test_props_show_the_served_model_its_lanes_sampling_and_stages(routes_server: SkippyServer) -> None:
     props = routes_server.request("GET", "/props").json()
     settings = props["default_generation_settings"]
-    assert settings["n_ctx"] == 512 and props["total_slots"] == 1  # the generations run at once (concurrency 1)
+    assert settings["n_ctx"] == 2048 and props["total_slots"] == 1  # the generations run at once (concurrency 1)
     assert settings["params"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
                                   "max_tokens": 16}  # the tiny GGUF states none: llama.cpp's defaults
     assert set(settings["sampling_source"].values()) == {"llama.cpp"}
@@ -76,7 +76,7 @@ def test_slots_has_one_entry_per_generation_lane_with_each_stages_layer_range(ro
     wait_idle(routes_server)
     slots = routes_server.request("GET", "/slots").json()
     assert [s["id"] for s in slots] == [0]
-    assert all(s["n_ctx"] == 512 and s["is_processing"] is False for s in slots)
+    assert all(s["n_ctx"] == 2048 and s["is_processing"] is False for s in slots)  # the GGUF's trained context
     assert all([(st["layer_start"], st["layer_end"]) for st in s["stages"]] == [(0, 3), (3, 6)] for s in slots)
 
 
@@ -103,7 +103,7 @@ def test_tokenize_takes_model_and_vllms_prompt_and_messages_forms(routes_server:
                                                              "add_special": True}).json()
     assert llama_form == {"tokens": expected}
     vllm = routes_server.request("POST", "/tokenize", {"model": model, "prompt": "the quick brown fox"}).json()
-    assert vllm == {"count": len(expected), "max_model_len": 512, "tokens": expected, "token_strs": None}
+    assert vllm == {"count": len(expected), "max_model_len": 2048, "tokens": expected, "token_strs": None}
     chat = routes_server.request("POST", "/tokenize", {"model": model, "messages": CHAT, "return_token_strs": True}).json()
     counted = routes_server.request("POST", "/v1/chat/completions/input_tokens", {"messages": CHAT}).json()
     assert chat["count"] == len(chat["tokens"]) == len(chat["token_strs"]) == counted["input_tokens"]

@@ -19,6 +19,9 @@ from up_helpers import SkippyServer
 COLOURS = frozenset({"red", "blue", "green", "yellow", "orange", "purple", "pink", "black", "white", "brown", "gray",
                      "grey", "violet", "indigo", "cyan", "magenta"})
 README_CHAT: Any = [{"role": "user", "content": "Name three colors."}]  # the README's example before Qwen
+# with no system turn its own template gives it its default one ("You are a helpful AI assistant named SmolLM..."),
+# after which it names colours in about half the sampled answers (4 of 8 seeds); asked to answer briefly, in 8 of 8
+BRIEF_CHAT: Any = [{"role": "system", "content": "Answer briefly."}, *README_CHAT]
 
 
 def colours_in(text: str) -> set[str]:
@@ -40,7 +43,7 @@ def smollm2_client(smollm2_server: SkippyServer) -> Iterator[openai.OpenAI]:
 
 
 def ask(client: openai.OpenAI, server: SkippyServer, **kwargs: Any) -> str:
-    reply = client.chat.completions.create(model=server.model_id, max_tokens=32, messages=README_CHAT, **kwargs)
+    reply = client.chat.completions.create(model=server.model_id, max_tokens=32, messages=BRIEF_CHAT, **kwargs)
     return reply.choices[0].message.content or ""
 
 

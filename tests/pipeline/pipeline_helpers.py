@@ -62,6 +62,7 @@ class Pipeline:
         self.splits = list(splits)
         self.lane_count = lane_count
         self.ctx_size = ctx_size
+        self.kv_pool_cells = int((extra or {}).get("kv_pool_cells", 0))  # type: ignore[call-overload]
         self.n_layer = n_layer_of(model)
         self.topology, self.configs = write_local_topology(
             directory, model, self.n_layer, self.splits, lane_count=lane_count, ctx_size=ctx_size,
@@ -108,9 +109,10 @@ class Pipeline:
         return parse_serving_args(["--config", str(self.configs[0]), "--topology", str(self.topology), *flags])
 
     def reference_spec(self) -> RuntimeSpec:
-        """The unsplit model as every stage runs it (lanes, context, default n_batch, threads)."""
+        """The unsplit model as every stage runs it (lanes, context, KV pool, default n_batch, threads)."""
         return RuntimeSpec(model_path=resolve_model_path(self.model), layer_start=0, layer_end=0,
-                           ctx_size=self.ctx_size, lane_count=self.lane_count, n_threads=N_THREADS)
+                           ctx_size=self.ctx_size, lane_count=self.lane_count, kv_pool_cells=self.kv_pool_cells,
+                           n_threads=N_THREADS)
 
     def reference_chain(self) -> LocalChain:
         return LocalChain(self.reference_spec())

@@ -54,6 +54,7 @@ from skippy.protocol import (
     decode,
     encode,
 )
+from skippy.protocol.base import MAX_CONTEXT_TOKENS
 from skippy.protocol.stats import PrefixStats, RequestStats, SpeculativeStats
 
 IDENTITY = StageIdentity("s1", 1, 9, 18, "sha256:abc", 640)
@@ -241,6 +242,17 @@ def test_oversized_counts(name: str, field: str, value: Any) -> None:
 
 def test_oversized_header() -> None:
     rejects([b"\0" * (MAX_HEADER_BYTES + 1)], "too_large")
+
+
+def test_a_prompt_or_history_may_fill_a_whole_context() -> None:
+    """Past one batch's rows (an agent client's first prompt alone can be), up to MAX_CONTEXT_TOKENS."""
+    long = tuple(range(MAX_ROWS + 1))
+    for msg in (Submit("r", long, {}, 8), Submit("r", (1,), {}, 8, resume_from=ResumePoint(long)),
+                ConfigureSession(7, {}, long)):
+        assert decode(encode(msg)) == msg
+    message = rejects([pack({**header_of(Submit("r", (1,), {}, 8)), "prompt": [1] * (MAX_CONTEXT_TOKENS + 1)})],
+                      "too_large")
+    assert message.startswith(f"submit.prompt: expected at most {MAX_CONTEXT_TOKENS} items"), message
 
 
 # --- properties ---
@@ -466,7 +478,7 @@ EVERY_FIELD: list[Message] = [
     SetWire(20.0, 100.0, WireDtype.Q8, True),
     Submit("r", (1, 2, 3), {"temperature": 0.5}, 8, (1,), "ipc:///tmp/events",
            resume_from=ResumePoint((4, 5), (2, 3), 2), progress=True),
-    Cancel("r", "ipc:///tmp/events"),
+    Cancel("r", "ipc:///tmp/events", abandoned=True),
     TokenEvents("r", (5,), FinishReason.ERROR, "boom", ErrorCode.PIPELINE_FAILED, (TokenLogprob(5, -0.5, ((5, -0.5),)),),
                 RequestStats(SpeculativeStats(*range(1, 9), 0.5, *range(9, 14), 2.5, 15, 16, (17, 18)),
                              PrefixStats(1, True, True, 2, 3, 4, 5)), 6, draws=3, chunk_ends=(2, 3),

@@ -17,6 +17,7 @@ PACKAGES = ("skippy", "brokers")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("skippy.cli",),  # the commands
     ("skippy.bench",),  # benchmarks behind `skippy bench KIND`
+    ("skippy.remote",),  # stages started on other machines over SSH (`skippy up --hosts` with ssh hosts)
     ("skippy.plan",),  # the cost model and the split planner (`skippy plan`, `skippy up` without --split)
     ("skippy.testing",),  # generated tiny models, op-log replay, browser helpers (tests and benches)
     ("skippy.launcher", "skippy.restarts"),  # child processes of `skippy up`

@@ -2,7 +2,8 @@
 pipeline (the request is translated by skippy.adapter.agents.anthropic_request).
 
 Errors, the API key's 401 included, come in Anthropic's envelope `{"type": "error", "error": {"type":
-"invalid_request_error", "message": ...}}` with the same statuses as the OpenAI routes (`anthropic_envelope`);
+"invalid_request_error", "message": ...}}` with the same statuses as the OpenAI routes (`anthropic_envelope`; a
+prompt over the context is Anthropic's "prompt is too long: N tokens > M maximum", skippy.adapter.context_errors);
 the key is taken as `x-api-key` as well as a Bearer token (skippy.http.auth).
 
 A message is built from the stream's own events, so streamed and whole messages agree: `message_start`
@@ -23,6 +24,7 @@ from typing import Any
 from skippy.adapter.agents.anthropic_request import translate_messages
 from skippy.adapter.agents.translation import Route, count_translated, respond, start_translated
 from skippy.adapter.completions import Generation, Piece
+from skippy.adapter.context_errors import PromptTooLong
 from skippy.adapter.openai_response import usage as chat_usage
 from skippy.http.errors import HttpError
 from skippy.http.routing import Handler, Request, Response, StreamResponse, json_response
@@ -40,7 +42,8 @@ class AnthropicError(HttpError):
 
     @classmethod
     def of(cls, exc: HttpError) -> AnthropicError:
-        return cls(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code, headers=exc.headers)
+        message = exc.unfit.anthropic_message() if isinstance(exc, PromptTooLong) else exc.message
+        return cls(exc.status, message, type=exc.type, param=exc.param, code=exc.code, headers=exc.headers)
 
     def json(self) -> dict[str, Any]:
         return {"type": "error", "error": {"type": ERROR_TYPES.get(self.status, "api_error"), "message": self.message}}

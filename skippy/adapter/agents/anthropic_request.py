@@ -6,27 +6,32 @@
   (`tool_use_id`, `content` a string or text blocks, `is_error`) goes back as a tool result (before the
   turn's text, as Anthropic orders them); an assistant's `tool_use` (`id`, `name`, `input`) is its call;
   `thinking` / `redacted_thinking` blocks are dropped (this model does not think); image and document
-  blocks are a 400 (no multimodal projector).
+  blocks are a 400 (no multimodal projector). A message's other fields are ignored, as unknown fields are.
 - `tools`: custom tools (`name`, `description`, `input_schema`; `cache_control` and other tool fields
   ignored) become chat function tools; server and Anthropic-defined tools (a `type` other than `custom`:
-  `web_search_20250305`, `bash_20250124`, ...) are ignored and logged. `tool_choice` auto / any (a call
-  is forced by the grammar) / tool (that one, forced) / none; `disable_parallel_tool_use` accepted.
+  `web_search_20250305`, `bash_20250124`, ...) are ignored and logged. A deferred tool (`defer_loading`:
+  Claude Code's tool search) is left out until a `tool_reference` block in a tool result names it (a
+  client-side search loaded it: the block reads as text naming the tool, the tool is shown from then on).
+  `tool_choice` auto / any (a call is forced by the grammar) / tool (that one, forced) / none;
+  `disable_parallel_tool_use` accepted.
 - `max_tokens` is required; a value over what the context leaves is clamped to it (Claude Code sends
   32000). `stop_sequences` (any number), `temperature` in [0, 1], `top_p`, `top_k`, `stream`;
   `output_config.format` (`{"type": "json_schema", "schema"}`) through the grammar, as chat's
   response_format. Accepted and meaningless here: `metadata` (`user_id`), `thinking`, `output_config.effort`,
   `service_tier`, a top-level `cache_control`, `inference_geo`, `speed`, `diagnostics`, `user_profile_id`,
   `workspace_id`. `container` and `mcp_servers` are refused; any other field (Claude Code's
-  `context_management`) is ignored (skippy.adapter.request_fields).
+  `context_management`, another key of `output_config`) is ignored (skippy.adapter.request_fields).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from skippy.adapter.agents.translation import Renames, Translated, chat_tools, check_fields, format_of, keep
 from skippy.adapter.chat_messages import MEDIA_PARTS, text_parts
+from skippy.adapter.request_fields import ignore_unknown
 from skippy.http.errors import invalid
 
 PASSED = ("model", "stream", "top_p", "top_k")
@@ -71,7 +76,7 @@ def _user(content: Any, param: str) -> list[dict[str, Any]]:
             use_id = block.get("tool_use_id")
             if not isinstance(use_id, str) or not use_id:
                 raise invalid(f"{where}.tool_use_id", "expected the id of the tool_use this answers")
-            text = text_parts(block.get("content", ""), f"{where}.content", ("text",))
+            text = text_parts(_loaded_tools_as_text(block.get("content", "")), f"{where}.content", ("text",))
             results.append({"role": "tool", "tool_call_id": use_id,
                             "content": f"Error: {text}" if block.get("is_error") else text})
         else:
@@ -109,9 +114,7 @@ def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
         param = f"messages[{i}]"
         if not isinstance(message, dict):
             raise invalid(param, "expected an object with role and content")
-        unknown = sorted(set(message) - {"role", "content"})
-        if unknown:
-            raise invalid(f"{param}.{unknown[0]}", "unknown field")
+        ignore_unknown(f"messages[].{key}" for key in message if key not in ("role", "content"))
         role = message.get("role")
         if role == "user":
             out += _user(message.get("content"), f"{param}.content")
@@ -124,12 +127,35 @@ def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
     return ([{"role": "system", "content": "\n\n".join(systems)}] if systems else []) + out
 
 
-def _function(tool: dict[str, Any], param: str) -> dict[str, Any] | None:
-    if tool.get("type") not in (None, "custom"):
-        return None
-    if not isinstance(tool.get("input_schema"), dict):
-        raise invalid(f"{param}.input_schema", "expected the tool's JSON Schema object")
-    return {**keep(tool, ("name", "description")), "parameters": tool["input_schema"]}
+def _loaded_tools_as_text(content: Any) -> Any:
+    """A tool result's `tool_reference` blocks (a client-side tool search's answer: these tools are loaded now) as
+    text naming each tool; the tools themselves are shown from then on (`_referenced`)."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "text", "text": f"Tool loaded: {b.get('tool_name')}"}
+            if isinstance(b, dict) and b.get("type") == "tool_reference" else b for b in content]
+
+
+def _referenced(messages: Any) -> set[str]:
+    """The tools a `tool_reference` in a tool result of `messages` names."""
+    def blocks(value: Any) -> list[dict[str, Any]]:
+        return [b for b in value if isinstance(b, dict)] if isinstance(value, list) else []
+
+    results = [b for m in blocks(messages) for b in blocks(m.get("content")) if b.get("type") == "tool_result"]
+    return {str(r.get("tool_name")) for b in results for r in blocks(b.get("content")) if r.get("type") == "tool_reference"}
+
+
+def _functions(loaded: set[str]) -> Callable[[dict[str, Any], str], dict[str, Any] | None]:
+    """A custom tool as a chat function; server tools, and deferred tools (`defer_loading`) that no tool reference
+    has loaded yet, are left out (as Anthropic leaves a deferred tool out of the model's context until then)."""
+    def function(tool: dict[str, Any], param: str) -> dict[str, Any] | None:
+        if tool.get("type") not in (None, "custom") or (tool.get("defer_loading") and tool.get("name") not in loaded):
+            return None
+        if not isinstance(tool.get("input_schema"), dict):
+            raise invalid(f"{param}.input_schema", "expected the tool's JSON Schema object")
+        return {**keep(tool, ("name", "description")), "parameters": tool["input_schema"]}
+
+    return function
 
 
 def _tool_choice(value: Any) -> Any:
@@ -178,7 +204,7 @@ def translate_messages(raw: Any, *, count_only: bool = False) -> Translated:
         chat["max_tokens"] = body["max_tokens"]
     if temperature is not None:
         chat["temperature"] = temperature
-    tools = chat_tools(body.get("tools"), renames, _function,
+    tools = chat_tools(body.get("tools"), renames, _functions(_referenced(body.get("messages"))),
                        {"function.parameters": ".input_schema", "function": ""}, "messages")
     choice = _tool_choice(body.get("tool_choice"))
     if tools:

@@ -57,8 +57,14 @@ def rename(exc: HttpError, renames: Renames) -> HttpError:
     param = _renamed(exc.param, renames)
     if param == exc.param:
         return exc
-    message = param + exc.message[len(exc.param):] if exc.message.startswith(exc.param) else exc.message
-    return HttpError(exc.status, message, type=exc.type, param=param, code=exc.code, headers=exc.headers)
+    # its kind too (a PromptTooLong keeps what the Anthropic route words its own way); copy.copy cannot: an
+    # exception is copied by calling its class with its args, which HttpError's signature does not take
+    renamed = exc.__class__.__new__(exc.__class__)
+    renamed.__dict__.update(exc.__dict__)
+    renamed.message = param + exc.message[len(exc.param):] if exc.message.startswith(exc.param) else exc.message
+    renamed.param = param
+    renamed.args = (renamed.message,)
+    return renamed
 
 
 def parse_translated(translated: Translated, generation: Generation) -> GenerationRequest:
@@ -107,8 +113,8 @@ def check_fields(body: Any, known: Iterable[str], refused: dict[str, str]) -> di
 def chat_tools(raw: Any, renames: Renames, function: Callable[[dict[str, Any], str], dict[str, Any] | None],
                paths: dict[str, str], api: str) -> list[dict[str, Any]]:
     """An API's `tools` as chat function tools: `function(tool, param)` gives a tool's chat `function` object, or
-    None for a tool type this server leaves out (logged once per request as `{api}_tools_ignored`). `paths` maps
-    a chat tool's field paths to the API's (`{"function": ""}`: chat's tools[k].function.x is tools[i].x)."""
+    None for a tool this server leaves out (logged once per request as `{api}_tools_ignored`, each `name (type)`).
+    `paths` maps a chat tool's field paths to the API's (`{"function": ""}`: chat's tools[k].function.x is tools[i].x)."""
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -120,21 +126,23 @@ def chat_tools(raw: Any, renames: Renames, function: Callable[[dict[str, Any], s
             raise invalid(f"tools[{i}]", "expected a tool object")
         converted = function(tool, f"tools[{i}]")
         if converted is None:
-            ignored.append(str(tool.get("type")))
+            ignored.append(f"{tool.get('name') or tool.get('type')} ({tool.get('type') or 'deferred'})")
             continue
         renames += [(f"tools[{len(tools)}].{chat}", f"tools[{i}]{own}") for chat, own in paths.items()]
         tools.append({"type": "function", "function": converted})
     if ignored:
-        get_logger().info(f"{api}_tools_ignored", types=ignored)
+        get_logger().info(f"{api}_tools_ignored", tools=ignored)
     return tools
 
 
 def format_of(value: Any, param: str, keys: set[str], expected: str) -> dict[str, Any] | None:
-    """`value`'s `format` object (None when it or `value` is unset); `value` may hold only `keys`."""
+    """`value`'s `format` object (None when it or `value` is unset); a key of `value` not among `keys` goes to
+    `ignore_unknown` as `param.key` (a client's newer option: ignored, or refused under strict)."""
     if value is None:
         return None
-    if not isinstance(value, dict) or set(value) - keys:
+    if not isinstance(value, dict):
         raise invalid(param, f"expected {expected}")
+    ignore_unknown(f"{param}.{key}" for key, item in value.items() if key not in keys and item is not None)
     fmt = value.get("format")
     if fmt is not None and not isinstance(fmt, dict):
         raise invalid(f"{param}.format", "expected an object with a type")

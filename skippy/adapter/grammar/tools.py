@@ -1,15 +1,16 @@
 """OpenAI `tools` / `tool_choice` -> what the model is told, and the grammar its call is generated under.
 
-The call format is the Hermes / Qwen 2.5 one, whatever the model's own chat template: the tools are
-listed in the system message inside `<tools></tools>`, a call is
-`<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, and a tool's result goes back to
-the model as a user turn `<tool_response>\\n...\\n</tool_response>` (skippy.adapter.chat_messages).
+The call format is the Hermes / Qwen 2.5 one: a call is `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`.
+A chat template written for that format is given the tools itself (skippy.adapter.chat_template); any other is
+given `tools_prompt`: the tools listed in the system message inside `<tools></tools>`, a tool's result going back
+to the model as a user turn `<tool_response>\\n...\\n</tool_response>` (skippy.adapter.chat_messages).
 
 - `tool_choice` `"required"` or `{"type": "function", "function": {"name": N}}`: the output is one call,
   forced by a grammar built from the functions' `parameters` schemas, so it always parses and its
   arguments validate against what the grammar enforces (a keyword it cannot is relaxed, never refused).
 - `"auto"` (the default when tools are given): the grammar lets the output be either one such call or
-  text that does not start with `<` (or, with `response_format`, that JSON).
+  text that does not start with `<` (or, with `response_format`, that JSON); text that opens with the call's
+  JSON naming an offered tool, bare or in a ```json block, is read as the call (skippy.adapter.grammar.tool_output).
 - `"none"`: the tools are not shown and no call is made.
 One call per response at most (`parallel_tool_calls` is accepted either way).
 """

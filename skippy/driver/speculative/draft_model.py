@@ -138,10 +138,13 @@ class DraftModelProposerFactory:
         target_vocab_model: str | Path | LlamaModel,
         lane_count: int,
         ctx_size: int,
+        kv_pool_cells: int = 0,
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
     ) -> None:
+        """`kv_pool_cells`: the target's KV pool (0: a context per lane). The sessions' histories fit in it,
+        and one session at a time drafts past its history, within its context."""
         if lane_count < 1 or ctx_size < 1 or n_batch < 1:
             raise ModelError(f"draft model needs lane_count, ctx_size and n_batch >= 1, got {lane_count}, {ctx_size}, {n_batch}")
         self.lane_count = lane_count
@@ -149,7 +152,7 @@ class DraftModelProposerFactory:
         self.model = LlamaModel(resolve_model_path(model_path), load=ModelLoadParams(n_gpu_layers=n_gpu_layers))
         try:
             check_same_vocab(self.model, target_vocab_model)
-            n_ctx = ctx_size * lane_count
+            n_ctx = min(ctx_size * lane_count, kv_pool_cells + ctx_size) if kv_pool_cells else ctx_size * lane_count
             rows = min(n_batch, n_ctx)
             # one logits row per decode; llama.cpp reserves at least one output row per sequence anyway
             self.params = ContextParams(n_ctx=n_ctx, n_seq_max=lane_count, n_batch=rows, n_ubatch=rows,

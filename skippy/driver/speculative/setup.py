@@ -63,6 +63,7 @@ def build_speculation(options: ServingOptions, runtime: StageRuntime) -> Specula
         n_gpu_layers = spec.draft_n_gpu_layers if spec.draft_n_gpu_layers is not None else options.config.n_gpu_layers
         factory = DraftModelProposerFactory(spec.draft_model_path, target_vocab_model=runtime.model,
                                             lane_count=runtime.spec.lane_count, ctx_size=runtime.spec.ctx_size,
+                                            kv_pool_cells=runtime.spec.kv_pool_cells,
                                             n_gpu_layers=n_gpu_layers, n_threads=runtime.spec.n_threads)
     elif ngram is not None:
         if ngram.kind is NgramKind.CACHE:

@@ -1,0 +1,10 @@
+"""Stages on other machines: `skippy up --hosts FILE` starts each stage of an SSH host there, over SSH.
+
+- `ssh_stages.py`: which stages run on SSH hosts, their link keys, each host checked and supplied before anything
+  starts, and the command prefix each such stage starts through.
+- `ssh.py`: the OpenSSH client in batch mode with strict host keys; its failures as one line naming the host.
+- `probe.py`: what a host has (Python, skippy and its source digest, memory, cached files), standard library only.
+- `shipping.py`: a stage's slice, named by the model digest and layer range, sent to a host's cache when missing.
+- `relay.py`: the local end of a remote stage: its files, arguments and environment over SSH, its ready line back.
+- `host_agent.py`: the remote end: writes the files, runs the stage while the SSH session lasts, receives slices.
+"""

@@ -1,0 +1,154 @@
+"""The remote end of a stage started over SSH, run there as `python -m skippy.remote.host_agent`.
+
+`launch DIR` reads one JSON line from stdin: `files` (path under DIR -> text and mode: the topology, the stage
+config, the stage's own secret key at 0600), `env` (added to the stage's environment) and `args` (`skippy stage
+...`, paths relative to DIR). It writes the files, starts the stage in DIR, copies the stage's ready line to its
+stdout (then nothing more goes there) and lets the stage log to its stderr, which SSH carries back into the run
+directory. Its stdin is the session: when it ends (the SSH client stopped or the connection dropped), stays silent
+for `SILENCE_S` (the relay writes a newline every few seconds: a host cut off from it notices though TCP would not
+for hours) or a signal comes, the stage gets SIGTERM, then SIGKILL after `STOP_GRACE_S`; the stage also gets
+SIGTERM if this process dies (PR_SET_PDEATHSIG). It exits with the stage's exit status (128 + N for signal N) and
+removes DIR (the secret key with it).
+
+`receive PATH SHA256 SIZE` writes stdin to PATH atomically, only when exactly SIZE bytes with that sha256 came (a
+slice shipped into the host's cache: skippy.remote.shipping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from skippy.launcher import die_with_parent
+from skippy.log import READY_FD_ENV
+
+STOP_GRACE_S = 15.0
+SILENCE_S = 30.0  # no byte on stdin for this long: the other end is gone
+
+
+def write_files(directory: Path, files: dict[str, dict[str, Any]]) -> None:
+    root = directory.resolve()
+    for name, spec in files.items():
+        path = (root / name).resolve()
+        if root not in path.parents:
+            raise ValueError(f"file {name!r} is outside {root}")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mode = int(spec.get("mode", 0o644))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), mode)  # an existing file keeps its old mode otherwise
+            out.write(spec["text"])
+
+
+class StageUnderSession:
+    """The stage process, stopped once when the session ends or a signal comes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self._once = threading.Lock()
+
+    def stop(self) -> None:
+        if not self._once.acquire(blocking=False):
+            return
+        threading.Thread(target=self._stop, daemon=True).start()
+
+    def _stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def stop_when_input_ends(self) -> None:
+        while select.select([0], [], [], SILENCE_S)[0] and os.read(0, 65536):
+            pass
+        self.stop()
+
+
+def _ready_line(fd: int) -> bytes:
+    data = b""
+    while b"\n" not in data and (chunk := os.read(fd, 65536)):
+        data += chunk
+    return data.split(b"\n", 1)[0] + b"\n" if b"\n" in data else b""
+
+
+def launch(directory: Path) -> int:
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return 0  # the session ended before it said what to start
+    header = json.loads(line)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        write_files(directory, header["files"])
+        read_fd, write_fd = os.pipe()
+        env = {**os.environ, **header["env"], READY_FD_ENV: str(write_fd)}
+        proc = subprocess.Popen([sys.executable, "-m", "skippy.cli.main", *header["args"]], cwd=directory, env=env,
+                                stdin=subprocess.DEVNULL, stdout=2, stderr=2, pass_fds=(write_fd,),
+                                preexec_fn=die_with_parent)
+        os.close(write_fd)
+        stage = StageUnderSession(proc)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda *_: stage.stop())
+        threading.Thread(target=stage.stop_when_input_ends, daemon=True).start()
+        ready = _ready_line(read_fd)
+        os.close(read_fd)
+        with contextlib.suppress(OSError):  # the client may be gone already
+            os.write(1, ready)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the local end stops reading after the ready line
+        code = proc.wait()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()  # the run's directory, once its last stage there is gone
+    return code if code >= 0 else 128 - code
+
+
+def receive(path: Path, sha256: str, size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    digest, got = hashlib.sha256(), 0
+    try:
+        with partial.open("wb") as out:
+            while chunk := sys.stdin.buffer.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+                got += len(chunk)
+        if got != size or digest.hexdigest() != sha256:
+            print(f"{path.name}: received {got} bytes with sha256 {digest.hexdigest()[:16]}, expected {size} bytes"
+                  f" with {sha256[:16]}; not kept", file=sys.stderr)
+            return 1
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m skippy.remote.host_agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("launch").add_argument("directory", type=Path)
+    p = sub.add_parser("receive")
+    p.add_argument("path", type=Path)
+    p.add_argument("sha256")
+    p.add_argument("size", type=int)
+    args = parser.parse_args(argv)
+    if args.command == "launch":
+        return launch(args.directory)
+    return receive(args.path, args.sha256, args.size)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
