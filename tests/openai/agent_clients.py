@@ -17,6 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -28,16 +29,29 @@ CLAUDE_QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEME
                 "DISABLE_AUTOUPDATER": "1", "DISABLE_BUG_COMMAND": "1"}
 
 
-def client_binary(name: str, what: str) -> Path:
-    """`.cache/agents/node_modules/.bin/NAME`, or skip naming what is missing."""
-    path = AGENTS_BIN / name
+CLIENTS = {"codex": "Codex CLI (@openai/codex)", "claude": "Claude Code (@anthropic-ai/claude-code)"}
+
+
+def require_a_client() -> None:
+    """Skip, naming what is missing, unless at least one client is installed (before a server is started for none)."""
+    if not any((AGENTS_BIN / name).exists() for name in CLIENTS):
+        _skip_missing(" and ".join(CLIENTS.values()) + " are")
+
+
+def client_binary(name: str) -> Path:
+    """`.cache/agents/node_modules/.bin/NAME` (a key of CLIENTS), or skip naming what is missing."""
+    path, what = AGENTS_BIN / name, CLIENTS[name]
     if not path.exists():
-        if shutil.which("npm") is None:
-            pytest.skip(f"{what} is not installed and npm is not on PATH (scripts/setup-agents installs it with npm)")
-        pytest.skip(f"{what} is not installed in .cache/agents: run scripts/setup-agents")
+        _skip_missing(f"{what} is")
     if shutil.which("node") is None:
         pytest.skip(f"node is not on PATH ({what}'s launcher runs on Node.js)")
     return path
+
+
+def _skip_missing(what_is: str) -> NoReturn:
+    if shutil.which("npm") is None:
+        pytest.skip(f"{what_is} not installed and npm is not on PATH (scripts/setup-agents installs them with npm)")
+    pytest.skip(f"{what_is} not installed in .cache/agents: run scripts/setup-agents")
 
 
 def client_env(home: Path, **extra: str) -> dict[str, str]:

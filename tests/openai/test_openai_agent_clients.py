@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clients import claude_env, client_binary, client_env, codex_home, run_client
+from agent_clients import claude_env, client_binary, client_env, codex_home, require_a_client, run_client
 from agent_proxy import AgentProxy, Exchange, Steer
 from up_helpers import SkippyServer
 
@@ -34,6 +34,7 @@ NOTE = "skippy-note-4217"
 
 @pytest.fixture(scope="module")
 def agent_server(start_up: Callable[..., Any], tiny_model: Callable[..., Path]) -> Iterator[SkippyServer]:
+    require_a_client()
     # --ctx-size 32768 is the model's n_ctx_train: said explicitly while the default context is being changed to it
     with start_up("up-agent-clients", tiny_model("llama", n_ctx_train=32768), "--split", "none",
                   "--ctx-size", "32768") as s:
@@ -72,7 +73,7 @@ def answered(proxy: AgentProxy, printed: str) -> list[Exchange]:
 # -- Codex CLI ---------------------------------------------------------------------------------------------------
 def test_codex_exec_turn_then_resume(agent_server: SkippyServer, proxy: AgentProxy, tmp_path: Path,
                                      workdir: Path) -> None:
-    codex = client_binary("codex", "Codex CLI (@openai/codex)")
+    codex = client_binary("codex")
     env = client_env(tmp_path / "home", CODEX_HOME=str(codex_home(tmp_path, proxy.port, agent_server.model_id)))
     first = run_client([codex, "exec", "--skip-git-repo-check", "Say hello."], workdir, env)
     assert first.returncode == 0, first.explain()
@@ -90,7 +91,7 @@ def test_codex_exec_turn_then_resume(agent_server: SkippyServer, proxy: AgentPro
 
 def test_codex_exec_runs_a_tool_the_model_calls(agent_server: SkippyServer, proxy: AgentProxy, tmp_path: Path,
                                                 workdir: Path) -> None:
-    codex = client_binary("codex", "Codex CLI (@openai/codex)")
+    codex = client_binary("codex")
     proxy.steer = Steer("exec_command", {"cmd": "cat note.txt"})
     env = client_env(tmp_path / "home", CODEX_HOME=str(codex_home(tmp_path, proxy.port, agent_server.model_id)))
     run = run_client([codex, "exec", "--skip-git-repo-check", "What is in note.txt?"], workdir, env)
@@ -105,7 +106,7 @@ def test_codex_exec_runs_a_tool_the_model_calls(agent_server: SkippyServer, prox
 # -- Claude Code -------------------------------------------------------------------------------------------------
 def test_claude_print_turn_then_continue(agent_server: SkippyServer, proxy: AgentProxy, tmp_path: Path,
                                          workdir: Path) -> None:
-    claude = client_binary("claude", "Claude Code (@anthropic-ai/claude-code)")
+    claude = client_binary("claude")
     env = claude_env(tmp_path / "home", proxy.port)
     ask = [claude, "--model", agent_server.model_id, "--tools", "Read", "-p"]
     first = run_client([*ask, "Say hello."], workdir, env)
@@ -124,7 +125,7 @@ def test_claude_print_turn_then_continue(agent_server: SkippyServer, proxy: Agen
 
 def test_claude_print_runs_a_tool_the_model_calls(agent_server: SkippyServer, proxy: AgentProxy, tmp_path: Path,
                                                   workdir: Path) -> None:
-    claude = client_binary("claude", "Claude Code (@anthropic-ai/claude-code)")
+    claude = client_binary("claude")
     proxy.steer = Steer("Read", {"file_path": str(workdir / "note.txt")})
     run = run_client([claude, "--model", agent_server.model_id, "--tools", "Read", "-p", "What is in note.txt?"],
                      workdir, claude_env(tmp_path / "home", proxy.port))

@@ -19,7 +19,7 @@ route), and `previous_response_id`, `conversation` and `item_reference` items ar
   not the adapter's `--default-max-tokens`.
 - Accepted and meaningless here: `reasoning`, `include`, `metadata`, `prompt_cache_key`,
   `prompt_cache_retention`, `user`, `safety_identifier`, `service_tier`, `truncation`, `max_tool_calls`,
-  `stream_options`, `text.verbosity`; any other field (Codex's `client_metadata`) is ignored
+  `stream_options`, `text.verbosity`; any other field (Codex's `client_metadata`, another key of `text`) is ignored
   (skippy.adapter.request_fields).
 """
 
