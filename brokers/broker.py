@@ -209,7 +209,10 @@ class Broker:
         elif isinstance(msg, StatusQuery):
             self.relay.tell(client, self.status(msg.nonce))
         elif isinstance(msg, ProtocolError):
-            self.log.warning("bad_message", code=msg.code, error=msg.message)
+            self.log.warning("bad_message", code=msg.code, error=msg.message, request_id=msg.request_id)
+            if msg.request_id is not None:  # a request it could not read still gets its answer: no client waits forever
+                self.outcomes["bad_request"] += 1
+                self.relay.tell_final(client, error_event(msg.request_id, ErrorCode.BAD_REQUEST, msg.message))
         else:
             self.log.warning("unexpected_message", kind=type(msg).__name__)
 

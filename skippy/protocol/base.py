@@ -52,10 +52,11 @@ Keys: TypeAlias = Annotated[tuple[U63, ...], Meta(max_length=MAX_SESSIONS_PER_ME
 class ProtocolError(Exception):
     """An invalid message; ``code`` is one of the first five ErrorCodes."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
         super().__init__(code, message)
         self.code = code
         self.message = message
+        self.request_id = request_id  # a refused request's id where its header names one: its sender gets the error
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

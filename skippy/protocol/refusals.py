@@ -22,6 +22,7 @@ _U63 = 2**63 - 1
 KINDS: dict[str, type[Any]] = {cls.__struct_config__.tag: cls for cls in Message.__args__}  # k -> message class
 KIND_OF: dict[type, str] = {cls: kind for kind, cls in KINDS.items()}
 _ANY = msgspec.msgpack.Decoder()  # a refused header, as plain values
+MAX_REQUEST_ID_CHARS = 200  # a longer "request_id" in a refused header is not taken as one
 
 
 def show(value: Any) -> str:
@@ -137,6 +138,9 @@ def refusal(view: memoryview, exc: Exception) -> ProtocolError:
     if kind not in KINDS:
         known = ", ".join(KINDS)
         return ProtocolError(ErrorCode.UNKNOWN_KIND, f"header.k: unknown message kind {kind[:60]!r} (known: {known})")
-    if not isinstance(exc, msgspec.ValidationError):
-        return ProtocolError(ErrorCode.MALFORMED, f"{kind}: {str(exc)[:200]}")
-    return _explain(kind, raw, str(exc))
+    refused = (ProtocolError(ErrorCode.MALFORMED, f"{kind}: {str(exc)[:200]}")
+               if not isinstance(exc, msgspec.ValidationError) else _explain(kind, raw, str(exc)))
+    request_id = raw.get("request_id")
+    if type(request_id) is str and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
+        refused.request_id = request_id
+    return refused

@@ -17,6 +17,7 @@ from broker_helpers import WAIT_S, BrokerClient, Clock, FakeStage0, run, running
 from skippy.config import AdmissionOptions
 from skippy.driver.direct_events import submitter_copy
 from skippy.protocol import TokenEvents, TokenLogprob
+from skippy.protocol.base import MAX_CONTEXT_TOKENS
 
 
 def fakes(ctx: zmq.asyncio.Context, directory: Path, n: int, **kwargs: int) -> list[FakeStage0]:
@@ -218,6 +219,32 @@ def test_events_go_direct_only_when_adapter_broker_and_stage_0_share_a_host(tmp_
                 await client.submit(request_id="remote", events_to=events_to)
                 _, submit = await stage0.next_submit()
                 assert submit.events_to is None
+        finally:
+            stage0.close()
+            ctx.term()
+
+    run(body())
+
+
+def test_a_submit_it_cannot_read_is_answered_with_the_reason(tmp_path: Path) -> None:
+    """A Submit whose prompt is past the wire's limit is refused by the decoder; its sender still gets a final
+    bad_request naming the field (the request id read from the refused header), and stage 0 never sees it."""
+
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        (stage0,) = fakes(ctx, tmp_path, 1, lane_count=4)
+        try:
+            async with running_broker([stage0.endpoint]) as (broker, client):
+                huge = await client.submit(prompt=(5,) * (MAX_CONTEXT_TOKENS + 1), request_id="huge")
+                final = await huge.finished()
+                assert (final.finish_reason, final.code) == ("error", "bad_request")
+                assert final.error == f"submit.prompt: expected at most {MAX_CONTEXT_TOKENS} items, got {MAX_CONTEXT_TOKENS + 1}"
+                ok = await client.submit(request_id="ok")
+                peer, submit = await stage0.next_submit()
+                assert submit.request_id == "ok"  # the refused one never reached stage 0
+                await stage0.send(peer, TokenEvents("ok", (9,), "stop"))
+                await ok.finished()
+                assert dict(broker.outcomes) == {"bad_request": 1, "stop": 1}
         finally:
             stage0.close()
             ctx.term()
