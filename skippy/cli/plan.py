@@ -13,7 +13,8 @@ tok/s at `--plan-concurrency` streams (default: the lane count), or single-strea
 it fits every host's memory. When every host holds the whole model on cores of its own, replicas (one pipeline
 per host) are weighed too and served when faster (`--no-replicas`, or `--stages K`: a split).
 With `--out DIR` the topology and stage configs go to DIR (plan.json
-beside them) and the `skippy up` command serving it is printed. `skippy up` without `--split` plans the
+beside them) and the `skippy up` command serving it is printed (`skippy up --hosts FILE` when hosts there are
+reached over SSH: only it starts their stages there, skippy.remote). `skippy up` without `--split` plans the
 same way for the hosts it is given (`add_host_arguments`, `plan_for`).
 """
 
@@ -110,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
         pin = f" --stage-cpus {','.join(c for c in pinned if c)}" if all(pinned) else ""
         topologies = " ".join(f"--topology {p.topology}" for p in written.pipelines)
         configs = sum(len(p.configs) for p in written.pipelines)
+        serve = f"skippy up {topologies}{pin}"
+        if args.hosts and any(h.ssh for h in load_hosts(args.hosts)):  # only `skippy up --hosts` starts stages over SSH
+            serve = f"skippy up --hosts {args.hosts} (with this command's --model and serving flags)"
         print(f"wrote {', '.join(str(p.topology) for p in written.pipelines)} ({configs} stage configs,"
-              f" {written.summary.name}); serve it with: skippy up {topologies}{pin}")
+              f" {written.summary.name}); serve it with: {serve}")
     return 0

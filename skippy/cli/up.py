@@ -288,8 +288,6 @@ def run(args: argparse.Namespace) -> int:
         stages = sum(len(p.configs) for p in pipelines)
         what = f"{len(pipelines)} replicas ({stages} stages)" if len(pipelines) > 1 else f"{stages} stage{'s' * (stages != 1)}"
         print(f"starting {what}, broker and adapter (logs: {run_dir})", file=sys.stderr, flush=True)
-        if remote is not None:
-            remote.prepare()  # every SSH host checked and sent its slices before any stage starts
         children.start()
         url = front.start()
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
@@ -297,4 +295,6 @@ def run(args: argparse.Namespace) -> int:
 
     restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE,
                                include_stage0=True, extra=front.starters())
+    if remote is not None:
+        remote.prepare()  # every SSH host checked and sent its slices before anything starts
     return children.supervise("skippy up", start, restarter)

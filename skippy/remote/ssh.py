@@ -64,8 +64,8 @@ def failure(label: str, target: SshTarget, code: int, stderr: str) -> str:
     if code == SSH_FAILED:
         known = target.known_hosts_file or "~/.ssh/known_hosts"
         if any("host key" in line.lower() or "HOST IDENTIFICATION" in line for line in lines):
-            return (f"{label}: its SSH host key is not the one in {known} (StrictHostKeyChecking=yes; unknown keys are"
-                    f" refused, never added): verify its fingerprint, then add it to {known} ({last})")
+            return (f"{label}: SSH refused its host key, which {known} does not hold (StrictHostKeyChecking=yes: an"
+                    f" unknown key is refused, never added): verify its fingerprint, then add it there ({last})")
         if any("Permission denied" in line for line in lines):
             return (f"{label}: SSH login refused ({last}): BatchMode=yes never prompts; use the agent or the hosts"
                     " file's ssh.identity_file, whose public key the host must authorize")

@@ -8,7 +8,8 @@ and its available memory (at least what the plan gives its stages), and sends ea
 host's cache lacks (skippy.remote.shipping; none when the hosts file names `ssh.model_path`, the model
 already there). Each failure is one line naming the host. Then `prefix(stage_id)` is the command the
 launcher starts the stage through: the relay (skippy.remote.relay), with a spec in `<run_dir>/remote/`.
-A stage that dies is restarted through it like any other (skippy.restarts); its host is asked again first.
+A stage that dies is restarted through it like any other (skippy.restarts); its host is asked again first (a host
+that cannot be reached fails the start, which is retried with backoff up to the give-up limit).
 """
 
 from __future__ import annotations
@@ -82,7 +83,10 @@ class SshStages:
         if stage is None:
             return []
         if stage_id not in self._fresh:  # a restart: the host may have lost its cache since
-            self._prepare_host([stage], file_digest(self.model))
+            try:
+                self._prepare_host([stage], file_digest(self.model))
+            except RemoteError as error:  # SSH fails again at once and the stage's exit is restarted with backoff
+                self.say(f"{error}; starting {stage_id} there anyway")
         self._fresh.discard(stage_id)
         return [sys.executable, "-m", "skippy.remote.relay", str(self.specs / f"{stage_id}.json"), "--"]
 
@@ -97,7 +101,7 @@ class SshStages:
         need = sum(s.memory_mib for s in stages)
         available = found.get("mem_available")
         if isinstance(available, int) and available < need * (1 << 20):
-            raise RemoteError(f"{label}: the plan gives it {need:.0f} MiB ({', '.join(self._names(stages))}), it has"
+            raise RemoteError(f"{label}: the plan gives it {need:.0f} MiB ({', '.join(s.stage_id for s in stages)}), it has"
                               f" {available / (1 << 20):.0f} MiB available; lower its mem_mb in the hosts file")
         cache = str(found["cache_dir"])
         for stage in stages:
@@ -150,10 +154,6 @@ class SshStages:
         spec = {"host": stage.host.name, "ssh": ssh_argv(target, command), "cache_dir": cache, "config": config}
         self.specs.mkdir(parents=True, exist_ok=True)
         (self.specs / f"{stage.stage_id}.json").write_text(json.dumps(spec, indent=2))
-
-    @staticmethod
-    def _names(stages: list[RemoteStage]) -> list[str]:
-        return [s.stage_id for s in stages]
 
 
 def ssh_stages(hosts_file: Path | None, plan_summary: Path, pipelines: Sequence[PipelineFiles], run_dir: Path,

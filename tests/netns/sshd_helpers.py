@@ -3,7 +3,7 @@
 `sshd_hosts(hosts, root)` starts `/usr/sbin/sshd -D` inside each namespace host (and its memory cgroup, if it
 has one) on a high port with its own host key, and makes a client identity and a known_hosts file naming each
 host's key; it yields `SshHost`s (each with a cache directory of its own, its `SKIPPY_CACHE_DIR` there) and
-stops every sshd afterwards. `host_entry` is a hosts-file entry reaching one over SSH with this checkout's
+stops every sshd afterwards. `SshHost.entry` is a hosts-file entry reaching one over SSH with this checkout's
 Python. `namespace_processes` lists what runs inside a namespace, the sshd listener aside.
 """
 
@@ -92,6 +92,7 @@ def sshd_hosts(hosts: HostSet, root: Path) -> Iterator[list[SshHost]]:
     if (reason := sshd_missing()) is not None:
         pytest.skip(reason)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    root.mkdir(parents=True, exist_ok=True)
     identity = root / "id_ed25519"
     authorized = root / "authorized_keys"
     authorized.write_text(_keygen(identity) + "\n")

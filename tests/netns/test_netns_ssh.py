@@ -6,7 +6,8 @@ each: the whole model needs ~205 MiB, so it must split), sends each host its sta
 the stages there over SSH and serves a greedy chat completion equal to the unsplit model's. Each stage process
 runs inside its host and maps its slice, never the whole GGUF; each host's cache holds its slice only, smaller
 than the model; the stages' JSON logs come back into the run directory (`skippy logs` merges them). SIGINT to
-`skippy up` leaves no process on either host. Started again, nothing is sent (the slices are in the caches).
+`skippy up` leaves no process on either host. Started again, nothing is sent (the slices are in the caches). A
+remote stage SIGKILLed is restarted on its host (its host asked again first) and serves on.
 A host whose key is not in known_hosts is refused in one line, and so is a host whose Python has no skippy.
 """
 
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from netns_helpers import MakeHosts
 from sshd_helpers import SshHost, namespace_processes, sshd_hosts
 
@@ -112,6 +113,28 @@ def test_up_over_ssh_ships_each_host_its_slice_and_serves_the_unsplit_text(
             assert wait_empty(host) == [], host.namespace
 
 
+def test_a_remote_stage_killed_is_restarted_on_its_host(netns_hosts: MakeHosts, tmp_path: Path,
+                                                        skippy_cache_dir: Path) -> None:
+    with sshd_hosts(netns_hosts(2, emulator="none"), tmp_path / "ssh") as hosts:
+        hosts_file = write_hosts(tmp_path / "hosts.json", hosts)
+        with launch_up(fresh(tmp_path / "up"), skippy_cache_dir, None, [*SHAPE, "--hosts", str(hosts_file)]) as server:
+            before = chat(server)
+            [(pid, _)] = stage_processes(hosts[1])
+            os.kill(pid, signal.SIGKILL)
+            assert chat(server) == before  # stage 0 waits for it, then serves
+            [(again, _)] = stage_processes(hosts[1])
+            assert again != pid
+            deadline = time.monotonic() + GONE_TIMEOUT_S  # its record is written just after it said ready
+            while (record := json.loads((server.run_dir / "restarts.json").read_text())["stage1"])["restarts"] == 0 \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)  # poll interval of a bounded wait
+            assert record["restarts"] == 1 and record["exit_codes"] == [128 + signal.SIGKILL], record
+        stderr = (tmp_path / "up" / "up.stderr").read_text()
+        assert "h2 has stage1's slice (layers" in stderr, stderr  # asked again before the restart, nothing sent
+        for host in hosts:
+            assert wait_empty(host) == [], host.namespace
+
+
 def test_an_unknown_host_key_or_a_missing_skippy_is_one_line(
         netns_hosts: MakeHosts, tmp_path: Path, skippy_cache_dir: Path) -> None:
     with sshd_hosts(netns_hosts(2, emulator="none"), tmp_path / "ssh") as hosts:
@@ -120,7 +143,7 @@ def test_an_unknown_host_key_or_a_missing_skippy_is_one_line(
         refused = up_fails([*SHAPE, "--run-dir", str(tmp_path / "r1"),
                             "--hosts", str(write_hosts(tmp_path / "h1.json", hosts, known_hosts_file=str(unknown)))],
                            skippy_cache_dir)
-        assert refused.returncode == 1
+        assert refused.returncode == 2
         last = refused.stderr.strip().splitlines()[-1]
         assert "host key" in last and "StrictHostKeyChecking=yes" in last and "host h" in last, refused.stderr
         assert not list(hosts[0].cache_dir.glob("**/*.gguf")), "nothing is sent to a host whose key is unknown"
@@ -128,7 +151,7 @@ def test_an_unknown_host_key_or_a_missing_skippy_is_one_line(
         missing = up_fails([*SHAPE, "--run-dir", str(tmp_path / "r2"),
                             "--hosts", str(write_hosts(tmp_path / "h2.json", hosts, python="/usr/bin/python3"))],
                            skippy_cache_dir)
-        assert missing.returncode == 1
+        assert missing.returncode == 2
         last = missing.stderr.strip().splitlines()[-1]
         assert "has no skippy" in last and "/usr/bin/python3" in last, missing.stderr
         for host in hosts:
