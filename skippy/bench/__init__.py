@@ -31,6 +31,9 @@ The kinds (`skippy bench KIND --help` for the flags), each with its modules:
 - `telemetry` (`telemetry.py`): decode speed with a stalled or unreachable OTLP collector vs none.
 - `codec` (`codec.py`): the protocol codec on one decode step's messages, cold and warm caches.
 - `deterministic` (`deterministic.py`): `skippy up --deterministic` against without it (docs/deterministic.md).
+- `agents` (`agent_first_answer.py`; `agent_client_launch.py` the real clients' environment and one run of one,
+  which tests/openai's client tests share): Codex CLI and Claude Code against plain `skippy up`, each one's wall
+  time to its first answer, first request's prompt and cached tokens and TTFT, with a cold then a warm prefix cache.
 
 `cpu_time.py`: the CPU time a server's processes spend per output token, by role (the http and plan benches).
 
@@ -47,6 +50,7 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `bench` verb and its kinds to the `skippy` command's subparsers."""
     from skippy.bench import (
+        agent_first_answer,
         codec,
         deterministic,
         http,
@@ -63,5 +67,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for module in (runtime, pipeline, http, plan, prefill, soak, speculative, prefix_cache, telemetry, codec,
-                   deterministic):
+                   deterministic, agent_first_answer):
         module.add_to(kinds)

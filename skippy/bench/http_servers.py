@@ -26,10 +26,11 @@ from typing import IO
 from skippy.bench.http_load import Server
 from skippy.openmp import user_env
 
-__all__ = ["LLAMA_SERVER_SLOT_CTX", "llama_server_args", "start_llama_cpp_python", "start_llama_server", "start_skippy", "stop"]
+__all__ = ["LLAMA_SERVER_SLOT_CTX", "llama_server_args", "start_llama_cpp_python", "start_llama_server", "start_skippy",
+           "start_skippy_up", "stop"]
 
 READY = re.compile(r"skippy ready: (http://\S+)/v1 \(model (\S+)\)")
-LLAMA_SERVER_SLOT_CTX = 512  # context per llama-server slot, as skippy up's default --ctx-size per lane
+LLAMA_SERVER_SLOT_CTX = 512  # context per llama-server slot (skippy up's default per lane before its lanes shared a pool)
 
 
 def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
@@ -41,10 +42,14 @@ def _drain(stream: IO[bytes] | None, lines: queue.Queue[bytes]) -> None:
 def start_skippy(model: str, split: str | None, run_dir: Path, lanes: int, flags: Sequence[str] = (),
                  name: str = "skippy") -> Server:
     """`skippy up` at `split` (None: its own choice, planned when `flags` name hosts, e.g. --stage-cpus)."""
+    return start_skippy_up(["--model", model, *(["--split", split] if split else []), "--lane-count", str(lanes),
+                            "--openai-generation-concurrency", str(lanes), *flags], run_dir, name)
+
+
+def start_skippy_up(up_flags: Sequence[str], run_dir: Path, name: str = "skippy") -> Server:
+    """`skippy up UP_FLAGS` on 127.0.0.1, a free port, logs in `run_dir`; its stderr in `run_dir`'s parent."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--model", model, *(["--split", split] if split else []),
-           "--lane-count", str(lanes), "--openai-generation-concurrency", str(lanes), "--bind", "127.0.0.1:0",
-           "--run-dir", str(run_dir), *flags]
+    cmd = [str(Path(sys.executable).with_name("skippy")), "up", "--bind", "127.0.0.1:0", "--run-dir", str(run_dir), *up_flags]
     with open(run_dir.parent / f"{name}-up.stderr", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     lines: queue.Queue[bytes] = queue.Queue()  # stdout, drained by a thread so the ready wait can time out

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clients import claude_env, client_binary, client_env, codex_home, require_a_client, run_client
+from agent_clients import client_binary, require_a_client, run_client
 from agent_proxy import AgentProxy, Exchange, Steer
 from up_helpers import SkippyServer
+
+from skippy.bench.agent_client_launch import claude_env, client_env, codex_home
 
 NOTE = "skippy-note-4217"
 
