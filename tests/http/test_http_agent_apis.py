@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 from adapter_helpers import adapter_server
+from structlog.testing import capture_logs
 
 pytestmark = pytest.mark.anyio
 ASK = [{"role": "user", "content": "hi"}]
@@ -81,3 +82,22 @@ async def test_a_response_without_max_output_tokens_may_fill_the_context(tiny_mo
             async for _ in await claude.messages.create(model="tiny", max_tokens=32000, messages=ASK, stream=True):
                 pass
             assert broker.max_tokens == 256 - (await claude.messages.count_tokens(model="tiny", messages=ASK)).input_tokens
+
+
+async def test_anthropic_model_names_are_served_by_the_one_model(tiny_model: Callable[..., Path]) -> None:
+    """Claude Code names Anthropic's models (its main one, its small fast one) unless told otherwise: the Messages
+    route answers them with the served model, and says so in its log once per name; the OpenAI routes keep 404."""
+    async with adapter_server(tiny_model("llama")) as (server, broker):
+        base = f"http://127.0.0.1:{server.port}"
+        with capture_logs() as logs:
+            async with anthropic.AsyncAnthropic(base_url=base, api_key="x", max_retries=0) as claude:
+                for name in ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-sonnet-4-5"):
+                    reply = await claude.messages.create(model=name, max_tokens=8, messages=ASK)
+                    assert reply.stop_reason == "max_tokens" and reply.model == "tiny"
+                assert (await claude.messages.count_tokens(model="claude-opus-4-1", messages=ASK)).input_tokens > 0
+        substituted = [(e["asked"], e["served"]) for e in logs if e["event"] == "model_substituted"]
+        assert substituted == [("claude-sonnet-4-5", "tiny"), ("claude-haiku-4-5", "tiny"), ("claude-opus-4-1", "tiny")]
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0) as oai:
+            with pytest.raises(openai.NotFoundError):
+                await oai.chat.completions.create(model="claude-sonnet-4-5", messages=ASK, max_tokens=8)  # type: ignore[arg-type]
+        assert broker.submitted == 3

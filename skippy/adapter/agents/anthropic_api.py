@@ -157,16 +157,29 @@ class MessageEvents:
 class MessagesApi:
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
+        self._substituted: set[str] = set()  # model names already logged as served by this model
+
+    def _served(self, body: Any) -> Any:
+        """`body` with its `model` set to the served one: Anthropic's clients name Anthropic's models (Claude Code
+        its main and its small fast model, whatever it is pointed at), and this server has one model to answer them
+        with. Logged once per name (`model_substituted`)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or model == self.generation.model_id:
+            return body
+        if model not in self._substituted:
+            self._substituted.add(model)
+            self.generation.log.info("model_substituted", asked=model, served=self.generation.model_id)
+        return {**body, "model": self.generation.model_id}
 
     def routes(self) -> list[Route]:
         return [("POST", "/v1/messages", self.create), ("POST", "/v1/messages/count_tokens", self.count_tokens)]
 
     async def create(self, request: Request) -> Response | StreamResponse:
-        req, run = await start_translated(self.generation, translate_messages(request.json()), request.request_id,
-                                          "messages")
+        req, run = await start_translated(self.generation, translate_messages(self._served(request.json())),
+                                          request.request_id, "messages")
         events = MessageEvents(run.rid, self.generation.model_id, run.n_prompt)
         return await respond(events, req, run, self.generation.ping_interval_s)
 
     async def count_tokens(self, request: Request) -> Response:
-        count = count_translated(self.generation, translate_messages(request.json(), count_only=True))
+        count = count_translated(self.generation, translate_messages(self._served(request.json()), count_only=True))
         return json_response({"input_tokens": count})
