@@ -273,17 +273,18 @@ class StageProcesses(Children):
                  own_stage_cpus: str | None = None, remote_prefix: Callable[[str], list[str]] | None = None) -> None:
         super().__init__(run_dir, env)
         self.remote_prefix = remote_prefix  # stage id -> the command it starts through on another machine ([]: here)
-        self.topology_path = topology_path
-        self.topology = StageTopology.load(topology_path)
-        self.config_paths = list(config_paths)
-        self.pipelines = [PipelineFiles(topology_path, self.config_paths, own_stage_cpus), *replicas]
-        self.flags = list(flags)
-        self.first_flags = list(first_flags)
-        self.last_flags = list(last_flags)
+        self.flags, self.first_flags, self.last_flags = list(flags), list(first_flags), list(last_flags)
         self.first = 0 if include_stage0 else 1
+        self.use([PipelineFiles(topology_path, list(config_paths), own_stage_cpus), *replicas], stage_cpus)
+
+    def use(self, pipelines: Sequence[PipelineFiles], stage_cpus: Sequence[CpuSet] = ()) -> None:
+        """Serve these pipelines' stages from now on (the first's topology is `topology`): a re-plan's."""
+        self.pipelines = list(pipelines)
+        self.topology_path, self.config_paths = self.pipelines[0].topology, list(self.pipelines[0].configs)
+        self.topology = StageTopology.load(self.topology_path)
         self._stages: list[tuple[PipelineFiles, StageTopology, int]] = []  # (pipeline, its topology, stage_index)
         for pipeline in self.pipelines:
-            topology = self.topology if pipeline.topology == topology_path else StageTopology.load(pipeline.topology)
+            topology = self.topology if pipeline.topology == self.topology_path else StageTopology.load(pipeline.topology)
             self._stages += [(pipeline, topology, i) for i in range(len(pipeline.configs))]
         self.shares_cores = stages_sharing_cores(len(self._stages), stage_cpus)
 

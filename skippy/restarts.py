@@ -16,6 +16,10 @@ long-lived thread: a child gets SIGTERM when the thread that started it exits (P
 thread lives as long as the children it starts may. Stage 0's own OpenAI front (skippy.cli.front) restarts
 its broker and adapter the same way.
 
+A starter may bring a child back another way and say so (`RestartSuperseded`: nothing recorded), `given_up` may
+deal with a child that died too often (skippy.remote.host_loss drops its host), `run_soon` runs a job on the
+restarts' thread, and `StageRestarter.restage` follows a re-plan's new stages.
+
 Every restart is recorded in `<run_dir>/restarts.json` (total restarts, the last one's duration from
 death to ready, exit codes); the adapter reads it at each scrape (skippy.telemetry.restart_counts) and serves
 `skippy_stage_restarts_total{stage}` and `skippy_stage_last_restart_seconds{stage}` (the broker and the
@@ -41,6 +45,12 @@ from skippy.launcher import READY_TIMEOUT_S, Children, LaunchError, StageProcess
 RESTARTS_FILE = "restarts.json"
 
 Starter = Callable[[float], None]  # start a child again, waiting up to the given seconds for its ready line
+Job = tuple[str, float, float] | Callable[[], None]  # (child, backoff, died at): a restart; a callable: run it
+
+
+class RestartSuperseded(Exception):  # noqa: N818  (not an error: the starter did something else instead)
+    """Raised by a starter that brought the child back another way (a re-plan started every stage anew): the
+    restart is not recorded as one."""
 Report = Callable[[str, str, dict[str, Any]], None]  # (event, line, fields): child_died / child_restarted
 
 
@@ -79,7 +89,8 @@ class ChildRestarter:
         self.state_path = state_path
         self.report = report or say
         self.records = {name: StageRestarts() for name in starters}
-        self._jobs: queue.Queue[tuple[str, float, float] | None] = queue.Queue()
+        self.state_extra: dict[str, Any] = {}  # written into restarts.json beside the records (skippy.remote.host_loss)
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="child-restarter", daemon=True)
@@ -105,25 +116,45 @@ class ChildRestarter:
                 f"it died {streak} times in a row (--max-stage-restarts {self.policy.max_restarts})")
             self.report("child_died", f"{name} exited with code {code} (log {log}); not restarting: {why}",
                         {**fields, "restart_in_s": None, "error": why})
-            return False
+            return self.given_up(name, why)
         delay = self.policy.backoff(streak)
         self.report("child_died", f"{name} exited with code {code} (log {log}); restarting it in {delay:g} s "
                     f"({streak} of at most {self.policy.max_restarts} in a row)", {**fields, "restart_in_s": delay})
         self._jobs.put((name, delay, now))
         return True
 
+    def given_up(self, name: str, why: str) -> bool:
+        """`name` died too often in a row (`why`): True when it is dealt with otherwise; False: everything stops."""
+        return False
+
+    def run_soon(self, job: Callable[[], None]) -> None:
+        """Run `job` on the restarts' thread (the children it starts live as long as that thread)."""
+        self._jobs.put(job)
+
     def close(self) -> None:
         """No more restarts (call before the children are stopped); a launch under way is abandoned."""
         self._closed.set()
         self._jobs.put(None)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            if callable(job):
+                job()
+                continue
             name, delay, died_at = job
             if self._closed.wait(delay):
                 return
+            starter, proc = self.starters.get(name), self.children.procs.get(name)
+            if starter is None or (proc is not None and proc.poll() is None):
+                continue  # no longer served, or already back (a re-plan started it anew)
             try:
-                self.starters[name](self.policy.ready_timeout_s)
+                starter(self.policy.ready_timeout_s)
+            except RestartSuperseded:
+                continue
             except LaunchError as exc:  # its exit (killed here if it hangs) comes back through `restart`
                 proc = self.children.procs.get(name)
                 if proc is not None and proc.poll() is None:
@@ -150,6 +181,7 @@ class ChildRestarter:
         with self._lock:
             state = {stage: {k: v for k, v in asdict(r).items() if k not in ("streak", "started_at")}
                      for stage, r in self.records.items()}
+            state.update(self.state_extra)
         tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_path)
@@ -161,13 +193,32 @@ class StageRestarter(ChildRestarter):
     def __init__(self, stages: StageProcesses, policy: RestartPolicy, state_path: Path | None, *,
                  include_stage0: bool = False, extra: dict[str, Starter] | None = None,
                  report: Report | None = None) -> None:
-        def starter(index: int) -> Starter:
-            return lambda timeout_s: stages.start_stage(index, timeout_s)
-
-        first = 0 if include_stage0 else 1
-        starters = {stage_id: starter(n) for n, stage_id, index in stages.stage_ids() if index >= first}
-        super().__init__(stages, {**starters, **(extra or {})}, policy, state_path, report)
         self.stages = stages
+        self.first = 0 if include_stage0 else 1
+        self.stage_names: set[str] = set()
+        super().__init__(stages, {**self._stage_starters(), **(extra or {})}, policy, state_path, report)
+
+    def stage_starter(self, index: int, stage_id: str) -> Starter:
+        """How stage `index` (of `stages.stage_ids()`) is started again."""
+        return lambda timeout_s: self.stages.start_stage(index, timeout_s)
+
+    def _stage_starters(self) -> dict[str, Starter]:
+        starters = {stage_id: self.stage_starter(n, stage_id)
+                    for n, stage_id, index in self.stages.stage_ids() if index >= self.first}
+        self.stage_names = set(starters)
+        return starters
+
+    def restage(self) -> None:
+        """The stages changed (a re-plan): restart each by its new index, with a record for each new stage id; the
+        stage ids no longer served are not restarted (their records stay)."""
+        with self._lock:
+            for name in self.stage_names:
+                self.starters.pop(name, None)
+            starters = self._stage_starters()
+            self.starters.update(starters)
+            for name in starters:
+                self.records.setdefault(name, StageRestarts())
+        self._write_state()
 
 
 def say(event: str, line: str, fields: dict[str, Any]) -> None:

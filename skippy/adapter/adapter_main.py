@@ -8,9 +8,11 @@ or `--openai-api-key` (warned about: visible on the command line); a non-loopbac
 key is warned about too. A broker serving CURVE (its topologies have keys and it binds tcp) is reached
 with `--link-secret-key` (this adapter's pair, a client of the topology) and `--broker-public-key`
 (default: that pair's own public key, as when the broker serves with the same `client` pair).
-On SIGTERM every request still generating fails with code unavailable ("the OpenAI adapter is
-stopping"): an open stream gets its error event and `[DONE]`, a waiting response a 503, and both up to
-STOP_GRACE_S to be sent before the connections close; never a cut answer without a reason.
+On SIGTERM every request still generating or waiting for a pipeline fails with code unavailable ("the OpenAI
+adapter is stopping", or the run's own reason when a lost host left nothing to serve on: `--restarts-file`'s
+`hosts.failed`, which also ends every waiting request at once): an open stream gets its error event and `[DONE]`,
+a waiting response a 503, and both up to STOP_GRACE_S to be sent before the connections close; never a cut answer
+without a reason.
 """
 
 
@@ -43,7 +45,7 @@ from skippy.runtime.tokenizer import Tokenizer
 from skippy.supervise import ignore_signals, stop_on_signals
 from skippy.telemetry.options import resolve_telemetry
 from skippy.telemetry.process import start_telemetry
-from skippy.telemetry.restart_counts import RestartsCollector
+from skippy.telemetry.restart_counts import RestartsCollector, pipeline_gone
 from skippy.transport.curve_guard import LinkKeys, secure
 from skippy.transport.curve_keys import load_key_pair
 
@@ -102,6 +104,7 @@ async def serve(args: argparse.Namespace) -> int:
     adapter.metrics.registry.register(DirectEventsCollector(lambda: broker.direct_events))
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))
+        adapter.resuming.gone = lambda: pipeline_gone(args.restarts_file)
     server = HttpServer(adapter.router(), host, port, limits=args.http_limits, observer=adapter.metrics)
     await server.start()
     dashboard = adapter.dashboard
@@ -113,7 +116,8 @@ async def serve(args: argparse.Namespace) -> int:
                    http_limits=args.http_limits.to_dict())
     await stopped.wait()
     ignore_signals()
-    failed = broker.fail_pending("the OpenAI adapter is stopping")  # each open response ends with this error
+    adapter.resuming.stopping = adapter.resuming.gone_reason() or "the OpenAI adapter is stopping"
+    failed = broker.fail_pending(adapter.resuming.stopping)  # each open response ends with this error
     log.info("stopping", failed_in_flight=failed)
     await server.close(grace_s=STOP_GRACE_S)
     broker.close()

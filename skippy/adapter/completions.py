@@ -174,7 +174,7 @@ class Generation:
             why = "no pipeline is ready" if status is not None else why
             status = await self.broker.wait_ready()  # a restart in progress: wait for it, within the resume deadline
             if status is None:
-                raise HttpError(503, f"{why} (none became ready within {self.broker.resume_timeout_s:g} s)",
+                raise HttpError(503, self.broker.not_ready(why),
                                 type="service_unavailable", code="unavailable")
         ctx = status.ctx_size
         unfit = prompt_length_error(len(ids), ctx)

@@ -14,6 +14,10 @@ loss ends with one pipeline_failed error naming what died. Each resume is counte
 A new request that finds no pipeline ready waits the same way (`wait_ready`, bounded by the same deadline)
 before it is refused with 503, so requests sent during a restart are served once it is over.
 
+`gone` (the adapter reads it from the run's restarts.json: skippy.telemetry.restart_counts.pipeline_gone) says
+why no pipeline will come back (a lost host, and the hosts left cannot hold the model): a waiting request then
+ends at once with that reason, as every waiting one does with `stopping`'s once the adapter stops.
+
 The handle it returns is the one the generation routes iterate (skippy.adapter.completions); `cancel` takes
 the request id they know and cancels whichever submission is current.
 """
@@ -91,6 +95,16 @@ class ResumingClient:
         self.on_resume = on_resume
         self.log = log or get_logger()
         self.active: dict[str, _Request] = {}
+        self.gone: Callable[[], str | None] | None = None  # why no pipeline will come back (None: one may)
+        self.stopping: str | None = None  # the adapter is stopping, for this reason
+
+    def gone_reason(self) -> str | None:
+        """Why waiting for a pipeline is pointless (None: one may come back)."""
+        return self.stopping or (self.gone() if self.gone is not None else None)
+
+    def not_ready(self, why: str) -> str:
+        """What a new request that found no pipeline ready is told."""
+        return self.gone_reason() or f"{why} (none became ready within {self.resume_timeout_s:g} s)"
 
     async def submit(self, prompt: Sequence[int], sampling: SamplingParams | None = None, max_tokens: int = 16,
                      stop_tokens: frozenset[int] = frozenset(), request_id: str = "", *,
@@ -140,6 +154,8 @@ class ResumingClient:
                          error=lost.error)
         lost_submission = req.current
         while time.monotonic() < deadline and not req.cancelled:
+            if (gone := self.gone_reason()) is not None:
+                return TokenEvents(req.request_id, (), FinishReason.ERROR, gone, ErrorCode.PIPELINE_FAILED)
             if await self._ready(deadline) is not None:
                 # a stage 0 that outlived the broker still runs the lost submission: it is cancelled there
                 await self.client.cancel(lost_submission)
@@ -164,7 +180,7 @@ class ResumingClient:
         being refused: the broker's ready Status, or None when none is ready within `resume_timeout_s`."""
         since = time.monotonic()
         deadline = since + self.resume_timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.gone_reason() is None:
             status = await self._ready(deadline)
             if status is not None:
                 self.log.info("pipeline_waited", waited_ms=round((time.monotonic() - since) * 1e3, 3))

@@ -7,8 +7,8 @@ Two pairs, every server up at once, each prompt sent to one server at a time:
 
 - `one-host`: `skippy` (`skippy up` as it serves one host: one stage on every CPU) against `llama-server` on
   the same cores (`-t` = the CPUs, unpinned);
-- `split`: `skippy-split` (`skippy up --stage-cpus LIST --no-replicas`: the planner's split, one stage per CPU
-  set, pinned) against `llama-server-1core`, pinned to the first set with as many threads.
+- `split`: `skippy-split` (`skippy up --stage-cpus LIST --no-replicas`: the planner's split, or `--split` the
+  given one, one stage per CPU set, pinned) against `llama-server-1core`, pinned to the first set with as many threads.
 
 Every server has `--lanes` sessions of a context that fits the longest prompt (skippy `--lane-count`,
 `--ctx-size`; llama-server `--parallel`, `-c` = lanes x that) and its own batch defaults (llama-server: n_batch
@@ -17,7 +17,8 @@ concurrent stream then decodes plainly, as llama-server's does). For each length
 prompt text per round (no prefix cache hit anywhere), sent to every server in turn, the order reversed every
 other round so machine noise hits both sides alike. Reported per pair: the median TTFT of each side, and the
 median over rounds of the round's ratio (skippy / peer, each round's pair measured back to back) against its
-target (one host <= 1; 2 one-core stages <= 0.6, 3 <= 0.45). `--concurrent-stream`: every prompt is sent
+target (one host <= 1; 2 one-core stages <= 0.6, 3 <= 0.45), and each side's median CPU seconds per prompt
+(steadier than wall time on a shared machine; a split's stages add up). `--concurrent-stream`: every prompt is sent
 while a short prompt's stream decodes on the same server; its tokens/s before and during the prefill and
 its longest stall are reported. `--timeline`: skippy runs at `--telemetry-level debug` and each skippy
 server's last prompt of the longest length is shown chunk by chunk (skippy.bench.prefill_timeline). The
@@ -44,7 +45,7 @@ from skippy.bench.http import vocab_facts
 from skippy.bench.http_load import Server
 from skippy.bench.http_servers import llama_server_args, start_llama_server, start_skippy, stop
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
-from skippy.bench.prefill_load import PromptMaker, TtftSample, measure, parse_lengths
+from skippy.bench.prefill_load import PromptMaker, measure, parse_lengths
 from skippy.bench.prefill_timeline import read_chunks, timeline_table
 from skippy.runtime.models import resolve_model_path
 
@@ -89,12 +90,14 @@ def _start(args: argparse.Namespace, model: Path, tmp: Path, ctx: int) -> tuple[
     if "split" in args.pair_list:
         sets = args.stage_cpus.split(",")
         runs["skippy-split"] = tmp / "skippy-split" / "run"
+        shape = ["--split", args.split] if args.split else ["--no-replicas"]  # else the planner's split
         servers.append(start_skippy(args.model, None, runs["skippy-split"], args.lanes,
-                                    ["--stage-cpus", args.stage_cpus, "--no-replicas", *common], name="skippy-split"))
+                                    ["--stage-cpus", args.stage_cpus, *shape, *common], name="skippy-split"))
         first = sets[0].replace("+", ",")
         servers.append(start_llama_server(binary, model, tmp / "llama-server-1core.log", args.lanes,
                                           _cpu_count(sets[0]), cpus=first, slot_ctx=ctx))
-        pairs.append(Pair(f"{len(sets)} stages on CPUs {args.stage_cpus} vs CPUs {first}", "skippy-split",
+        how = f"split {args.split}" if args.split else "planned"
+        pairs.append(Pair(f"{len(sets)} stages ({how}) on CPUs {args.stage_cpus} vs CPUs {first}", "skippy-split",
                           "llama-server-1core", TARGETS.get(len(sets))))
     return servers, pairs, runs
 
@@ -122,7 +125,8 @@ def _median(xs: list[float]) -> float:
 
 def report(samples: list[dict[str, Any]], pairs: list[Pair], lengths: list[int]) -> tuple[str, dict[str, Any]]:
     """The table (per length and pair: TTFT medians, the median round ratio, its target, every run) and its JSON."""
-    rows = [("tokens", "pair", "skippy s", "peer s", "ratio", "target", "skippy runs", "peer runs")]
+    rows = [("tokens", "pair", "skippy s", "peer s", "ratio", "target", "CPU s skippy/peer", "CPU ratio", "skippy runs",
+             "peer runs")]
     streams = []
     summary: dict[str, Any] = {}
     for n in lengths:
@@ -132,13 +136,16 @@ def report(samples: list[dict[str, Any]], pairs: list[Pair], lengths: list[int])
             ours, peer = by[pair.ours], by[pair.peer]
             ratios = [ours[r]["ttft_s"] / peer[r]["ttft_s"] for r in sorted(ours) if r in peer]
             ratio = _median(ratios)
+            cpu = [_median([s["cpu_s"] for s in side.values()]) for side in (ours, peer)]
             target = "-" if pair.target is None else f"<={pair.target:g} " + ("ok" if ratio <= pair.target else "NO")
             tokens = max((s["prompt_tokens"] for s in ours.values()), default=n)
             rows.append((str(tokens), pair.label, f"{_median([s['ttft_s'] for s in ours.values()]):.2f}",
                          f"{_median([s['ttft_s'] for s in peer.values()]):.2f}", f"{ratio:.2f}", target,
+                         f"{cpu[0]:.1f}/{cpu[1]:.1f}", f"{cpu[0] / cpu[1]:.2f}" if cpu[1] else "-",
                          " ".join(f"{s['ttft_s']:.1f}" for s in ours.values()),
                          " ".join(f"{s['ttft_s']:.1f}" for s in peer.values())))
-            summary[f"{n}/{pair.ours}/{pair.peer}"] = {"ratio": ratio, "round_ratios": ratios, "target": pair.target,
+            summary[f"{n}/{pair.ours}/{pair.peer}"] = {"ratio": ratio, "round_ratios": ratios, "cpu_s": cpu,
+                                                       "target": pair.target,
                                                        "met": pair.target is None or ratio <= pair.target}
             for name, runs in by.items():
                 rates = [s["stream"] for s in runs.values() if s["stream"]]
@@ -211,6 +218,8 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=3, help="rounds per length, alternating the order (median shown)")
     p.add_argument("--pairs", default=",".join(PAIRS), help=f"which comparisons, some of {','.join(PAIRS)}")
     p.add_argument("--stage-cpus", default="0,1", help="split: one stage per CPU set (default 0,1)")
+    p.add_argument("--split", default=None, help="split: these split points (skippy up --split, e.g. 12) instead of"
+                                                 " the planner's split")
     p.add_argument("--lanes", type=int, default=2, help="sessions per server (skippy --lane-count, llama-server"
                                                         " --parallel; default 2)")
     p.add_argument("--concurrent-stream", action="store_true",

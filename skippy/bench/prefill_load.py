@@ -5,7 +5,9 @@ Prompts are sentences of common words drawn from a seeded generator, cut to the 
 tokens (llama.cpp's vocab, as the servers tokenize it), so each seed's text shares nothing with another's: no
 prefix cache (skippy's or llama-server's) can hit. The servers read the same text in a round. A request is a
 streamed POST /v1/completions (temperature 0, end-of-generation ids banned, 2 tokens); its TTFT is from
-sending it to the first streamed token, and the prompt's length is the server's own `usage.prompt_tokens`.
+sending it to the first streamed token, and the prompt's length is the server's own `usage.prompt_tokens`;
+the CPU seconds its processes used meanwhile (skippy.bench.cpu_time) move less with other work on the machine
+than wall time does (a core shared with another process's work is not counted, only the server's own).
 The concurrent stream is a short prompt decoding all the while: the tokens it streams between the long
 prompt's send and its first token give its rate during the prefill, and the longest gap between two of them
 the stall the prefill caused.
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skippy.bench.cpu_time import snapshot
 from skippy.bench.http_load import Server
 
 __all__ = ["PromptMaker", "StreamRate", "TtftSample", "measure", "parse_lengths"]
@@ -145,6 +148,7 @@ class TtftSample:
     prompt_tokens: int
     sent_at: float  # wall clock (time.time()) when the prompt was sent: for the per-chunk timeline
     first_at: float  # wall clock of its first token
+    cpu_s: float  # CPU seconds the server's processes used from the send to the end of the stream (user + system)
     stream: dict[str, float] | None = None  # the concurrent stream's rates (StreamRate.during)
 
 
@@ -160,6 +164,7 @@ async def measure(server: Server, prompt: str, banned: list[int], stream_tokens:
         if task.done():
             task.result()  # raises what ended it
             raise RuntimeError(f"{server.name}: the concurrent stream ended after {len(rate.times)} tokens")
+    cpu_before = snapshot(server.proc.pid)
     sent_wall, start = time.time(), time.perf_counter()
     first = first_wall = 0.0
     prompt_tokens = 0
@@ -173,7 +178,9 @@ async def measure(server: Server, prompt: str, banned: list[int], stream_tokens:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+    cpu_after = snapshot(server.proc.pid)
     if not first:
         raise RuntimeError(f"{server.name}: the prompt's stream carried no token")
-    return TtftSample(server.name, first - start, prompt_tokens, sent_wall, first_wall,
+    cpu_s = sum(after - cpu_before[role] for role, after in cpu_after.items() if role in cpu_before)
+    return TtftSample(server.name, first - start, prompt_tokens, sent_wall, first_wall, round(cpu_s, 2),
                       rate.during(start, first) if stream_tokens else None)

@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="logs of started stages (default: runs/<time>)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--ctx-size", type=int, default=512, help="context per session (default 512)")
+    p.add_argument("--ctx-size", type=int, default=0,
+                   help="context per session (default 0: the model's trained context, bounded by memory)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     add_sampling_arguments(p)
     p.set_defaults(run=run)

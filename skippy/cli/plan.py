@@ -5,7 +5,8 @@ write the topology.
     skippy plan --hosts hosts.json [--plan-concurrency 16 | --latency] [--stages K] [--out DIR]
     skippy plan --netns skippy [--stage-cpus 0,1] --out DIR      # the hosts of `scripts/netns-hosts up`
 
-Hosts come from a hosts file (skippy.plan.hosts), from `--stage-cpus` (one loopback host per CPU set),
+Hosts come from a hosts file (skippy.plan.hosts; an SSH host with the model there is priced by a cost table measured
+on it, skippy.remote.host_costs), from `--stage-cpus` (one loopback host per CPU set),
 or from a namespace host set (its addresses, link conditions and `--mem-mb`); `--host-mem-mb`, `--link-delay-ms`
 and `--link-mbps` describe hosts made from flags (refused with `--hosts` / `--netns`, and the link flags with one
 host: skippy.cli.unused_flags). The split maximises
@@ -30,9 +31,11 @@ from skippy.plan.hosts import Host, hosts_from_flags, load_hosts, netns_hosts
 from skippy.plan.memory import ServingShape
 from skippy.plan.plan import LEVELS, Plan, make_plan
 from skippy.plan.write import write_plan
+from skippy.remote.host_costs import hosts_calibrated_there
+from skippy.runtime.context_size import flag_context
 from skippy.runtime.models import model_id_for, resolve_model_path
 
-__all__ = ["add_host_arguments", "hosts_given", "plan_for", "register"]
+__all__ = ["add_host_arguments", "hosts_given", "hosts_memory", "plan_for", "register"]
 
 
 def add_host_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,14 +67,24 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
     return hosts_from_flags(stage_cpus, args.host_mem_mb, args.link_delay_ms or 0.0, args.link_mbps)
 
 
+def hosts_memory(args: argparse.Namespace) -> int | None:
+    """Bytes of the smallest host given (None: one whose memory is not said, or none given: this machine's)."""
+    mems = [h.mem_mb for h in _hosts(args)] if hosts_given(args) else []
+    known = [m for m in mems if m is not None]
+    return int(min(known) * 2**20) if known and len(known) == len(mems) else None
+
+
 def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bool = False,
-             replicate: bool = True) -> Plan:
-    """The plan for the model, hosts and serving shape in `args` (replicas weighed unless `--no-replicas`)."""
+             replicate: bool = True, hosts: list[Host] | None = None) -> Plan:
+    """The plan for the model, hosts (`hosts`, else those `args` name) and serving shape in `args` (replicas weighed
+    unless `--no-replicas`)."""
     model = resolve_model_path(args.model)
     shape = ServingShape(args.lane_count, args.ctx_size, args.prefix_cache,
                          kv_pool_cells=getattr(args, "kv_pool_cells", 0))  # `skippy up` decided both (0: a context a lane)
     concurrency = 1 if latency else (args.plan_concurrency or args.lane_count)
-    return make_plan(model, _hosts(args), shape, concurrency, stages=stages, refresh=args.recalibrate,
+    refresh = args.recalibrate and hosts is None  # a re-plan (`hosts` given) measures nothing again
+    priced = hosts_calibrated_there(model, _hosts(args) if hosts is None else hosts, refresh=refresh)  # SSH hosts
+    return make_plan(model, priced, shape, concurrency, stages=stages, refresh=refresh,
                      replicate=replicate and args.replicas)
 
 
@@ -87,7 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage-cpus", default=None, help="one loopback host per CPU set, e.g. 0,1 or 0-1,2+3")
     add_host_arguments(p)
     p.add_argument("--lane-count", type=int, default=16, help="concurrent sessions per stage (default 16)")
-    p.add_argument("--ctx-size", type=int, default=512, help="context per session (default 512)")
+    p.add_argument("--ctx-size", type=int, default=0,
+                   help="context per session (default 0: the model's trained context, bounded by memory, as skippy up)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", help="size stages without it")
     p.add_argument("--latency", action="store_true", help="minimise single-stream latency instead")
     p.add_argument("--stages", type=int, default=None, help="exactly this many stages (a split: no replicas)")
@@ -102,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--levels must be concurrencies separated by commas, got '{args.levels}'") from None
+    if args.ctx_size == 0:  # as `skippy up` decides it, for the smallest host given
+        size = flag_context(resolve_model_path(args.model), args.lane_count, 0, 0, False, hosts_memory(args))
+        args.ctx_size, args.kv_pool_cells = size.ctx_size, size.kv_pool_cells
     plan = plan_for(args, stages=args.stages, latency=args.latency, replicate=args.stages is None)
     print(plan.report(levels))
     if args.out is not None:

@@ -23,7 +23,8 @@ environment, never a command line: the adapter's routes and every /metrics want 
 without a key is warned about (here and in the adapter's log). Children are supervised: any child that dies (a
 stage, stage 0 included, the broker, the adapter) is restarted with backoff (skippy.restarts,
 `--max-stage-restarts`, which also bounds deaths in a row before everything is stopped); the adapter comes back on the same
-port. Ctrl-C stops everything cleanly. All logs land in the run directory. A flag that the layout asked for
+port; an SSH host lost for good is dropped and the model re-planned over the hosts left (skippy.remote.host_loss).
+Ctrl-C stops everything cleanly. All logs land in the run directory. A flag that the layout asked for
 would not read (`--split` with `--topology`, a plan flag where nothing is planned: skippy.cli.unused_flags) is
 refused before anything starts.
 """
@@ -37,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from skippy.cli.front import FrontProcesses
-from skippy.cli.plan import add_host_arguments, hosts_given, model_id_of, plan_for
+from skippy.cli.plan import add_host_arguments, hosts_given, hosts_memory, model_id_of, plan_for
 from skippy.cli.remote_generate import stage_config_paths
 from skippy.cli.unused_flags import StoreGiven, refuse_unused_up_flags
 from skippy.config import (
@@ -55,7 +56,9 @@ from skippy.config.cpu_sets import CpuSet, parse_cpu_list
 from skippy.config.endpoint import normalize_http_addr
 from skippy.config.serving_args import flag_owner
 from skippy.launcher import PipelineFiles, StageProcesses, default_kv_cache, write_local_topology
+from skippy.plan.hosts import Host
 from skippy.plan.write import write_plan
+from skippy.remote.host_loss import HostLossRestarter
 from skippy.remote.ssh_stages import ssh_stages
 from skippy.restarts import RESTARTS_FILE, RestartPolicy, StageRestarter
 from skippy.runtime.context_size import flag_context
@@ -155,7 +158,8 @@ def _context(args: argparse.Namespace, model: Path) -> dict[str, object]:
     """Every stage's context and KV pool, decided once here from the model and this host's memory (stage 0 admits
     into the pool every stage holds): `args.ctx_size` set for the topology, the pool for the stage configs."""
     deterministic = FlagReader(args).switch("--deterministic") or "--deterministic" in args.passthrough
-    size = flag_context(model, args.lane_count, args.ctx_size, args.kv_pool_cells, deterministic)
+    memory = hosts_memory(args) if args.split is None else None  # planned hosts: the smallest one's
+    size = flag_context(model, args.lane_count, args.ctx_size, args.kv_pool_cells, deterministic, memory)
     args.ctx_size = size.ctx_size
     if not deterministic:  # (where each lane has a context of its own: a pool given is refused by the stages)
         args.kv_pool_cells = size.kv_pool_cells
@@ -198,12 +202,15 @@ def _layout_note(args: argparse.Namespace) -> str | None:
     return f"{link} describes a link between stages: the layers halved (`--split N` chooses)"
 
 
-def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object]) -> list[PipelineFiles]:
-    """The split (or replicas) skippy.plan picks for the hosts given (`--stage-cpus`: one stage per CPU set)."""
+def _planned(args: argparse.Namespace, run_dir: Path, extra: dict[str, object],
+             hosts: list[Host] | None = None) -> list[PipelineFiles]:
+    """The split (or replicas) skippy.plan picks for the hosts given (`--stage-cpus`: one stage per CPU set); `hosts`:
+    a split over these, written over the first (`args.replan`, for skippy.remote.host_loss)."""
     stage_cpus = FlagReader(args).text("--stage-cpus")
-    plan = plan_for(args, stages=len(stage_cpus.split(",")) if stage_cpus else None)
+    plan = plan_for(args, stages=len(stage_cpus.split(",")) if stage_cpus else None, replicate=hosts is None, hosts=hosts)
     print(plan.report(), file=sys.stderr, flush=True)
     written = write_plan(plan, run_dir / "topology", model_id=model_id_of(args.model), extra=extra)
+    args.replan = lambda left: _planned(args, run_dir, extra, left)
     pinned = [p.stage_cpus for p in written.pipelines]
     if stage_cpus is None and all(pinned):
         args.stage_cpus = ",".join(c for c in pinned if c)  # each stage pinned to its host's CPUs
@@ -293,8 +300,10 @@ def run(args: argparse.Namespace) -> int:
         return (f"skippy ready: {url}/v1 (model {openai.model_id}); logs: scripts/tail-logs {run_dir}; "
                 "Ctrl-C stops everything")
 
-    restarter = StageRestarter(children, RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE,
-                               include_stage0=True, extra=front.starters())
+    policy, state = RestartPolicy(max_restarts=args.max_stage_restarts), run_dir / RESTARTS_FILE
+    restarter = (StageRestarter(children, policy, state, include_stage0=True, extra=front.starters()) if remote is None
+                 else HostLossRestarter(children, policy, state, front.starters(), remote, args.replan,  # a lost host
+                                        insecure_links=options.insecure_links))
     if remote is not None:
         remote.prepare()  # every SSH host checked and sent its slices before anything starts
     return children.supervise("skippy up", start, restarter)

@@ -6,6 +6,8 @@ Start at `driver.py`, the step loop; each other module is one part it is built f
 - `process.py`: stage 0 as a process (`DriverProcess`); `requests.py`: the ROUTER clients submit on
   (`RequestEndpoint`, answered through `Stage0`); `submission.py`: what a Submit is checked for before it
   becomes a sequence, and the bounded `WaitingRoom`.
+- `cell_pool.py`: the KV pool's account (`CellPool`): admission waits for a request's cells, prefix cache entries
+  give theirs back, the youngest sessions are preempted when decoding outgrows the pool.
 - `sequence.py`: a `Sequence` per request and the `SequenceTable` (the only place their state changes);
   `scheduler.py`: `plan_iteration`, decode rows first, then prefill chunks (sized by `prefill.py`) within
   `n_batch`.

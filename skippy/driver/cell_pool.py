@@ -12,7 +12,8 @@ step keeps every stage's llama.cpp context from running out of cells.
   already held). Until then it waits, and nothing behind it overtakes it. The cushion keeps a request admitted
   into a nearly full pool (or a preempted one let back in) from taking at once what the running ones grow into.
 - Growth: before each plan `make_room` gives every session ready to decode room for one more token, oldest
-  first; the plan's windows stay within what is left (`room`, `take`: drafts and chained windows shrink to it).
+  first; the plan's windows stay within what is left (`room`, `take`: drafts and chained windows shrink to it;
+  prefill chunks stay within what admission reserved).
 - Pressure, in that order: prefix cache entries no session waits to restore give their cells back, least
   recently used first (`PrefixIndex.evict_lru`); then the youngest sessions younger than the one that must
   grow are preempted, if none of their windows is in flight: released on every stage and put back first in line,
@@ -49,6 +50,7 @@ class CellPool:
         self.log = log
         self.on_preempt = on_preempt
         self.held: dict[int, int] = {}  # session -> cells it may hold (until its release is flushed)
+        self._left = 0  # cells the plan being made may still take (set by `make_room`)
         self.pending: dict[int, int] = {}  # session -> cells of the entry its first window restores
         self._told: set[str] = set()  # requests logged as waiting for cells
 
@@ -59,11 +61,13 @@ class CellPool:
     def free(self) -> int:
         return self.cells - self.used() if self.shared else UNBOUNDED
 
-    def _reclaim(self, need: int, keep: int | None = None) -> int:
-        """Free cells after evicting unpinned entries (LRU first, never `keep`) until `need` are free or none is left."""
+    def _reclaim(self, need: int, keep: int | None = None, more: int = 0) -> int:
+        """Free cells after evicting unpinned entries (LRU first, never `keep`) until `need` are free or none is left;
+        none is evicted when that and `more` (what preemptions could give) would not be enough."""
         free = self.free()
-        while free < need and self.prefix.evict_lru(keep):
-            free = self.free()
+        if free < need <= free + self.prefix.ledger.entry_only_cells() + more:
+            while free < need and self.prefix.evict_lru(keep):
+                free = self.free()
         return free
 
     # -- admission ----------------------------------------------------------------------------------
@@ -86,41 +90,55 @@ class CellPool:
         self.pending[seq.session_id] = matched
         return True
 
-    def restored(self, seq: Sequence) -> None:
-        """Admitted: what its prefix lookup actually matched (the cells its restore shares)."""
-        self.pending[seq.session_id] = seq.prefix.matched if seq.prefix.restore is not None else 0
+    def admitted(self, seq: Sequence) -> None:
+        """`seq` took a lane: its prefix looked up (the cells its restore shares); a preempted one replays its prompt
+        and tokens as they ran, restoring nothing."""
+        if not seq.preempted:
+            self.prefix.admit(seq)
+            self.pending[seq.session_id] = seq.prefix.matched if seq.prefix.restore is not None else 0
 
     # -- growth -------------------------------------------------------------------------------------
-    def room(self, seq: Sequence, pos_start: int) -> int:
-        """Rows a window of `seq` starting at `pos_start` may have."""
-        return self.held.get(seq.session_id, 0) + self.free() - pos_start
-
-    def take(self, seq: Sequence, end: int) -> None:
-        """A window of `seq` ending at `end` is planned (its first: the restore is done)."""
-        sid = seq.session_id
-        self.pending.pop(sid, None)
-        self.held[sid] = max(self.held.get(sid, 0), end)
-
     def make_room(self) -> None:
-        """Room for one more token for every session ready to decode, oldest first (see the module docstring)."""
+        """Before a plan: room for one more token for every session ready to decode, oldest first (see the module
+        docstring); what is left is the plan's (`room`, `take`)."""
         if not self.shared:
+            self._left = UNBOUNDED
             return
         running = list(self.table.running)
+        free = self.free()
         for i, seq in enumerate(running):
             if seq not in self.table.running or not _ready_to_decode(seq):
                 continue
             need = seq.length + 1 - self.held.get(seq.session_id, 0)
             if need <= 0:
                 continue
-            free = self._reclaim(need)
-            for victim in reversed(running[i + 1:]):  # the youngest first
-                if free >= need:
-                    break
-                if victim in self.table.running and not victim.in_flight:
+            if need > free:  # the idle younger ones could give theirs (else it waits for the windows in flight)
+                idle = [v for v in reversed(running[i + 1:]) if v in self.table.running and not v.in_flight]
+                spare = sum(self.held.get(v.session_id, 0) for v in idle)
+                free = self._reclaim(need, more=spare)
+                for victim in idle if free + spare >= need else ():  # the youngest first
+                    if free >= need:
+                        break
                     self._preempt(victim)
                     free = self.free()
-            if free >= need:
-                self.take(seq, seq.length + 1)
+            if need <= free:
+                self._reserve(seq, seq.length + 1)
+                free -= need
+        self._left = free
+
+    def room(self, seq: Sequence, pos_start: int) -> int:
+        """Rows a window of `seq` starting at `pos_start` may have in this plan."""
+        return self.held.get(seq.session_id, 0) + self._left - pos_start
+
+    def take(self, seq: Sequence, end: int) -> None:
+        """A window of `seq` ending at `end` is planned (its first: the restore is done)."""
+        self._left -= max(0, end - self.held.get(seq.session_id, 0))
+        self._reserve(seq, end)
+
+    def _reserve(self, seq: Sequence, end: int) -> None:
+        sid = seq.session_id
+        self.pending.pop(sid, None)
+        self.held[sid] = max(self.held.get(sid, 0), end)
 
     def _preempt(self, seq: Sequence) -> None:
         self.prefix.finish(seq, keep=False)  # a restore it never launched no longer pins its entry

@@ -112,10 +112,8 @@ class Driver:
                                         self.telemetry.waiting_refused.inc)
         self.delivery = Delivery(self.table, self.launcher, self.prefix, speculation, self.telemetry, self.log,
                                  runtime.spec.ctx_size, self._wakeup.set)
-        # the KV pool's cells: admission waits for them, preemption gives them back (skippy.driver.cell_pool)
         self.cells = CellPool(runtime.spec.kv_pool_cells, runtime.spec.ctx_size, shared=runtime.lanes is None,
-                              table=self.table, prefix=self.prefix, log=self.log,
-                              on_preempt=self.telemetry.preemptions.inc)
+                              table=self.table, prefix=self.prefix, log=self.log, on_preempt=self.telemetry.preemptions.inc)
         self.telemetry.watch_pool(self.cells.cells, self.cells.used)
         self.releases = SessionReleases(self.worker, self.table, self.prefix, self.launcher, speculation,
                                         self.cells.forget)
@@ -227,15 +225,12 @@ class Driver:
             # while a later stage is down nobody is admitted (a configuration would be lost with it)
             lanes = self.runtime.spec.lane_count if self.liveness.dead is None else 0
             for seq in self.table.admit(lanes, self.cells.admits):  # FIFO, when its KV cells are free
-                if not seq.preempted:  # a preempted request replays its prompt and tokens as they ran
-                    self.prefix.admit(seq)
-                    self.cells.restored(seq)
+                self.cells.admitted(seq)  # its prefix looked up (a preempted one replays as it ran)
                 await self._configure(seq)
             room = len(self.launcher.inflight) < self.max_iterations  # micro-batches: one per host
             streaming = any(s.prefilling and s.in_flight and not s.cancelled for s in self.table.running)
             if self.liveness.dead is None and (room or streaming):  # a prompt's chunks follow each other
-                if room:
-                    self.cells.make_room()  # a cell for every session's next token: entries evicted, sessions preempted
+                self.cells.make_room()  # a cell for every session's next token: entries evicted, sessions preempted
                 await self.releases.flush()  # those reach every stage before the windows that use their cells
                 decoding = sum(1 for s in self.table.running if s.generated and not s.prefilling)
                 max_decode = decode_rows_per_iteration(decoding, self.max_iterations)

@@ -47,12 +47,12 @@ class ComputeCosts:
         return len(self.layer_ms)
 
     def stage_ms(self, start: int, end: int, rows: float, outputs: float | None = None) -> float:
-        """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all)
-        through the head."""
+        """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all; 0: a
+        prompt chunk that samples nothing) through the head."""
         total = sum(interpolate(self.rows, self.layer_ms[i], rows) for i in range(start, end))
         if start == 0:
             total += interpolate(self.rows, self.embed_ms, rows)
-        if end == self.n_layer:
+        if end == self.n_layer and outputs != 0:
             total += interpolate(self.rows, self.head_ms, rows if outputs is None else outputs)
         return total
 

@@ -11,7 +11,8 @@ prefill P prompt tokens per G generated (`prefill_ratio` = P / G) adds P / G pre
 row of a micro-batch, as the driver packs prompt chunks into the same batches (through the layers; only
 decode rows go through the head). Replicas (the whole model on each of several hosts, one pipeline each, the
 broker routing each stream to the least loaded): the c streams spread evenly over them; tok/s is the sum of each
-replica's, TPOT the slowest replica's.
+replica's, TPOT the slowest replica's. `prefill_ms`: one long prompt's time to its first token, its chunks
+pipelined: the first chunk's trip, then one chunk per busiest resource's chunk time.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skippy.config.cpu_sets import parse_cpu_list
-from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
+from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads, interpolate
 from skippy.plan.hosts import Host
 
-__all__ = ["Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "predict_replicas", "replica_shares",
-           "shared_cores", "stage_compute_ms", "transfer_ms"]
+__all__ = ["PREFILL_CHUNK_ROWS", "Prediction", "StageCost", "hop_ms", "micro_batches", "predict", "predict_replicas",
+           "prefill_ms", "replica_shares", "shared_cores", "stage_compute_ms", "transfer_ms"]
 
 WIRE_BYTES = 4  # f32 activations on the wire (--activation-wire-dtype f16 / q8 shrink them)
+PREFILL_CHUNK_ROWS = 128  # a prompt's chunk when its chunks pipeline (the driver's adaptive ramp starts there)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,25 @@ def predict(stages: Sequence[StageCost], concurrency: int, n_embd: int, overhead
         total = round_ms(ms, hops, transfers, overheads.return_ms + stages[-1].host.delay_ms, in_flight,
                          shared_cores([s.host for s in stages]))
     return Prediction(concurrency, total, concurrency * 1e3 / total, ms, rows, in_flight)
+
+
+def prefill_ms(stages: Sequence[StageCost], prompt_tokens: int, n_embd: int, overheads: Overheads = DEFAULT_OVERHEADS,
+               chunk: int = PREFILL_CHUNK_ROWS) -> float:
+    """One prompt's prefill, to its first token, on an otherwise idle split: its chunks of `chunk` rows follow each
+    other down the stages without waiting (as the driver sends them), so after the first chunk's trip through
+    every stage one more finishes each time the busiest resource (a group of stages sharing cores, or a link) is
+    done with one. Chunks run through the layers only; the prompt's last row also goes through the head."""
+    chunks = math.ceil(prompt_tokens / chunk)
+    ms = [s.costs.stage_ms(s.start, s.end, chunk, 0) + overheads.stage_ms for s in stages]
+    head = interpolate(stages[-1].costs.rows, stages[-1].costs.head_ms, 1)  # the prompt's last row
+    if len(stages) == 1:
+        return chunks * (ms[0] + overheads.step_ms) + head
+    hops = [hop_ms(s.host, chunk, n_embd, overheads) for s in stages[:-1]]
+    transfers = [transfer_ms(s.host, chunk, n_embd) for s in stages[:-1]]
+    trip = sum(ms) + sum(hops) + overheads.return_ms + stages[-1].host.delay_ms
+    cores = shared_cores([s.host for s in stages])
+    busiest = max(max(sum(ms[i] for i in group) for group in cores), max(transfers, default=0.0))
+    return trip + (chunks - 1) * busiest + head
 
 
 def replica_shares(concurrency: int, replicas: int) -> list[int]:

@@ -8,8 +8,9 @@ and its available memory (at least what the plan gives its stages), and sends ea
 host's cache lacks (skippy.remote.shipping; none when the hosts file names `ssh.model_path`, the model
 already there). Each failure is one line naming the host. Then `prefix(stage_id)` is the command the
 launcher starts the stage through: the relay (skippy.remote.relay), with a spec in `<run_dir>/remote/`.
-A stage that dies is restarted through it like any other (skippy.restarts); its host is asked again first (a host
-that cannot be reached fails the start, which is retried with backoff up to the give-up limit).
+A stage that dies is restarted through it like any other (skippy.restarts); its host is asked again first: a
+host that cannot be reached or supplied any more raises `HostUnusable`, and skippy.remote.host_loss drops it and
+re-plans over the hosts left (`use` then takes the new plan's stages).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from skippy.remote.ssh import RemoteError, remote_command, run_remote, ssh_argv
 from skippy.runtime.slices import file_digest, read_model_info
 from skippy.transport.curve_keys import add_link_keys
 
-__all__ = ["RemoteStage", "SshStages", "ssh_stages"]
+__all__ = ["HostUnusable", "RemoteStage", "SshStages", "check_host", "host_label", "planned_stages", "ssh_stages"]
 
 MIN_PYTHON = (3, 11)
 
@@ -46,6 +47,14 @@ class RemoteStage:
     memory_mib: float  # what the plan gives it
 
 
+class HostUnusable(RemoteError):
+    """Host `host` cannot run its stages (unreachable over SSH, or refused by its checks); the message says why."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(message)
+        self.host = host
+
+
 def _say(line: str) -> None:
     print(f"skippy up: {line}", file=sys.stderr, flush=True)
 
@@ -53,14 +62,21 @@ def _say(line: str) -> None:
 class SshStages:
     """The stages on SSH hosts of one `skippy up`: `prepare()` once before anything starts, then `prefix`."""
 
-    def __init__(self, model: Path, stages: Sequence[RemoteStage], run_dir: Path,
-                 say: Callable[[str], None] = _say) -> None:
+    def __init__(self, model: Path, stages: Sequence[RemoteStage], run_dir: Path, hosts: Sequence[Host] = (),
+                 plan_summary: Path | None = None, say: Callable[[str], None] = _say) -> None:
         self.model, self.run_dir, self.say = model, run_dir, say
+        self.plan_summary = plan_summary  # the plan's plan.json (rewritten by a re-plan)
+        self.all_hosts = list(hosts)  # every host of the hosts file, in its order (a re-plan chooses among them)
         self.stages = {s.stage_id: s for s in stages}
         self.n_layer = read_model_info(model).n_layer
         self.specs = run_dir / "remote"
         self.token = f"{run_dir.name}-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:8]}"
         self._fresh: set[str] = set()  # prepared and not yet started: a later start asks its host again
+
+    def use(self, stages: Sequence[RemoteStage]) -> None:
+        """A re-plan's SSH stages replace these (`prepare` them before they start)."""
+        self.stages = {s.stage_id: s for s in stages}
+        self._fresh = set()
 
     def hosts(self) -> dict[str, list[RemoteStage]]:
         by_host: dict[str, list[RemoteStage]] = {}
@@ -82,22 +98,25 @@ class SshStages:
         stage = self.stages.get(stage_id)
         if stage is None:
             return []
-        if stage_id not in self._fresh:  # a restart: the host may have lost its cache since
-            try:
-                self._prepare_host([stage], file_digest(self.model))
-            except RemoteError as error:  # SSH fails again at once and the stage's exit is restarted with backoff
-                self.say(f"{error}; starting {stage_id} there anyway")
+        if stage_id not in self._fresh:  # a restart: the host may have lost its cache since (HostUnusable: gone)
+            self._prepare_host([stage], file_digest(self.model))
         self._fresh.discard(stage_id)
         return [sys.executable, "-m", "skippy.remote.relay", str(self.specs / f"{stage_id}.json"), "--"]
 
     def _prepare_host(self, stages: list[RemoteStage], model_digest: str) -> None:
+        try:
+            self._supply_host(stages, model_digest)
+        except RemoteError as error:
+            raise HostUnusable(stages[0].host.name, str(error)) from None
+
+    def _supply_host(self, stages: list[RemoteStage], model_digest: str) -> None:
         host = stages[0].host
         target = host.ssh
         assert target is not None
-        label = f"host {host.name} ({target.describe()})"
+        label = host_label(host)
         pieces = {} if target.model_path else {
             s.stage_id: stage_slice(self.model, s.layer_start, s.layer_end, self.n_layer) for s in stages}
-        found = self._probe(host, label, [p.cache_name for p in pieces.values()])
+        found = check_host(host, label, [p.cache_name for p in pieces.values()])
         need = sum(s.memory_mib for s in stages)
         available = found.get("mem_available")
         if isinstance(available, int) and available < need * (1 << 20):
@@ -109,27 +128,6 @@ class SshStages:
             if piece is not None:
                 self._supply(host, label, stage, piece, cache, found["have"])
             self._write_spec(stage, cache, model_digest, piece)
-
-    def _probe(self, host: Host, label: str, files: list[str]) -> dict[str, Any]:
-        target = host.ssh
-        assert target is not None
-        text = run_remote(target, label, ["-c", Path(probe.__file__).read_text(), target.cache_dir, *files])
-        try:
-            found = dict(json.loads(text.strip().splitlines()[-1]))
-        except (ValueError, IndexError):
-            raise RemoteError(f"{label}: its probe answered {text.strip()[:200]!r}, not JSON") from None
-        python = tuple(int(x) for x in str(found["python"]).split(".")[:2])
-        if python < MIN_PYTHON:
-            raise RemoteError(f"{label}: {target.python} there is Python {found['python']}; skippy needs"
-                              f" {'.'.join(map(str, MIN_PYTHON))}+ (set ssh.python in the hosts file)")
-        version, digest = probe.skippy_identity()
-        if found["skippy"] is None:
-            raise RemoteError(f"{label}: {target.python} there has no skippy; install skippy {version} there (the"
-                              " same as here), or set ssh.python to the Python that has it")
-        if (found["skippy"], found["source_digest"]) != (version, digest):
-            raise RemoteError(f"{label}: it has skippy {found['skippy']} (source {str(found['source_digest'])[:12]}),"
-                              f" this machine {version} (source {str(digest)[:12]}); install the same skippy on both")
-        return found
 
     def _supply(self, host: Host, label: str, stage: RemoteStage, piece: SliceFile, cache: str,
                 have: dict[str, int]) -> None:
@@ -156,19 +154,56 @@ class SshStages:
         (self.specs / f"{stage.stage_id}.json").write_text(json.dumps(spec, indent=2))
 
 
+def host_label(host: Host) -> str:
+    """How a line names an SSH host: `host h1 (ssh me@10.0.0.11 -p 22)`."""
+    return f"host {host.name} ({host.ssh.describe() if host.ssh else host.address})"
+
+
+def check_host(host: Host, label: str, files: list[str]) -> dict[str, Any]:
+    """What the probe finds on `host` (skippy.remote.probe), once its Python and skippy are this one's; RemoteError
+    (one line, starting with `label`) otherwise."""
+    target = host.ssh
+    assert target is not None
+    text = run_remote(target, label, ["-c", Path(probe.__file__).read_text(), target.cache_dir, *files])
+    try:
+        found = dict(json.loads(text.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        raise RemoteError(f"{label}: its probe answered {text.strip()[:200]!r}, not JSON") from None
+    python = tuple(int(x) for x in str(found["python"]).split(".")[:2])
+    if python < MIN_PYTHON:
+        raise RemoteError(f"{label}: {target.python} there is Python {found['python']}; skippy needs"
+                          f" {'.'.join(map(str, MIN_PYTHON))}+ (set ssh.python in the hosts file)")
+    version, digest = probe.skippy_identity()
+    if found["skippy"] is None:
+        raise RemoteError(f"{label}: {target.python} there has no skippy; install skippy {version} there (the"
+                          " same as here), or set ssh.python to the Python that has it")
+    if (found["skippy"], found["source_digest"]) != (version, digest):
+        raise RemoteError(f"{label}: it has skippy {found['skippy']} (source {str(found['source_digest'])[:12]}),"
+                          f" this machine {version} (source {str(digest)[:12]}); install the same skippy on both")
+    return found
+
+
 def ssh_stages(hosts_file: Path | None, plan_summary: Path, pipelines: Sequence[PipelineFiles], run_dir: Path,
                *, insecure_links: bool) -> SshStages | None:
     """The SSH stages of a plan written for `hosts_file` (None: no host there names `ssh`). Without
     `insecure_links` every pipeline gets link keys first (one directory: one client pair for all)."""
     if hosts_file is None:
         return None
-    hosts = {h.name: h for h in load_hosts(hosts_file)}
-    if not any(h.ssh for h in hosts.values()):
+    hosts = load_hosts(hosts_file)
+    if not any(h.ssh for h in hosts):
         return None
-    summary = json.loads(plan_summary.read_text())
+    stages = planned_stages(hosts, plan_summary, pipelines, insecure_links=insecure_links)
+    model = Path(json.loads(plan_summary.read_text())["model"])
+    return SshStages(model, stages, run_dir, hosts, plan_summary) if stages else None
+
+
+def planned_stages(hosts: Sequence[Host], plan_summary: Path, pipelines: Sequence[PipelineFiles], *,
+                   insecure_links: bool) -> list[RemoteStage]:
+    """The stages of the plan in `plan_summary` that run on SSH hosts (link keys first, unless `insecure_links`)."""
+    by_name = {h.name: h for h in hosts}
     if not insecure_links:
         for pipeline in pipelines:
             add_link_keys(pipeline.topology, plan_summary.parent / "keys", [CLIENT_NAME])
-    stages = [RemoteStage(entry["stage_id"], hosts[entry["host"]], entry["layer_start"], entry["layer_end"],
-                          entry["memory_mib"]) for entry in summary["stages"] if hosts[entry["host"]].ssh]
-    return SshStages(Path(summary["model"]), stages, run_dir) if stages else None
+    summary = json.loads(plan_summary.read_text())
+    return [RemoteStage(entry["stage_id"], by_name[entry["host"]], entry["layer_start"], entry["layer_end"],
+                        entry["memory_mib"]) for entry in summary["stages"] if by_name[entry["host"]].ssh]

@@ -1,7 +1,8 @@
 """llama.cpp, as a stage runs it: model loading, slices, contexts, batches, sampling, the tokenizer.
 
 - `stage_runtime.py`: `StageRuntime`, one layer range over llama.cpp; start here. `spec.py`: what it loads;
-  `stage_params.py`: its context parameters (KV cells, batch sizes, output rows); `windows.py`: the value
+  `stage_params.py`: its context parameters (KV cells, batch sizes, output rows); `context_size.py`: a
+  session's context and the lanes' KV pool, by default from the model and memory; `windows.py`: the value
   types of a decode call; `lane_contexts.py`: `--deterministic`, one context per lane.
 - `prefix_cache.py` and `kv_ledger.py`: kept prompt prefixes and the KV cells they hold.
 - `llama_backend.py` (process-wide state and log lines), `llama_model.py` (weights), `llama_api.py`

@@ -112,21 +112,23 @@ def size_context(trained: int, cell_bytes: int, memory: int, lane_count: int, *,
     return ContextSize(ctx_size, kv_pool_cells, trained, cell_bytes, budget)
 
 
-def spec_context(spec: RuntimeSpec) -> ContextSize:
-    """`spec`'s context and pool, its defaults decided from its model file and this host's memory."""
+def spec_context(spec: RuntimeSpec, memory: int | None = None) -> ContextSize:
+    """`spec`'s context and pool, its defaults decided from its model file and `memory` (default: this host's)."""
     path = resolve_model_path(spec.model_path)
     return size_context(n_ctx_train(path), whole_model_cell_bytes(path, spec.cache_type_k, spec.cache_type_v),
-                        memory_limit(), spec.lane_count, ctx_size=spec.ctx_size, kv_pool_cells=spec.kv_pool_cells,
-                        per_lane=spec.deterministic)
+                        memory or memory_limit(), spec.lane_count, ctx_size=spec.ctx_size,
+                        kv_pool_cells=spec.kv_pool_cells, per_lane=spec.deterministic)
 
 
-def flag_context(model: Path, lane_count: int, ctx_size: int, kv_pool_cells: int, deterministic: bool) -> ContextSize:
-    """`--ctx-size` and `--kv-pool-cells` decided for `model` (ConfigError naming them when they cannot be)."""
+def flag_context(model: Path, lane_count: int, ctx_size: int, kv_pool_cells: int, deterministic: bool,
+                 memory: int | None = None) -> ContextSize:
+    """`--ctx-size` and `--kv-pool-cells` decided for `model` (ConfigError naming them when they cannot be);
+    `memory`: the smallest host's, when the stages run elsewhere."""
     if ctx_size < 0 or kv_pool_cells < 0:
         raise ConfigError(f"--ctx-size and --kv-pool-cells must be >= 0 (0: the default), got {ctx_size} and {kv_pool_cells}")
     try:
         return spec_context(RuntimeSpec(model, 0, 0, ctx_size=ctx_size, lane_count=lane_count,
-                                        kv_pool_cells=kv_pool_cells, deterministic=deterministic))
+                                        kv_pool_cells=kv_pool_cells, deterministic=deterministic), memory)
     except RuntimeUsageError as error:
         raise ConfigError(f"--kv-pool-cells: {error}") from None
 

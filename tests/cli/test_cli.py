@@ -230,6 +230,9 @@ def test_check_config_accepts_valid_speculative_flags(flags: list[str], expected
         (["--", "--openai-generation-concurrency", "1"], "--openai-generation-concurrency cannot follow --"),
         (["--", "--bind-addr", "127.0.0.1:0"], "--bind-addr cannot follow --"),
         (["--", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--ctx-size", "512", "--kv-pool-cells", "100"],
+         "--kv-pool-cells: kv_pool_cells (100) must hold at least one context (ctx_size 512)"),
+        (["--kv-pool-cells", "-1"], "--ctx-size and --kv-pool-cells must be >= 0 (0: the default), got 0 and -1"),
     ],
 )
 def test_up_checks_every_flag_before_starting_anything(flags: list[str], message: str, tiny_llama: Path,

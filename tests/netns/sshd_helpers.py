@@ -4,7 +4,8 @@
 has one) on a high port with its own host key, and makes a client identity and a known_hosts file naming each
 host's key; it yields `SshHost`s (each with a cache directory of its own, its `SKIPPY_CACHE_DIR` there) and
 stops every sshd afterwards. `SshHost.entry` is a hosts-file entry reaching one over SSH with this checkout's
-Python. `namespace_processes` lists what runs inside a namespace, the sshd listener aside.
+Python. `namespace_processes` lists what runs inside a namespace, the sshd listener aside; `stage_processes` the
+stages there, and `wait_empty` waits (bounded) until nothing but the listener is left.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from skippy.netns.cgroups import join_prefix
 SSHD = Path("/usr/sbin/sshd")
 PORT = 22022
 READY_TIMEOUT_S = 30.0
+GONE_TIMEOUT_S = 30.0
 
 
 def sshd_missing() -> str | None:
@@ -134,3 +137,16 @@ def namespace_processes(namespace: str, but: int | None = None) -> list[str]:
             continue
         found.append(f"{entry.name} {cmdline}")
     return found
+
+
+def stage_processes(host: SshHost) -> list[tuple[int, str]]:
+    found = [line.split(" ", 1) for line in namespace_processes(host.namespace, but=host.sshd.pid)]
+    return [(int(pid), cmdline) for pid, cmdline in found if "skippy.cli.main stage" in cmdline]
+
+
+def wait_empty(host: SshHost) -> list[str]:
+    """Bounded wait for the host's sshd session processes to follow the stages out; what is left."""
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while (left := namespace_processes(host.namespace, but=host.sshd.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll interval of a bounded wait
+    return left

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from netns_helpers import MakeHosts
-from sshd_helpers import SshHost, namespace_processes, sshd_hosts
+from sshd_helpers import GONE_TIMEOUT_S, SshHost, sshd_hosts, stage_processes, wait_empty
 
 from skippy.runtime.models import resolve_model_path
 
@@ -33,7 +33,6 @@ from up_helpers import SkippyServer, launch_up  # noqa: E402  (tests/openai is n
 SHAPE = ["--model", "smollm2-135m", "--lane-count", "2", "--ctx-size", "256"]
 BUDGET_MB = 150  # per host: below the whole model's need at this shape (~205 MiB), so the plan splits
 CHAT = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 24, "temperature": 0}
-GONE_TIMEOUT_S = 30.0
 
 
 def write_hosts(path: Path, hosts: list[SshHost], **ssh: Any) -> Path:
@@ -46,19 +45,6 @@ def chat(server: SkippyServer) -> str:
     reply = server.request("POST", "/v1/chat/completions", {"model": server.model_id, **CHAT}, timeout=120)
     assert reply.status == 200, reply.body
     return str(reply.json()["choices"][0]["message"]["content"])
-
-
-def stage_processes(host: SshHost) -> list[tuple[int, str]]:
-    found = [line.split(" ", 1) for line in namespace_processes(host.namespace, but=host.sshd.pid)]
-    return [(int(pid), cmdline) for pid, cmdline in found if "skippy.cli.main stage" in cmdline]
-
-
-def wait_empty(host: SshHost) -> list[str]:
-    """Bounded wait for the host's sshd session processes to follow the stages out; what is left."""
-    deadline = time.monotonic() + GONE_TIMEOUT_S
-    while (left := namespace_processes(host.namespace, but=host.sshd.pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)  # poll interval of a bounded wait
-    return left
 
 
 def fresh(path: Path) -> Path:

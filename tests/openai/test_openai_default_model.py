@@ -19,7 +19,8 @@ from up_helpers import SkippyServer
 MODEL_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 # the README's examples, as printed there
 README_CHAT: Any = [{"role": "user", "content": "In Python, how do I reverse a string s? One line of code, no explanation."}]
-README_INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 16}
+README_INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 16,
+                 "temperature": 0}
 README_WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -138,8 +138,8 @@ def test_prompt_longer_than_context_is_context_length_exceeded(server: SkippySer
     assert info.value.status_code == 400
     assert info.value.code == "context_length_exceeded"
     assert info.value.param == ("messages" if kind == "chat" else "prompt")
-    assert info.value.message.startswith("This model's maximum context length is 2048 tokens. However, your"
-                                         f" {info.value.param} resulted in ")
+    assert isinstance(info.value.body, dict) and info.value.body["message"].startswith(
+        f"This model's maximum context length is 2048 tokens. However, your {info.value.param} resulted in ")
 
 
 def test_n_greater_than_one_is_400(server: SkippyServer, client: openai.OpenAI) -> None:

@@ -64,7 +64,7 @@ def test_props_show_the_served_model_its_lanes_sampling_and_stages(routes_server
     settings = props["default_generation_settings"]
     assert settings["n_ctx"] == 2048 and props["total_slots"] == 1  # the generations run at once (concurrency 1)
     assert settings["params"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
-                                  "max_tokens": 16}  # the tiny GGUF states none: llama.cpp's defaults
+                                  "max_tokens": 4096}  # the tiny GGUF states none: llama.cpp's defaults
     assert set(settings["sampling_source"].values()) == {"llama.cpp"}
     assert props["model_alias"] == routes_server.model_id and props["infill"] is True
     assert props["chat_template_source"] == "builtin" and props["chat_template"]

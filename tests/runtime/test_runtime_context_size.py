@@ -3,7 +3,8 @@
 A tiny model written with a 32k trained context gets a 32k context and one pool of a context per lane (its KV is
 tiny, so memory does not bound it); the llama.cpp context is that pool. The sizing rule itself is checked on
 numbers: memory bounds both, `--deterministic` keeps a context per lane (smaller), a pool given bounds the
-default context, a pool smaller than a context given is refused, and a slice sizes its pool as the whole model.
+default context, a pool smaller than a context given is refused, a slice sizes its pool as the whole model, and
+`skippy up` planning for hosts bounds them by the smallest host's memory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from pathlib import Path
 import llama_cpp as L
 import pytest
 
-from skippy.runtime.context_size import ContextSize, n_ctx_train, size_context, sized_spec, whole_model_cell_bytes
+from skippy.cli.main import build_parser
+from skippy.cli.plan import hosts_memory
+from skippy.runtime.context_size import (
+    ContextSize,
+    flag_context,
+    n_ctx_train,
+    size_context,
+    sized_spec,
+    whole_model_cell_bytes,
+)
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.slices import ensure_slice
 from skippy.runtime.spec import RuntimeSpec
@@ -74,3 +84,13 @@ def test_a_slice_sizes_its_pool_as_the_whole_model(tiny_model: Callable[..., Pat
     first = ensure_slice(model, 0, 3, final=False)
     assert whole_model_cell_bytes(first, "f16", "f16") == whole and n_ctx_train(first) == TRAINED
     assert isinstance(size_context(TRAINED, whole, GIB, 2), ContextSize)
+
+
+def test_planned_hosts_bound_the_context_by_the_smallest_ones_memory(tiny_model: Callable[..., Path]) -> None:
+    parse = build_parser().parse_args
+    assert hosts_memory(parse(["up", "--stage-cpus", "0,1", "--host-mem-mb", "64"])) == 64 << 20
+    assert hosts_memory(parse(["up", "--stage-cpus", "0,1"])) is None  # their memory unsaid: this machine's
+    assert hosts_memory(parse(["up"])) is None
+    model = tiny_model("llama", n_ctx_train=TRAINED)  # 768 KV bytes a token: 64 MiB / 8 holds 10922 of them
+    size = flag_context(model, 2, 0, 0, False, 64 << 20)
+    assert (size.ctx_size, size.kv_pool_cells) == (10752, 10752)
