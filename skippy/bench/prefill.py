@@ -7,8 +7,9 @@ Two pairs, every server up at once, each prompt sent to one server at a time:
 
 - `one-host`: `skippy` (`skippy up` as it serves one host: one stage on every CPU) against `llama-server` on
   the same cores (`-t` = the CPUs, unpinned);
-- `split`: `skippy-split` (`skippy up --stage-cpus LIST --no-replicas`: the planner's split, or `--split` the
-  given one, one stage per CPU set, pinned) against `llama-server-1core`, pinned to the first set with as many threads.
+- `split`: `skippy-split` (`skippy up --stage-cpus LIST --no-replicas --plan-for prefill`: the planner's split for
+  the longest prompt, or `--plan-for` another objective, or `--split` the given one; one stage per CPU set,
+  pinned) against `llama-server-1core`, pinned to the first set with as many threads.
 
 Every server has `--lanes` sessions of a context that fits the longest prompt (skippy `--lane-count`,
 `--ctx-size`; llama-server `--parallel`, `-c` = lanes x that) and its own batch defaults (llama-server: n_batch
@@ -47,6 +48,7 @@ from skippy.bench.http_servers import llama_server_args, start_llama_server, sta
 from skippy.bench.llama_server_build import ensure_llama_server_binary, llama_server_version
 from skippy.bench.prefill_load import PromptMaker, measure, parse_lengths
 from skippy.bench.prefill_timeline import read_chunks, timeline_table
+from skippy.plan.objective import OBJECTIVES
 from skippy.runtime.models import resolve_model_path
 
 __all__ = ["add_to"]
@@ -90,13 +92,15 @@ def _start(args: argparse.Namespace, model: Path, tmp: Path, ctx: int) -> tuple[
     if "split" in args.pair_list:
         sets = args.stage_cpus.split(",")
         runs["skippy-split"] = tmp / "skippy-split" / "run"
-        shape = ["--split", args.split] if args.split else ["--no-replicas"]  # else the planner's split
+        planned = ["--no-replicas", "--plan-for", args.plan_for,
+                   *(["--plan-prompt-tokens", str(max(args.length_list))] if args.plan_for != "decode" else [])]
+        shape = ["--split", args.split] if args.split else planned
         servers.append(start_skippy(args.model, None, runs["skippy-split"], args.lanes,
                                     ["--stage-cpus", args.stage_cpus, *shape, *common], name="skippy-split"))
         first = sets[0].replace("+", ",")
         servers.append(start_llama_server(binary, model, tmp / "llama-server-1core.log", args.lanes,
                                           _cpu_count(sets[0]), cpus=first, slot_ctx=ctx))
-        how = f"split {args.split}" if args.split else "planned"
+        how = f"split {args.split}" if args.split else f"planned for {args.plan_for}"
         pairs.append(Pair(f"{len(sets)} stages ({how}) on CPUs {args.stage_cpus} vs CPUs {first}", "skippy-split",
                           "llama-server-1core", TARGETS.get(len(sets))))
     return servers, pairs, runs
@@ -161,13 +165,13 @@ def report(samples: list[dict[str, Any]], pairs: list[Pair], lengths: list[int])
 
 
 def run_prefill_bench(args: argparse.Namespace) -> int:
-    model = resolve_model_path(args.model)
-    lengths = parse_lengths(args.lengths)
+    lengths = args.length_list = parse_lengths(args.lengths)
     args.pair_list = [p.strip() for p in args.pairs.split(",") if p.strip()]
     if not args.pair_list or any(p not in PAIRS for p in args.pair_list):
         raise SystemExit(f"bench prefill: --pairs must name some of {', '.join(PAIRS)}, got '{args.pairs}'")
     if args.repeat < 1 or args.lanes < 1:
         raise SystemExit("bench prefill: --repeat and --lanes must be at least 1")
+    model = resolve_model_path(args.model)
     ctx = -(-(max(lengths) + CONTEXT_MARGIN) // 256) * 256
     banned, _ = vocab_facts(model)
     maker = PromptMaker(model)
@@ -220,6 +224,9 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--stage-cpus", default="0,1", help="split: one stage per CPU set (default 0,1)")
     p.add_argument("--split", default=None, help="split: these split points (skippy up --split, e.g. 12) instead of"
                                                  " the planner's split")
+    p.add_argument("--plan-for", choices=OBJECTIVES, default="prefill",
+                   help="split: what the planner chooses the split for (skippy up --plan-for; default prefill, of the"
+                        " longest prompt)")
     p.add_argument("--lanes", type=int, default=2, help="sessions per server (skippy --lane-count, llama-server"
                                                         " --parallel; default 2)")
     p.add_argument("--concurrent-stream", action="store_true",

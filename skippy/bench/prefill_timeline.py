@@ -3,7 +3,9 @@
 Every batch comes back to stage 0 with each stage's `StageTiming` (when its compute began, its compute ms,
 the credit wait before it was handed on, when it was handed on); at `--telemetry-level debug` stage 0 logs
 them per batch (`iteration_done`, skippy.driver.telemetry). Clocks are one machine's wall clock, so
-differences across processes are meaningful. Per chunk and stage: `idle` is the time the stage computed
+differences across processes are meaningful. A chunk's `rows` are its prompt rows (+ the decode rows of other
+sessions that rode in the same batch); `start` is when stage 0 began it, after the request was sent. Per chunk and
+stage: `idle` is the time the stage computed
 nothing since its previous chunk (at stage 0 on one host: the Python work between chunks, scheduling and
 post-processing; at a later stage: waiting for the chunk to arrive), `compute` its runtime call (llama_decode
 over the rows, and the final stage's sampling), `out` from compute end to the hand-off (a credit wait, the
@@ -61,12 +63,13 @@ def timeline_table(chunks: list[ChunkTiming], sent_at: float, first_at: float) -
     if not chunks:
         return "no prefill batches logged (run skippy at --telemetry-level debug)"
     n_stages = len(chunks[0].stages)
-    head = "chunk  rows  start s" + "".join(f" | {span.stage_id:>8}: idle/hop compute   out" for span in chunks[0].stages)
+    head = "chunk    rows  start s" + "".join(f" | {span.stage_id:>8}: idle/hop compute   out" for span in chunks[0].stages)
     lines = [head]
     previous: list[StageSpan | None] = [None] * n_stages
     idle = [0.0] * n_stages
     for k, chunk in enumerate(chunks):
-        cells = f"{k:>5} {chunk.rows:>5} {chunk.stages[0].start - sent_at:>8.2f}"
+        rows = f"{chunk.prefill_rows}" + (f"+{chunk.rows - chunk.prefill_rows}" if chunk.rows > chunk.prefill_rows else "")
+        cells = f"{k:>5} {rows:>7} {chunk.stages[0].start - sent_at:>8.2f}"
         for i, span in enumerate(chunk.stages):
             before = previous[i]
             gap = (span.start - before.end) * 1e3 if before is not None else 0.0

@@ -10,7 +10,8 @@ on it, skippy.remote.host_costs), from `--stage-cpus` (one loopback host per CPU
 or from a namespace host set (its addresses, link conditions and `--mem-mb`); `--host-mem-mb`, `--link-delay-ms`
 and `--link-mbps` describe hosts made from flags (refused with `--hosts` / `--netns`, and the link flags with one
 host: skippy.cli.unused_flags). The split maximises
-tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency` (refused together);
+tok/s at `--plan-concurrency` streams (default: the lane count), or single-stream latency with `--latency` (refused together),
+or with `--plan-for prefill|mixed` a long prompt's prefill, alone or with an agent's short answer (skippy.plan.objective);
 it fits every host's memory. When every host holds the whole model on cores of its own, replicas (one pipeline
 per host) are weighed too and served when faster (`--no-replicas`, or `--stages K`: a split).
 With `--out DIR` the topology and stage configs go to DIR (plan.json
@@ -29,6 +30,7 @@ from skippy.config.errors import ConfigError
 from skippy.launcher import default_kv_cache
 from skippy.plan.hosts import Host, hosts_from_flags, load_hosts, netns_hosts
 from skippy.plan.memory import ServingShape
+from skippy.plan.objective import AGENT_PROMPT_TOKENS, AGENT_REPLY_TOKENS, OBJECTIVES, Objective
 from skippy.plan.plan import LEVELS, Plan, make_plan
 from skippy.plan.write import write_plan
 from skippy.remote.host_costs import hosts_calibrated_there
@@ -48,6 +50,14 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-mbps", type=float, default=None, help="with --stage-cpus: each link's rate")
     p.add_argument("--plan-concurrency", type=int, default=None, metavar="C",
                    help="streams the split is chosen for (default: the lane count)")
+    p.add_argument("--plan-for", choices=OBJECTIVES, default=None,
+                   help="what the split is chosen for: decode (default: the most tok/s at --plan-concurrency), prefill"
+                        " (the shortest prefill of a --plan-prompt-tokens prompt, its chunks pipelined) or mixed (an"
+                        " agent's request: that prefill plus --plan-reply-tokens tokens)")
+    p.add_argument("--plan-prompt-tokens", type=int, default=None, metavar="N",
+                   help=f"--plan-for prefill|mixed: the prompt's tokens (default {AGENT_PROMPT_TOKENS})")
+    p.add_argument("--plan-reply-tokens", type=int, default=None, metavar="N",
+                   help=f"--plan-for mixed: the answer's tokens (default {AGENT_REPLY_TOKENS})")
     p.add_argument("--recalibrate", action="store_true", help="measure the cost tables again (else cached)")
     p.add_argument("--no-replicas", dest="replicas", action="store_false",
                    help="splits only: never the whole model on each host, one pipeline per host (default: weighed"
@@ -85,7 +95,14 @@ def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bo
     refresh = args.recalibrate and hosts is None  # a re-plan (`hosts` given) measures nothing again
     priced = hosts_calibrated_there(model, _hosts(args) if hosts is None else hosts, refresh=refresh)  # SSH hosts
     return make_plan(model, priced, shape, concurrency, stages=stages, refresh=refresh,
-                     replicate=replicate and args.replicas)
+                     replicate=replicate and args.replicas, objective=objective_of(args))
+
+
+def objective_of(args: argparse.Namespace) -> Objective:
+    """`--plan-for` and its workload (skippy.plan.objective)."""
+    prompt, reply = args.plan_prompt_tokens, args.plan_reply_tokens
+    return Objective(args.plan_for or "decode", AGENT_PROMPT_TOKENS if prompt is None else prompt,
+                     AGENT_REPLY_TOKENS if reply is None else reply)
 
 
 def model_id_of(spec: str) -> str:

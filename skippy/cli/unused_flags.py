@@ -10,7 +10,8 @@ naming the flag and why, before anything starts.
 The plan flags (`PLAN_FLAGS`) act only on a plan. Of them, `--host-mem-mb`, `--link-delay-ms` and `--link-mbps`
 describe hosts made from `--stage-cpus` (or the one host of plain `skippy plan`): a hosts file and a namespace
 host set give their own memory and links, and one host has no link. `skippy plan --latency` plans for one stream,
-so `--plan-concurrency` has no effect there.
+so `--plan-concurrency` has no effect there. `--plan-prompt-tokens` is read only by `--plan-for prefill|mixed`,
+`--plan-reply-tokens` only by `--plan-for mixed`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from skippy.config.errors import ConfigError
 
 __all__ = ["StoreGiven", "hosts_given", "refuse_unused_plan_flags", "refuse_unused_up_flags"]
 
-PLAN_FLAGS = ("--host-mem-mb", "--link-delay-ms", "--link-mbps", "--plan-concurrency", "--recalibrate", "--no-replicas")
+PLAN_FLAGS = ("--host-mem-mb", "--link-delay-ms", "--link-mbps", "--plan-concurrency", "--recalibrate", "--no-replicas",
+              "--plan-for", "--plan-prompt-tokens", "--plan-reply-tokens")
 HOST_SHAPE_FLAGS = PLAN_FLAGS[:3]  # what hosts made from --stage-cpus are like
 LINK_FLAGS = PLAN_FLAGS[1:3]
 # what a topology's stage configs fix, for each flag that would set it otherwise
@@ -93,10 +95,25 @@ def refuse_unused_up_flags(args: argparse.Namespace) -> None:
                                   " the model whole, nothing is planned")
     else:
         _refuse_unused_host_flags(args)
+        _refuse_unused_workload_flags(args)
+
+
+def _refuse_unused_workload_flags(args: argparse.Namespace) -> None:
+    """The workload flags the objective (`--plan-for`) would not read."""
+    objective = getattr(args, "plan_for", None) or "decode"
+    if objective == "decode":
+        _refuse(args, ["--plan-prompt-tokens"], "without --plan-for prefill or mixed (decode rounds have no prompt)")
+    if objective != "mixed":
+        _refuse(args, ["--plan-reply-tokens"], f"with --plan-for {objective} (only mixed counts an answer)")
 
 
 def refuse_unused_plan_flags(args: argparse.Namespace) -> None:
-    """`skippy plan`: the host flags its hosts would not read, and `--plan-concurrency` with `--latency`."""
+    """`skippy plan`: the host flags its hosts would not read, `--plan-concurrency` with `--latency`, and the
+    workload flags `--plan-for` would not read."""
     _refuse_unused_host_flags(args)
+    _refuse_unused_workload_flags(args)
     if args.latency:
         _refuse(args, ["--plan-concurrency"], "with --latency (a latency plan is for one stream); drop one")
+        if args.plan_for == "prefill":
+            raise ConfigError("--latency has no effect with --plan-for prefill (a prompt's prefill has no stream"
+                              " count); drop one")

@@ -3,7 +3,8 @@
 `ComputeCosts` holds what calibration measured (skippy.plan.calibrate) on one CPU set: at 1, 4 and 16
 rows, each layer's ms, the first stage's embedding gather and the final stage's head (output norm,
 vocabulary projection and sampling). Between and beyond the measured rows it interpolates linearly
-(the last segment's slope past 16). `scaled` gives a host that is `speed` times as fast. `Overheads`
+(the last segment's slope past 16); `chunk_ms` is a prompt chunk's cost. `scaled` gives a host that is `speed`
+times as fast. `Overheads`
 are the per-batch costs that are not llama.cpp's, measured once through a real pipeline
 (docs/bench-pipeline.md's timeline): a forward hop's software cost, the return hop with stage 0's
 postprocess and schedule, and a one-process step.
@@ -47,14 +48,23 @@ class ComputeCosts:
         return len(self.layer_ms)
 
     def stage_ms(self, start: int, end: int, rows: float, outputs: float | None = None) -> float:
-        """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all; 0: a
-        prompt chunk that samples nothing) through the head."""
+        """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all)
+        through the head."""
         total = sum(interpolate(self.rows, self.layer_ms[i], rows) for i in range(start, end))
         if start == 0:
             total += interpolate(self.rows, self.embed_ms, rows)
-        if end == self.n_layer and outputs != 0:
+        if end == self.n_layer:
             total += interpolate(self.rows, self.head_ms, rows if outputs is None else outputs)
         return total
+
+    def chunk_ms(self, start: int, end: int, rows: float) -> float:
+        """A prompt chunk of `rows` rows through layers [start, end) (and the embedding at the first stage), nothing
+        through the head. Many rows make a layer's work its matrix products, the same in every layer of a model;
+        the table spreads its layers' decode costs by their weight bytes (a decode reads them all), which a chunk
+        does not follow (measured on Qwen2.5-Coder-0.5B, its Q6_K layers heavier: an even 12/12 split of a 4k
+        prompt computed 57 s and 53 s per stage), so every layer costs the mean layer's here."""
+        mean = sum(interpolate(self.rows, ms, rows) for ms in self.layer_ms) / self.n_layer
+        return mean * (end - start) + (interpolate(self.rows, self.embed_ms, rows) if start == 0 else 0.0)
 
     def scaled(self, speed: float) -> ComputeCosts:
         """The same costs on a host `speed` times as fast."""

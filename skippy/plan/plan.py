@@ -1,7 +1,8 @@
 """The whole decision: each host's costs, the best split for every stage count, and which one to serve.
 
 `make_plan` calibrates (or loads) every host's cost table, runs the search (skippy.plan.search) at the
-target concurrency (1 for `latency`), and picks the split with the most tok/s there. It says "don't
+target concurrency (1 for `latency`), and picks the split with the most tok/s there (or, `--plan-for prefill|mixed`,
+the lowest score of that objective: skippy.plan.objective). It says "don't
 split" when one host holds the whole model and no split beats it, and names the hosts whose memory
 cannot hold the whole model (the reason a split is necessary). When every host holds the whole model on
 cores of its own, it also weighs replicas, one pipeline per host behind the broker (`replicate`, on by
@@ -24,7 +25,8 @@ from skippy.plan.calibrate import calibrated_costs
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 from skippy.plan.memory import DEFAULT_SHAPE, MIB, ModelFacts, ServingShape, read_model_facts, stage_memory
-from skippy.plan.predict import Prediction, StageCost, predict, predict_replicas, shared_cores
+from skippy.plan.objective import DECODE, Objective
+from skippy.plan.predict import Prediction, StageCost, predict, predict_replicas, prefill_ms, shared_cores
 from skippy.plan.search import Split, best_splits
 
 __all__ = ["LEVELS", "SPLIT_MARGIN", "Plan", "host_costs", "make_plan", "plan_from_costs"]
@@ -65,6 +67,7 @@ class Plan:
     prefill_ratio: float = 0.0  # prompt tokens per generated token of the workload
     replicas: tuple[Split, ...] = ()  # the whole model on each host (weighed when every host holds it apart)
     replicated: bool = False  # serve `replicas` (one pipeline each) rather than `chosen`
+    objective: Objective = DECODE  # what the split is chosen for (--plan-for)
 
     @property
     def single(self) -> Split | None:
@@ -89,6 +92,10 @@ class Plan:
     def replicas_at(self, concurrency: int) -> Prediction:
         return predict_replicas([r.stages for r in self.replicas], concurrency, self.facts.n_embd, self.overheads,
                                 self.prefill_ratio)
+
+    def prefill_s(self, split: Split) -> float:
+        """`split`'s predicted prefill of the objective's prompt, in seconds."""
+        return prefill_ms(split.stages, self.objective.prompt_tokens, self.facts.n_embd, self.overheads) / 1e3
 
     def predicted(self, concurrency: int) -> Prediction:
         """What is served, at `concurrency` streams."""
@@ -124,7 +131,7 @@ class Plan:
         lines += ["hosts:", *(f"  {h.describe()}" for h in hosts)]
         shown = (f"{len(self.replicas)} replicas of 1 stage" if self.replicated
                  else f"{len(self.chosen.stages)} stage(s)")
-        lines.append(f"plan, chosen for the most tok/s at {self.concurrency} stream(s): {shown}")
+        lines.append(f"plan, chosen for {self.objective.describe(self.concurrency)}: {shown}")
         for r, split in enumerate(self.served):
             for i, (stage, memory) in enumerate(zip(split.stages, split.memory)):
                 ms = "; ".join(f"{n} rows {stage.costs.stage_ms(stage.start, stage.end, n):.1f} ms" for n in (1, 16))
@@ -141,6 +148,12 @@ class Plan:
         for name, at in rows:
             cells = [at(c) for c in levels]
             lines.append(f"  {name}".ljust(24) + "".join(f"{p.tpot_ms:.1f}, {p.tok_s:.1f}".rjust(24) for p in cells))
+        if self.objective.prefills:
+            named = [("this plan", self.served[0]), (f"best split ({len(self.chosen.stages)})", self.chosen),
+                     (f"{single.stages[0].host.name} alone" if single else "", single)]
+            lines.append(f"predicted prefill of a {self.objective.prompt_tokens}-token prompt: " + "; ".join(
+                f"{name} {self.prefill_s(split):.1f} s" for i, (name, split) in enumerate(named)
+                if split is not None and (i == 0 or split is not self.served[0])))
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -159,8 +172,9 @@ def _replicas(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, sh
 
 def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_SHAPE, concurrency: int = 16, *,
               stages: int | None = None, refresh: bool = False, overheads: Overheads = DEFAULT_OVERHEADS,
-              prefill_ratio: float = 0.0, replicate: bool = True) -> Plan:
-    """The split to serve `model` on `hosts` (`stages`: exactly that many), chosen for `concurrency` streams;
+              prefill_ratio: float = 0.0, replicate: bool = True, objective: Objective = DECODE) -> Plan:
+    """The split to serve `model` on `hosts` (`stages`: exactly that many), chosen for `concurrency` streams
+    (or another `objective`);
     `replicate`: or the whole model on every host, one pipeline each, when that is faster (and `stages`, if
     given, is one per host)."""
     if not hosts:
@@ -173,15 +187,15 @@ def make_plan(model: Path, hosts: Sequence[Host], shape: ServingShape = DEFAULT_
     if prefill_ratio < 0:
         raise ConfigError(f"prompt tokens per generated token must be >= 0, got {prefill_ratio:g}")
     return plan_from_costs(host_costs(model, hosts, refresh), facts, shape, concurrency, stages=stages,
-                           overheads=overheads, prefill_ratio=prefill_ratio, replicate=replicate)
+                           overheads=overheads, prefill_ratio=prefill_ratio, replicate=replicate, objective=objective)
 
 
 def plan_from_costs(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape,
                     concurrency: int, *, stages: int | None = None, overheads: Overheads = DEFAULT_OVERHEADS,
-                    prefill_ratio: float = 0.0, replicate: bool = True) -> Plan:
+                    prefill_ratio: float = 0.0, replicate: bool = True, objective: Objective = DECODE) -> Plan:
     """make_plan's choice once every host has its cost table."""
     hosts = [h for h, _ in costed]
-    splits = best_splits(costed, facts, shape, concurrency, overheads, prefill_ratio)
+    splits = best_splits(costed, facts, shape, concurrency, overheads, prefill_ratio, objective)
     whole = stage_memory(facts, 0, facts.n_layer, shape).total
     too_small = tuple(h for h in hosts if h.mem_bytes is not None and h.mem_bytes < whole)
     options = [s for k, s in splits.items() if s is not None and (stages is None or k == stages)]
@@ -190,13 +204,18 @@ def plan_from_costs(costed: Sequence[tuple[Host, ComputeCosts]], facts: ModelFac
         counts = f"{stages} stage(s)" if stages else "any split"
         raise ConfigError(f"{facts.path.name} does not fit {counts} of these hosts ({budgets}); the whole model needs"
                           f" {whole / MIB:.0f} MiB at {shape.lane_count} lanes x {shape.ctx_size} context")
-    chosen = min(options, key=lambda s: (s.prediction.tpot_ms, len(s.stages)))
-    plan = Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio)
+    score = lambda s: objective.score(s.stages, concurrency, facts.n_embd, overheads, prefill_ratio)  # noqa: E731
+    chosen = min(options, key=lambda s: (score(s), len(s.stages)))
+    plan = Plan(facts, shape, concurrency, chosen, splits, too_small, whole, overheads, prefill_ratio,
+                objective=objective)
     if not replicate or stages not in (None, len(hosts)) or too_small:
         return plan
     plan = replace(plan, replicas=_replicas(costed, facts, shape, concurrency, overheads, prefill_ratio))
     if not plan.replicas:
         return plan
-    tok_s = plan.replicas_at(concurrency).tok_s
-    alone = max(r.prediction.tok_s for r in plan.replicas)
-    return replace(plan, replicated=tok_s > alone and tok_s * SPLIT_MARGIN >= chosen.prediction.tok_s)
+    if objective.kind == "decode":
+        tok_s = plan.replicas_at(concurrency).tok_s
+        alone = max(r.prediction.tok_s for r in plan.replicas)
+        return replace(plan, replicated=tok_s > alone and tok_s * SPLIT_MARGIN >= chosen.prediction.tok_s)
+    ms = objective.replicas_score([r.stages for r in plan.replicas], concurrency, facts.n_embd, overheads, prefill_ratio)
+    return replace(plan, replicated=ms < min(map(score, plan.replicas)) and ms <= score(chosen) * SPLIT_MARGIN)

@@ -119,7 +119,7 @@ def prefill_ms(stages: Sequence[StageCost], prompt_tokens: int, n_embd: int, ove
     every stage one more finishes each time the busiest resource (a group of stages sharing cores, or a link) is
     done with one. Chunks run through the layers only; the prompt's last row also goes through the head."""
     chunks = math.ceil(prompt_tokens / chunk)
-    ms = [s.costs.stage_ms(s.start, s.end, chunk, 0) + overheads.stage_ms for s in stages]
+    ms = [s.costs.chunk_ms(s.start, s.end, chunk) + overheads.stage_ms for s in stages]
     head = interpolate(stages[-1].costs.rows, stages[-1].costs.head_ms, 1)  # the prompt's last row
     if len(stages) == 1:
         return chunks * (ms[0] + overheads.step_ms) + head

@@ -11,7 +11,8 @@ one address among the chosen hosts (as the driver counts its micro-batches), so 
 search runs once per possible m and scores every surviving split with `predict`. Hosts keep their given order
 (stage 0 on the first host used) and each hosts at most one stage; a host may be left out. A range is placed on
 a host only if the stage's predicted memory (skippy.plan.memory) fits its budget. The best k-stage split
-minimises the round, i.e. maximises tok/s at c (`c = 1`: single-stream latency).
+minimises the round, i.e. maximises tok/s at c (`c = 1`: single-stream latency), or another objective's score
+(skippy.plan.objective: a long prompt's prefill, alone or with an agent's short answer).
 """
 
 from __future__ import annotations
@@ -22,7 +23,18 @@ from dataclasses import dataclass
 from skippy.plan.costs import DEFAULT_OVERHEADS, ComputeCosts, Overheads
 from skippy.plan.hosts import Host
 from skippy.plan.memory import ModelFacts, ServingShape, StageMemory, stage_memory
-from skippy.plan.predict import Prediction, StageCost, hop_ms, micro_batches, predict, shared_cores, stage_compute_ms, transfer_ms
+from skippy.plan.objective import DECODE, Objective
+from skippy.plan.predict import (
+    PREFILL_CHUNK_ROWS,
+    Prediction,
+    StageCost,
+    hop_ms,
+    micro_batches,
+    predict,
+    shared_cores,
+    stage_compute_ms,
+    transfer_ms,
+)
 
 __all__ = ["Split", "best_splits"]
 
@@ -69,10 +81,12 @@ def _extend(entry: Entry, host: int, ms: float, hop: float, wire: float, group: 
 
 
 def _candidates(k: int, in_flight: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts,
-                shape: ServingShape, concurrency: int, overheads: Overheads, prefill_ratio: float) -> list[Path_]:
-    """The k-stage splits no other beats in every term, with stage costs at `in_flight` micro-batches."""
+                shape: ServingShape, concurrency: int, overheads: Overheads, prefill_ratio: float,
+                chunk: int = 0) -> list[Path_]:
+    """The k-stage splits no other beats in every term, with stage costs at `in_flight` micro-batches (`chunk`:
+    of a prompt chunk of that many rows instead)."""
     n, count = facts.n_layer, len(hosts)
-    rows = micro_batches(in_flight, concurrency)[1]
+    rows = chunk or micro_batches(in_flight, concurrency)[1]
     groups = shared_cores([h for h, _ in hosts])
     group = [next(g for g, members in enumerate(groups) if h in members) for h in range(count)]
     last_in_group = [max(members) for members in groups]
@@ -83,8 +97,10 @@ def _candidates(k: int, in_flight: int, hosts: Sequence[tuple[Host, ComputeCosts
     for h, (_, costs) in enumerate(hosts):
         budget = budgets[h]
         for a, j in ranges:
-            if budget is None or need[a, j] <= budget:
-                cost[h, a, j] = stage_compute_ms(StageCost(hosts[h][0], costs, a, j), rows, prefill_ratio, overheads)
+            if budget is not None and need[a, j] > budget:
+                continue
+            cost[h, a, j] = (costs.chunk_ms(a, j, chunk) + overheads.stage_ms if chunk else
+                             stage_compute_ms(StageCost(hosts[h][0], costs, a, j), rows, prefill_ratio, overheads))
     hop = [hop_ms(h, rows, facts.n_embd, overheads) for h, _ in hosts]
     wire = [transfer_ms(h, rows, facts.n_embd) for h, _ in hosts]
     empty: Entry = (0.0, (0.0,) * len(groups), 0.0, ())
@@ -108,26 +124,35 @@ def _candidates(k: int, in_flight: int, hosts: Sequence[tuple[Host, ComputeCosts
 
 
 def _best_for(k: int, hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape,
-              concurrency: int, overheads: Overheads, prefill_ratio: float) -> tuple[StageCost, ...] | None:
-    """The k-stage split with the shortest predicted round. How many micro-batches are in flight depends on which
-    hosts share cores, so the search runs once for each count and every surviving split is scored by `predict`."""
+              concurrency: int, overheads: Overheads, prefill_ratio: float,
+              objective: Objective) -> tuple[StageCost, ...] | None:
+    """The k-stage split with the lowest `objective` score (the decode objective: the shortest predicted round).
+    How many micro-batches are in flight depends on which hosts share cores, so the search runs once for each
+    count and every surviving split is scored. An objective that counts a prompt's prefill also weighs the splits
+    no other beats with the stages' costs of a prompt chunk (ComputeCosts.chunk_ms)."""
     best: tuple[float, tuple[StageCost, ...]] | None = None
     apart = all(len(g) == 1 for g in shared_cores([h for h, _ in hosts], same_address=True))
     for in_flight in sorted({micro_batches(m, concurrency)[0] for m in ([k] if apart else range(1, k + 1))}):
-        for path in _candidates(k, in_flight, hosts, facts, shape, concurrency, overheads, prefill_ratio):
+        paths = _candidates(k, in_flight, hosts, facts, shape, concurrency, overheads, prefill_ratio)
+        if objective.prefills:
+            paths += _candidates(k, in_flight, hosts, facts, shape, concurrency, overheads, prefill_ratio,
+                                 PREFILL_CHUNK_ROWS)
+        for path in paths:
             stages = tuple(StageCost(hosts[h][0], hosts[h][1], a, j) for h, a, j in path)
-            tpot = predict(stages, concurrency, facts.n_embd, overheads, prefill_ratio).tpot_ms
-            if best is None or tpot < best[0]:
-                best = (tpot, stages)
+            score = objective.score(stages, concurrency, facts.n_embd, overheads, prefill_ratio)
+            if best is None or score < best[0]:
+                best = (score, stages)
     return None if best is None else best[1]
 
 
 def best_splits(hosts: Sequence[tuple[Host, ComputeCosts]], facts: ModelFacts, shape: ServingShape, concurrency: int,
-                overheads: Overheads = DEFAULT_OVERHEADS, prefill_ratio: float = 0.0) -> dict[int, Split | None]:
-    """For every stage count 1..len(hosts), the split with the shortest round at `concurrency` (None: none fits)."""
+                overheads: Overheads = DEFAULT_OVERHEADS, prefill_ratio: float = 0.0,
+                objective: Objective = DECODE) -> dict[int, Split | None]:
+    """For every stage count 1..len(hosts), the split with the lowest `objective` score at `concurrency` (by default
+    the shortest round; None: none fits)."""
     found: dict[int, Split | None] = {}
     for k in range(1, min(len(hosts), facts.n_layer) + 1):
-        stages = _best_for(k, hosts, facts, shape, concurrency, overheads, prefill_ratio)
+        stages = _best_for(k, hosts, facts, shape, concurrency, overheads, prefill_ratio, objective)
         if stages is None:
             found[k] = None
             continue

@@ -13,9 +13,10 @@ removes DIR (the secret key with it).
 `receive PATH SHA256 SIZE` writes stdin to PATH atomically, only when exactly SIZE bytes with that sha256 came (a
 slice shipped into the host's cache: skippy.remote.shipping).
 
-`calibrate MODEL CACHE_DIR [--refresh]` gives the model's cost table measured on this host (skippy.plan.calibrate,
-cached under CACHE_DIR by the model's digest, the llama.cpp build and the machine) as one JSON line: the table, the
-model's sha256, whether it was cached (skippy.remote.host_costs).
+`calibrate MODEL SHA256 CACHE_DIR [--refresh]` gives the model's cost table measured on this host
+(skippy.plan.calibrate, cached under CACHE_DIR by the model's digest, the llama.cpp build and the machine) as one JSON
+line: the model's sha256, the table (none when MODEL is not the model of that SHA256) and whether it was cached
+(skippy.remote.host_costs).
 """
 
 from __future__ import annotations
@@ -140,16 +141,19 @@ def receive(path: Path, sha256: str, size: int) -> int:
     return 0
 
 
-def calibrate(model: Path, cache_dir: str, refresh: bool) -> int:
+def calibrate(model: Path, sha256: str, cache_dir: str, refresh: bool) -> int:
     os.environ["SKIPPY_CACHE_DIR"] = os.path.expanduser(cache_dir)
     from skippy.plan.calibrate import calibrated_costs, cost_cache_path  # noqa: PLC0415  (llama.cpp: only here)
     from skippy.runtime.slices import file_digest  # noqa: PLC0415
 
+    found = file_digest(model) if model.is_file() else None
+    if found != sha256:
+        print(json.dumps({"sha256": found, "costs": None}))
+        return 0
     path = cost_cache_path(model, "all")
     cached = path.is_file() and not refresh
     calibrated_costs(model, "all", refresh=refresh)
-    print(json.dumps({"sha256": file_digest(model), "cached": cached, "name": path.name,
-                      "costs": json.loads(path.read_text())}))
+    print(json.dumps({"sha256": found, "cached": cached, "name": path.name, "costs": json.loads(path.read_text())}))
     return 0
 
 
@@ -163,13 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("size", type=int)
     p = sub.add_parser("calibrate")
     p.add_argument("model", type=Path)
+    p.add_argument("sha256")
     p.add_argument("cache_dir")
     p.add_argument("--refresh", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "launch":
         return launch(args.directory)
     if args.command == "calibrate":
-        return calibrate(args.model.expanduser(), args.cache_dir, args.refresh)
+        return calibrate(args.model.expanduser(), args.sha256, args.cache_dir, args.refresh)
     return receive(args.path, args.sha256, args.size)
 
 

@@ -60,15 +60,19 @@ def _calibrate(model: Path, host: Host, model_path: str, refresh: bool, say: Cal
     assert target is not None
     label = host_label(host)
     check_host(host, label, [])
-    text = run_remote(target, label, ["-m", "skippy.remote.host_agent", "calibrate", model_path, target.cache_dir,
-                                      *(["--refresh"] if refresh else [])], timeout_s=CALIBRATE_TIMEOUT_S)
+    digest = file_digest(model)
+    text = run_remote(target, label, ["-m", "skippy.remote.host_agent", "calibrate", model_path, digest,
+                                      target.cache_dir, *(["--refresh"] if refresh else [])],
+                      timeout_s=CALIBRATE_TIMEOUT_S)
     try:
         found = json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise RemoteError(f"{label}: its calibration answered {text.strip()[-200:]!r}, not JSON") from None
-    if found["sha256"] != file_digest(model):
+    if found["sha256"] is None:
+        raise RemoteError(f"{label}: its ssh.model_path {model_path} is not there (no such file)")
+    if found["costs"] is None:
         raise RemoteError(f"{label}: its ssh.model_path {model_path} is another model (sha256"
-                          f" {str(found['sha256'])[:12]}), not {model.name} ({file_digest(model)[:12]})")
+                          f" {str(found['sha256'])[:12]}), not {model.name} ({digest[:12]})")
     path = cost_cache_path(model, "all").parent / f"{host.name}-{found['name']}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(found["costs"], indent=1))

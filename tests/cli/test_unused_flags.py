@@ -20,6 +20,7 @@ NO_HOSTS = ("without hosts to plan for (--stage-cpus, --hosts or --netns): one h
 HOSTS_FILE = "with --hosts (the hosts file gives each host's memory and links); drop one"
 NETNS = "with --netns (the namespace host set gives each host's memory and links); drop one"
 ONE_HOST = "with one host: one stage has no link (--stage-cpus with two CPU sets or more makes a host of each)"
+DECODE = "without --plan-for prefill or mixed (decode rounds have no prompt)"
 
 UP_REFUSED = {
     "topology-split": (["--topology", "t.json", "--split", "3"], "--split", TOPOLOGY.format("the split")),
@@ -54,6 +55,11 @@ UP_REFUSED = {
     "netns-host-mem": (["--netns", "sk", "--host-mem-mb", "300"], "--host-mem-mb", NETNS),
     "netns-link-delay": (["--netns", "sk", "--link-delay-ms", "5"], "--link-delay-ms", NETNS),
     "one-cpu-set-link": (["--stage-cpus", "0", "--link-delay-ms", "5"], "--link-delay-ms", ONE_HOST),
+    "split-plan-for": (["--split", "3", "--stage-cpus", "0,1", "--plan-for", "prefill"], "--plan-for", NOT_PLANNED_SPLIT),
+    "no-hosts-plan-for": (["--plan-for", "mixed"], "--plan-for", NO_HOSTS),
+    "decode-prompt-tokens": (["--stage-cpus", "0,1", "--plan-prompt-tokens", "4096"], "--plan-prompt-tokens", DECODE),
+    "prefill-reply-tokens": (["--stage-cpus", "0,1", "--plan-for", "prefill", "--plan-reply-tokens", "64"],
+                             "--plan-reply-tokens", "with --plan-for prefill (only mixed counts an answer)"),
 }
 
 
@@ -74,6 +80,9 @@ PLAN_REFUSED = {
     "one-cpu-set-link-mbps": (["--stage-cpus", "0", "--link-mbps", "100"], "--link-mbps", ONE_HOST),
     "hosts-file-link-delay": (["--hosts", "h.json", "--link-delay-ms", "5"], "--link-delay-ms", HOSTS_FILE),
     "netns-link-mbps": (["--netns", "sk", "--link-mbps", "100"], "--link-mbps", NETNS),
+    "latency-prefill": (["--latency", "--plan-for", "prefill"], "--latency",
+                        "with --plan-for prefill (a prompt's prefill has no stream count); drop one"),
+    "decode-prompt-tokens": (["--plan-prompt-tokens", "4096"], "--plan-prompt-tokens", DECODE),
 }
 
 
@@ -91,6 +100,7 @@ def test_plan_refuses_a_flag_its_hosts_do_not_read(capsys: pytest.CaptureFixture
      "--plan-concurrency", "4", "--recalibrate", "--no-replicas"],  # every plan flag describes these hosts
     ["--netns", "sk", "--stage-cpus", "0,1", "--plan-concurrency", "4", "--no-replicas"],
     ["--hosts", "h.json", "--recalibrate"],
+    ["--stage-cpus", "0,1", "--plan-for", "mixed", "--plan-prompt-tokens", "4096", "--plan-reply-tokens", "64"],
     ["--model", "m.gguf", "--lane-count", "2"],  # one host, the model whole
 ])
 def test_up_accepts_every_flag_its_layout_reads(argv: list[str]) -> None:
@@ -101,6 +111,8 @@ def test_up_accepts_every_flag_its_layout_reads(argv: list[str]) -> None:
     ["--host-mem-mb", "300"],  # the one host's budget
     ["--stage-cpus", "0,1", "--link-delay-ms", "5", "--link-mbps", "100", "--plan-concurrency", "4"],
     ["--latency", "--stage-cpus", "0,1"],
+    ["--latency", "--stage-cpus", "0,1", "--plan-for", "mixed", "--plan-reply-tokens", "16"],
+    ["--stage-cpus", "0,1", "--plan-for", "prefill", "--plan-prompt-tokens", "20000"],
 ])
 def test_plan_accepts_every_flag_its_hosts_read(argv: list[str]) -> None:
     args = build_parser().parse_args(["plan", *argv])
