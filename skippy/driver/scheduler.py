@@ -63,7 +63,9 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     it becomes a verify window `[last, d1..dk]` with an output on every row. A session whose window
     is in flight gets a chained verify window only from a `chainer` (pipelined verify windows).
     `only_pipelined_prefill`: no room for another micro-batch, so only the next chunks of prompts
-    whose earlier chunks are in flight (no decode rows, no new prompts). `cells`: a decode or verify window
+    whose earlier chunks are in flight (no new prompts, no chained windows), with a decode row for each session
+    whose last token is back: a long prompt streaming its chunks does not stall the sessions decoding beside it
+    (between two of a session's rows at most one chunk's batch). `cells`: a decode or verify window
     keeps within the KV cells left (a session with none left gets no row; its drafts shrink to them).
     """
     running = list(running)
@@ -71,9 +73,9 @@ def plan_iteration(running: Iterable[Sequence], token_budget: int, max_decode_ro
     budget = token_budget
     # decode: one window per session whose last token is back; input = last sampled token (+ drafts)
     for seq in running:
-        if budget == 0 or len(plan) >= max_decode_rows or only_pipelined_prefill:
+        if budget == 0 or len(plan) >= max_decode_rows:
             break
-        if seq.cancelled or seq.paused or seq.prefilling or not seq.generated:
+        if seq.cancelled or seq.paused or seq.prefilling or not seq.generated or only_pipelined_prefill and seq.in_flight:
             continue
         rows = budget if cells is None else min(budget, cells.room(seq, seq.chain_pos if seq.in_flight else seq.length))
         if seq.in_flight:
