@@ -95,8 +95,8 @@ def test_a_corrupted_part_is_refused_naming_both_hashes(parts_05b: list[Path], t
 
 def test_a_model_whose_parts_are_missing_names_its_install_command() -> None:
     assert QWEN_CODER_15B.parts is not None
-    absent = dataclasses.replace(QWEN_CODER_15B, parts=dataclasses.replace(QWEN_CODER_15B.parts,
-                                                                           distribution="skippy-absent-model-part"))
+    absent = dataclasses.replace(QWEN_CODER_15B, filename="skippy-absent-model.gguf",  # nothing cached under it
+                                 parts=dataclasses.replace(QWEN_CODER_15B.parts, distribution="skippy-absent-model-part"))
     with pytest.raises(ModelError) as refused:
         absent.path()
     assert str(refused.value) == (
@@ -108,8 +108,8 @@ def test_skippy_generate_without_the_parts_is_one_line_naming_the_install(monkey
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Through the real command: the 1.5B's entry pointed at part packages nobody has (whatever is installed here)."""
     assert QWEN_CODER_15B.parts is not None
-    absent = dataclasses.replace(QWEN_CODER_15B, parts=dataclasses.replace(QWEN_CODER_15B.parts,
-                                                                           distribution="skippy-absent-model-part"))
+    absent = dataclasses.replace(QWEN_CODER_15B, filename="skippy-absent-model.gguf",  # nothing cached under it
+                                 parts=dataclasses.replace(QWEN_CODER_15B.parts, distribution="skippy-absent-model-part"))
     monkeypatch.setitem(models.PACKAGED, absent.name, absent)
     assert main(["generate", "--model", "qwen2.5-coder-1.5b", "--prompt", "x"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
