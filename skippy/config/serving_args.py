@@ -69,7 +69,7 @@ _FLAGS: tuple[tuple[str, str | None, str, Owner], ...] = (
      " $SKIPPY_OPENAI_API_KEY when set", _E),
     ("--openai-bind-addr", "HOST:PORT", "serve the OpenAI API here (stage 0 only)", _F),
     ("--openai-model-id", "ID", "served model id (default: the config's model_id)", _A),
-    ("--openai-default-max-tokens", "N", "max_tokens when a request omits it, at most what the context leaves (default 4096)", _A),
+    ("--openai-default-max-tokens", "N", "max_tokens when a request omits it, within the context (default 4096)", _A),
     ("--openai-sse-ping-interval", "SECS", "an SSE comment ping after this long without an event in a stream, e.g."
      " while a long prompt prefills (default 30, as llama-server; 0: none)", _A),
     ("--openai-api-key", "KEY", "Bearer key the HTTP API requires, visible on the command line (default:"
