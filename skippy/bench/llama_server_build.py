@@ -161,9 +161,11 @@ def ensure_llama_server_binary() -> Path:
     return binary
 
 
-def llama_server_version() -> str:
-    """`llama-server --version`'s version line, e.g. "version: 1 (0c1e570)" -> "1 (0c1e570)"."""
-    out = subprocess.run([str(ensure_llama_server_binary()), "--version"], capture_output=True, text=True, timeout=60)
+def llama_server_version(binary: Path | None = None) -> str:
+    """`llama-server --version`'s version line, e.g. "version: 1 (0c1e570)" -> "1 (0c1e570)" (of `binary`, default
+    the one built here)."""
+    out = subprocess.run([str(binary or ensure_llama_server_binary()), "--version"], capture_output=True, text=True,
+                         timeout=60)
     line = next((ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version:")), "version: ?")
     return line.removeprefix("version:").strip()
 

@@ -19,7 +19,10 @@ prompt text per round (no prefix cache hit anywhere), sent to every server in tu
 other round so machine noise hits both sides alike. Reported per pair: the median TTFT of each side, and the
 median over rounds of the round's ratio (skippy / peer, each round's pair measured back to back) against its
 target (one host <= 1; 2 one-core stages <= 0.6, 3 <= 0.45), and each side's median CPU seconds per prompt
-(steadier than wall time on a shared machine; a split's stages add up). `--concurrent-stream`: every prompt is sent
+(steadier than wall time on a shared machine; a split's stages add up), and `busiest`: the ratio of each side's
+busiest process's CPU seconds (a split's slowest stage against llama-server), what the TTFT ratio would be with
+every process alone on its cores (with several threads a process also counts its spin-waits: llama-server's
+OpenMP default spins longer than skippy's, which favours skippy on one host). `--concurrent-stream`: every prompt is sent
 while a short prompt's stream decodes on the same server; its tokens/s before and during the prefill and
 its longest stall are reported. `--timeline`: skippy runs at `--telemetry-level debug` and each skippy
 server's last prompt of the longest length is shown chunk by chunk (skippy.bench.prefill_timeline). The
@@ -77,7 +80,7 @@ def _cpu_count(cpu_set: str) -> int:
 
 def _start(args: argparse.Namespace, model: Path, tmp: Path, ctx: int) -> tuple[list[Server], list[Pair], dict[str, Path]]:
     """Every server of the chosen pairs (started one after another), the pairs, and each skippy's run dir."""
-    binary = ensure_llama_server_binary()
+    binary = args.binary = Path(args.llama_server) if args.llama_server else ensure_llama_server_binary()
     common = ["--ctx-size", str(ctx), "--no-speculative", *(["--telemetry-level", "debug"] if args.timeline else []),
               *shlex.split(args.skippy_flags)]
     servers: list[Server] = []
@@ -129,8 +132,8 @@ def _median(xs: list[float]) -> float:
 
 def report(samples: list[dict[str, Any]], pairs: list[Pair], lengths: list[int]) -> tuple[str, dict[str, Any]]:
     """The table (per length and pair: TTFT medians, the median round ratio, its target, every run) and its JSON."""
-    rows = [("tokens", "pair", "skippy s", "peer s", "ratio", "target", "CPU s skippy/peer", "CPU ratio", "skippy runs",
-             "peer runs")]
+    rows = [("tokens", "pair", "skippy s", "peer s", "ratio", "target", "CPU s skippy/peer", "CPU ratio", "busiest",
+             "skippy runs", "peer runs")]
     streams = []
     summary: dict[str, Any] = {}
     for n in lengths:
@@ -141,14 +144,17 @@ def report(samples: list[dict[str, Any]], pairs: list[Pair], lengths: list[int])
             ratios = [ours[r]["ttft_s"] / peer[r]["ttft_s"] for r in sorted(ours) if r in peer]
             ratio = _median(ratios)
             cpu = [_median([s["cpu_s"] for s in side.values()]) for side in (ours, peer)]
+            busiest = [_median([max(s["cpu_by_role"].values(), default=0.0) for s in side.values()]) for side in (ours, peer)]
             target = "-" if pair.target is None else f"<={pair.target:g} " + ("ok" if ratio <= pair.target else "NO")
             tokens = max((s["prompt_tokens"] for s in ours.values()), default=n)
             rows.append((str(tokens), pair.label, f"{_median([s['ttft_s'] for s in ours.values()]):.2f}",
                          f"{_median([s['ttft_s'] for s in peer.values()]):.2f}", f"{ratio:.2f}", target,
                          f"{cpu[0]:.1f}/{cpu[1]:.1f}", f"{cpu[0] / cpu[1]:.2f}" if cpu[1] else "-",
+                         f"{busiest[0] / busiest[1]:.2f}" if busiest[1] else "-",
                          " ".join(f"{s['ttft_s']:.1f}" for s in ours.values()),
                          " ".join(f"{s['ttft_s']:.1f}" for s in peer.values())))
             summary[f"{n}/{pair.ours}/{pair.peer}"] = {"ratio": ratio, "round_ratios": ratios, "cpu_s": cpu,
+                                                       "busiest_cpu_s": busiest,
                                                        "target": pair.target,
                                                        "met": pair.target is None or ratio <= pair.target}
             for name, runs in by.items():
@@ -171,6 +177,8 @@ def run_prefill_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench prefill: --pairs must name some of {', '.join(PAIRS)}, got '{args.pairs}'")
     if args.repeat < 1 or args.lanes < 1:
         raise SystemExit("bench prefill: --repeat and --lanes must be at least 1")
+    if args.llama_server and not os.access(args.llama_server, os.X_OK):
+        raise SystemExit(f"bench prefill: --llama-server {args.llama_server} is not an executable file")
     model = resolve_model_path(args.model)
     ctx = -(-(max(lengths) + CONTEXT_MARGIN) // 256) * 256
     banned, _ = vocab_facts(model)
@@ -195,7 +203,8 @@ def run_prefill_bench(args: argparse.Namespace) -> int:
             maker.close()
     text, summary = report(samples, pairs, lengths)
     header = (f"model {model.name}; skippy up --no-speculative --lane-count {args.lanes} --ctx-size {ctx}"
-              f"{' ' + args.skippy_flags if args.skippy_flags else ''}; llama.cpp llama-server {llama_server_version()}"
+              f"{' ' + args.skippy_flags if args.skippy_flags else ''};"
+              f" llama.cpp llama-server {llama_server_version(args.binary)}"
               f" {' '.join(llama_server_args(args.lanes, 0, slot_ctx=ctx)[:4])} (-t: the pair's CPUs);"
               f" TTFT of a streamed /v1/completions, median of {args.repeat} round(s), order alternating\n"
               f"machine shared with other work: 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
@@ -233,6 +242,8 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
                    help="a short prompt's stream decodes while each long prompt prefills; its rate is reported")
     p.add_argument("--timeline", action="store_true", help="skippy at --telemetry-level debug; each skippy server's"
                                                            " last longest prompt shown chunk by chunk")
+    p.add_argument("--llama-server", default=None, metavar="BINARY",
+                   help="this llama-server binary (default: built once from the pinned llama.cpp sources and cached)")
     p.add_argument("--skippy-flags", default="", help="more flags for every skippy up, e.g. '--no-prefix-cache'")
     p.add_argument("--json", default=str(DOCS / "bench-prefill.json"), help="where the JSON goes ('-': nowhere)")
     p.set_defaults(run=run_prefill_bench)

@@ -149,6 +149,7 @@ class TtftSample:
     sent_at: float  # wall clock (time.time()) when the prompt was sent: for the per-chunk timeline
     first_at: float  # wall clock of its first token
     cpu_s: float  # CPU seconds the server's processes used from the send to the end of the stream (user + system)
+    cpu_by_role: dict[str, float]  # the same by process (skippy: each stage, the broker, the adapter)
     stream: dict[str, float] | None = None  # the concurrent stream's rates (StreamRate.during)
 
 
@@ -181,6 +182,6 @@ async def measure(server: Server, prompt: str, banned: list[int], stream_tokens:
     cpu_after = snapshot(server.proc.pid)
     if not first:
         raise RuntimeError(f"{server.name}: the prompt's stream carried no token")
-    cpu_s = sum(after - cpu_before[role] for role, after in cpu_after.items() if role in cpu_before)
-    return TtftSample(server.name, first - start, prompt_tokens, sent_wall, first_wall, round(cpu_s, 2),
-                      rate.during(start, first) if stream_tokens else None)
+    by_role = {role: round(after - cpu_before[role], 2) for role, after in cpu_after.items() if role in cpu_before}
+    return TtftSample(server.name, first - start, prompt_tokens, sent_wall, first_wall, round(sum(by_role.values()), 2),
+                      by_role, rate.during(start, first) if stream_tokens else None)

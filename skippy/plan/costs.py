@@ -50,21 +50,16 @@ class ComputeCosts:
     def stage_ms(self, start: int, end: int, rows: float, outputs: float | None = None) -> float:
         """One decode of `rows` rows by a stage holding layers [start, end), `outputs` of them (default all)
         through the head."""
-        total = sum(interpolate(self.rows, self.layer_ms[i], rows) for i in range(start, end))
-        if start == 0:
-            total += interpolate(self.rows, self.embed_ms, rows)
+        total = self.chunk_ms(start, end, rows)
         if end == self.n_layer:
             total += interpolate(self.rows, self.head_ms, rows if outputs is None else outputs)
         return total
 
     def chunk_ms(self, start: int, end: int, rows: float) -> float:
-        """A prompt chunk of `rows` rows through layers [start, end) (and the embedding at the first stage), nothing
-        through the head. Many rows make a layer's work its matrix products, the same in every layer of a model;
-        the table spreads its layers' decode costs by their weight bytes (a decode reads them all), which a chunk
-        does not follow (measured on Qwen2.5-Coder-0.5B, its Q6_K layers heavier: an even 12/12 split of a 4k
-        prompt computed 57 s and 53 s per stage), so every layer costs the mean layer's here."""
-        mean = sum(interpolate(self.rows, ms, rows) for ms in self.layer_ms) / self.n_layer
-        return mean * (end - start) + (interpolate(self.rows, self.embed_ms, rows) if start == 0 else 0.0)
+        """`rows` rows through layers [start, end) and, at the first stage, the embedding; nothing through the head
+        (a prompt chunk: the prompt needs the head for its last row alone)."""
+        total = sum(interpolate(self.rows, self.layer_ms[i], rows) for i in range(start, end))
+        return total + (interpolate(self.rows, self.embed_ms, rows) if start == 0 else 0.0)
 
     def scaled(self, speed: float) -> ComputeCosts:
         """The same costs on a host `speed` times as fast."""

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_run import run_bench
 
 from skippy.bench import llama_server_build
 from skippy.bench.speculative_load import ModeResult, Timed, closed_loop
@@ -22,8 +20,6 @@ from skippy.bench.speculative_report import Cell, table, targets
 from skippy.bench.speculative_workloads import PROSE, Prompt, PromptFormat, prose_prompts, reemission_prompts, subtask_prompts
 from skippy.runtime.models import BENCH_MODEL, resolve_model_path
 from skippy.runtime.tokenizer import Tokenizer
-
-SKIPPY = str(Path(sys.executable).with_name("skippy"))
 
 
 def _result(tok_s: float, tokens: list[int]) -> ModeResult:
@@ -60,15 +56,7 @@ def test_peers_and_workloads_are_checked_with_the_choices_named() -> None:
 
 def _bench(flags: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """`skippy bench speculative FLAGS` in its own process group, killed whole (stage 1 too) if it overruns."""
-    proc = subprocess.Popen([SKIPPY, "bench", "speculative", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_bench("speculative", flags, timeout_s)
 
 
 ONE_STAGE = ["--split", "none", "--model", "smollm2-135m"]

@@ -85,6 +85,16 @@ def test_plan_writes_a_topology_that_check_config_accepts(model: Path, skippy_ca
         assert check.returncode == 0, check.stderr
 
 
+def test_plan_for_a_prompt_says_so_and_predicts_its_prefill(model: Path, skippy_cache_dir: Path) -> None:
+    shape = ["--model", str(model), "--stage-cpus", STAGE_CPUS, "--no-replicas", "--lane-count", "2", "--ctx-size", "128"]
+    done = skippy("plan", *shape, "--plan-for", "prefill", "--plan-prompt-tokens", "2048", cache=skippy_cache_dir)
+    assert done.returncode == 0, done.stderr
+    assert "plan, chosen for the shortest prefill of a 2048-token prompt: " in done.stdout
+    assert "predicted prefill of a 2048-token prompt: this plan " in done.stdout
+    decode = skippy("plan", *shape, cache=skippy_cache_dir)
+    assert "plan, chosen for the most tok/s at 2 stream(s): " in decode.stdout and "predicted prefill" not in decode.stdout
+
+
 def test_a_budget_below_the_model_is_refused_naming_it(model: Path, skippy_cache_dir: Path) -> None:
     done = skippy("plan", "--model", str(model), "--stage-cpus", STAGE_CPUS, "--host-mem-mb", "20", cache=skippy_cache_dir)
     assert done.returncode == 2
