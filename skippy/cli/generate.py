@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from skippy.config import ConfigError
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.models import DEFAULT_MODEL, PACKAGED
 from skippy.runtime.sampling import DEFAULT_SEED, SamplingParams
@@ -67,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ctx_size < 0:
+        raise ConfigError(f"--ctx-size must be >= 0 (0: the model's trained context), got {args.ctx_size}")
     if args.topology is not None:
         from skippy.cli.remote_generate import run_over_topology
 

@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--levels must be concurrencies separated by commas, got '{args.levels}'") from None
-    if args.ctx_size == 0:  # as `skippy up` decides it, for the smallest host given
-        size = flag_context(resolve_model_path(args.model), args.lane_count, 0, 0, False, hosts_memory(args))
+    if args.ctx_size <= 0:  # as `skippy up` decides it, for the smallest host given (a negative one refused there)
+        size = flag_context(resolve_model_path(args.model), args.lane_count, args.ctx_size, 0, False, hosts_memory(args))
         args.ctx_size, args.kv_pool_cells = size.ctx_size, size.kv_pool_cells
     plan = plan_for(args, stages=args.stages, latency=args.latency, replicate=args.stages is None)
     print(plan.report(levels))

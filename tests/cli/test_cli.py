@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from skippy.cli.main import main
 from skippy.runtime.chain import LocalChain
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.spec import RuntimeSpec
@@ -264,3 +265,15 @@ def test_check_config_shows_stage0_options_without_the_front(local_topology: tup
     resolved = json.loads(out.stdout)
     assert resolved["prefill"]["policy"] == "fixed" and resolved["prefill"]["chunk_size"] == 48
     assert resolved["openai"] is None and resolved["mtp_source"] == "integrated"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["generate", "--ctx-size", "-5", "--prompt", "x"],
+     "skippy generate: error: --ctx-size must be >= 0 (0: the model's trained context), got -5"),
+    (["plan", "--stage-cpus", "0", "--ctx-size", "-5"],
+     "skippy plan: error: --ctx-size and --kv-pool-cells must be >= 0 (0: the default), got -5 and 0"),
+])
+def test_a_negative_context_is_refused_in_one_line(argv: list[str], message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == message
