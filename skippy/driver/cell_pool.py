@@ -1,27 +1,25 @@
-"""Stage 0's account of the KV pool: the cells every stage's lanes and prefix cache entries share.
+"""Stage 0's account of the KV pool: the cells every stage's lanes share.
 
-Every stage applies the same windows, releases and evictions in the same order, so stage 0 knows what each
-holds, as an upper bound: a session holds `held` cells, the high-water mark of the windows planned for it (a
-verify window's rejected drafts are overwritten by its next window, never more), and the prefix cache's entries
-hold the cells no session shares with them (`CellLedger.entry_only_cells`). Keeping that within the pool at every
-step keeps every stage's llama.cpp context from running out of cells.
+Every stage applies the same windows and releases in the same order, so stage 0 knows what each holds, as an
+upper bound: a session holds `held` cells, the high-water mark of the windows planned for it (a verify window's
+rejected drafts are overwritten by its next window, never more). Prefix cache entries are kept outside the pool
+(skippy.runtime.entry_states; a restore copies an entry into the session's own cells). Keeping the sessions'
+cells within the pool at every step keeps every stage's llama.cpp context from running out of cells.
 
 - Admission (`admits`): the first waiting request gets a free lane once the cells it needs are free: its fill
-  (the prompt, or a replay's prompt and committed tokens), its first generated token and a cushion of the tokens
-  it may generate next (at most 1/CUSHION_SHARE of a context), less the prefix it restores (the entry's cells,
-  already held). Until then it waits, and nothing behind it overtakes it. The cushion keeps a request admitted
-  into a nearly full pool (or a preempted one let back in) from taking at once what the running ones grow into.
+  (the prompt, or a replay's prompt and committed tokens, the prefix it restores included), its first generated
+  token and a cushion of the tokens it may generate next (at most 1/CUSHION_SHARE of a context). Until then it
+  waits, and nothing behind it overtakes it. The cushion keeps a request admitted into a nearly full pool (or a
+  preempted one let back in) from taking at once what the running ones grow into.
 - Growth: before each plan `make_room` gives every session ready to decode room for one more token, oldest
   first; the plan's windows stay within what is left (`room`, `take`: drafts and chained windows shrink to it;
   prefill chunks stay within what admission reserved).
-- Pressure, in that order: prefix cache entries no session waits to restore give their cells back, least
-  recently used first (`PrefixIndex.evict_lru`); then the youngest sessions younger than the one that must
-  grow are preempted, if none of their windows is in flight: released on every stage and put back first in line,
-  to prefill their prompt and committed tokens again when admitted (`Sequence.replay`: no token is lost or
-  emitted twice; their sampler state goes along, as a replay after a stage died). A session that cannot grow
-  now waits for the windows in flight. The pool holds at least one context, so the oldest session always grows
-  in the end. The driver flushes the releases and evictions before it launches the plan: at every stage they
-  precede the windows that use the cells.
+- Pressure: the youngest sessions younger than the one that must grow are preempted, if none of their windows is
+  in flight: released on every stage and put back first in line, to prefill their prompt and committed tokens
+  again when admitted (`Sequence.replay`: no token is lost or emitted twice; their sampler state goes along, as a
+  replay after a stage died). A session that cannot grow now waits for the windows in flight. The pool holds at
+  least one context, so the oldest session always grows in the end. The driver flushes the releases before it
+  launches the plan: at every stage they precede the windows that use the cells.
 Under `--deterministic` every lane has a context of its own (`shared` False): a lane is all a request needs.
 """
 
@@ -51,34 +49,21 @@ class CellPool:
         self.on_preempt = on_preempt
         self.held: dict[int, int] = {}  # session -> cells it may hold (until its release is flushed)
         self._left = 0  # cells the plan being made may still take (set by `make_room`)
-        self.pending: dict[int, int] = {}  # session -> cells of the entry its first window restores
         self._told: set[str] = set()  # requests logged as waiting for cells
 
     def used(self) -> int:
-        sessions = sum(n - self.pending.get(sid, 0) for sid, n in self.held.items())
-        return sessions + self.prefix.ledger.entry_only_cells()
+        return sum(self.held.values())
 
     def free(self) -> int:
         return self.cells - self.used() if self.shared else UNBOUNDED
 
-    def _reclaim(self, need: int, keep: int | None = None, more: int = 0) -> int:
-        """Free cells after evicting unpinned entries (LRU first, never `keep`) until `need` are free or none is left;
-        none is evicted when that and `more` (what preemptions could give) would not be enough."""
-        free = self.free()
-        if free < need <= free + self.prefix.ledger.entry_only_cells() + more:
-            while free < need and self.prefix.evict_lru(keep):
-                free = self.free()
-        return free
-
     # -- admission ----------------------------------------------------------------------------------
     def admits(self, seq: Sequence) -> bool:
         """Whether `seq` may take a lane now; if so its cells are reserved."""
-        key, matched = (None, 0) if seq.preempted else self.prefix.lookup(seq.prompt)
         cushion = max(0, min(seq.max_tokens - len(seq.generated) - 1, self.ctx_size // CUSHION_SHARE))
-        reserve = min(self.ctx_size, len(seq.fill) + 1 + cushion)
-        need = reserve - matched
+        need = min(self.ctx_size, len(seq.fill) + 1 + cushion)
         if self.shared:
-            free = self._reclaim(need, key)
+            free = self.free()
             if need > free:
                 if seq.request_id not in self._told:
                     self._told.add(seq.request_id)
@@ -86,16 +71,14 @@ class CellPool:
                                   cells_free=free, kv_pool_cells=self.cells)
                 return False
         self._told.discard(seq.request_id)
-        self.held[seq.session_id] = reserve
-        self.pending[seq.session_id] = matched
+        self.held[seq.session_id] = need
         return True
 
     def admitted(self, seq: Sequence) -> None:
-        """`seq` took a lane: its prefix looked up (the cells its restore shares); a preempted one replays its prompt
-        and tokens as they ran, restoring nothing."""
+        """`seq` took a lane: its prefix looked up; a preempted one replays its prompt and tokens as they ran,
+        restoring nothing."""
         if not seq.preempted:
             self.prefix.admit(seq)
-            self.pending[seq.session_id] = seq.prefix.matched if seq.prefix.restore is not None else 0
 
     # -- growth -------------------------------------------------------------------------------------
     def make_room(self) -> None:
@@ -115,7 +98,6 @@ class CellPool:
             if need > free:  # the idle younger ones could give theirs (else it waits for the windows in flight)
                 idle = [v for v in reversed(running[i + 1:]) if v in self.table.running and not v.in_flight]
                 spare = sum(self.held.get(v.session_id, 0) for v in idle)
-                free = self._reclaim(need, more=spare)
                 for victim in idle if free + spare >= need else ():  # the youngest first
                     if free >= need:
                         break
@@ -137,7 +119,6 @@ class CellPool:
 
     def _reserve(self, seq: Sequence, end: int) -> None:
         sid = seq.session_id
-        self.pending.pop(sid, None)
         self.held[sid] = max(self.held.get(sid, 0), end)
 
     def _preempt(self, seq: Sequence) -> None:
@@ -159,7 +140,6 @@ class CellPool:
         """These sessions hold no cells any more (released, or about to be before any later window)."""
         for sid in session_ids:
             self.held.pop(sid, None)
-            self.pending.pop(sid, None)
 
 
 def _ready_to_decode(seq: Sequence) -> bool:

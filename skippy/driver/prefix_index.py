@@ -1,19 +1,21 @@
 """Stage 0's prefix cache index: which prompt prefixes every stage keeps, and each window's cache operations.
 
 Stage 0 is the authority; the stages only follow (`skippy.runtime.prefix_cache`). At admission
-`admit` looks the prompt up: the longest entry whose tokens begin the prompt, shorter than it (the
+`admit` looks the prompt up: the entry sharing the longest prefix with the prompt, shorter than it (the
 last prompt token must run to give the first token) and at least `min_tokens` long. The session then
-starts at that position and its first window restores the entry on every stage. `admit` also picks
-where the prompt is recorded: at its end and at up to `shared_prefix_record_limit` multiples of
-`shared_prefix_stride_tokens` at least one stride below it (prompts sharing a system prefix hit
-those; a conversation's next turn hits the end, so no point near it splits its prefill); the scheduler ends
-prefill chunks there (an entry is recorded at the end of a window). When a batch is launched,
+starts at that position and its first window restores the entry's first positions on every stage. `admit`
+also picks where the prompt is recorded: at its end, which serves every prompt sharing a prefix with it; where
+a stage has sliding-window layers, whose entries are restored whole or but the last position (`CacheCaps.partial`),
+also at up to
+`shared_prefix_record_limit` multiples of `shared_prefix_stride_tokens` at least one stride below it (prompts
+sharing a system prefix hit those; a conversation's next turn hits the end, so no point near it splits its
+prefill); the scheduler ends prefill chunks there (an entry is recorded at the end of a window). An entry
+whose tokens begin a new one's is superseded by it (restores may take its first positions). When a batch is launched,
 `window_ops` turns this into each window's restore / evict / record, in the order the stages apply
 them, keeping the entries within the bounds every stage announced (`CacheCaps`: the fewest cells
 and entries of any stage, cells counted by a `CellLedger` fed the same operations). The least recently
-used entries are evicted first, never one a session is waiting to restore; under KV pool pressure
-(skippy.driver.cell_pool) `evict_lru` gives their cells back, and those evictions reach the stages with the next
-ReleaseSessions, before any window that needs the cells. A request that ends well
+used entries are evicted first, never one a session is waiting to restore. Entries are kept outside the
+KV pool (skippy.runtime.entry_states), so they never take cells from the lanes. A request that ends well
 is kept once more when its session is released (`take_kept`, with the ReleaseSessions): its prompt
 and reply, so a conversation's next turn, which repeats the reply, restores that too.
 
@@ -125,17 +127,6 @@ class PrefixIndex:
             return None, 0
         return self._longest_match(prompt)
 
-    def evict_lru(self, keep: int | None = None) -> bool:
-        """Give the KV pool the cells of the least recently used entry no session waits to restore (nor `keep`):
-        gone from the index now, from the stages with the next ReleaseSessions. False when there is none."""
-        key = next((k for k in self._entries if k not in self._pins and k != keep), None)
-        if key is None:
-            return False
-        self._forget([key])
-        self.ledger.evict(key)
-        self.counters["evictions"] += 1
-        return True
-
     @property
     def evictions_pending(self) -> bool:
         return bool(self._forgotten)
@@ -143,23 +134,31 @@ class PrefixIndex:
     def _longest_match(self, prompt: np.ndarray) -> tuple[int | None, int]:
         """(key, n): the entry whose tokens share the longest prefix with the prompt, n >= min_tokens of them
         and at most all but the prompt's last token (it must run to give logits); a restore copies the
-        entry's first n positions (their KV depends on those tokens only). The most recent wins a tie."""
+        entry's first n positions (their KV depends on those tokens only); where a stage has sliding-window
+        layers only all of it or all but its last position (`CacheCaps.partial`). The most recent wins a tie."""
         assert self.config is not None
         best, best_n, limit = None, 0, len(prompt) - 1
+        whole = self.caps is not None and not self.caps.partial  # sliding-window layers: whole entries only
         for key, entry in self._entries.items():
             n = min(len(entry.tokens), limit)
             same = entry.tokens[:n] == prompt[:n]
             shared = n if same.all() else int(np.argmin(same))
+            if whole and shared < len(entry.tokens) - 1:  # all of it or all but its last position
+                continue
             if shared >= max(best_n, self.config.min_tokens, 1):
                 best, best_n = key, shared
         return best, best_n
 
     def _points(self, prompt: np.ndarray, start: int) -> tuple[int, ...]:
-        """The prompt's end and its grid points: the largest multiples of the stride at least one stride
-        below the end (a point closer to it would serve little the exact end does not, and cost a chunk)."""
+        """The prompt's end and, where restores take whole entries only, its grid points: the largest multiples of
+        the stride at least one stride below the end (a point closer to it would serve little the exact end does
+        not, and cost a chunk)."""
         assert self.config is not None
         stride, n = self.config.shared_prefix_stride_tokens, len(prompt)
-        grid = [((n - stride) // stride - i) * stride for i in range(self.config.shared_prefix_record_limit)]
+        # a restore may take any first positions of an entry, so the end serves every shorter prefix (but not with
+        # sliding-window layers: `CacheCaps.partial`)
+        limit = 0 if self.caps is None or self.caps.partial else self.config.shared_prefix_record_limit
+        grid = [((n - stride) // stride - i) * stride for i in range(limit)]
         points = {p for p in (n, *grid) if p > start and p >= self.config.min_tokens}
         return tuple(sorted(p for p in points if self.key(prompt[:p]) not in self._entries))
 
@@ -209,8 +208,15 @@ class PrefixIndex:
         key, end = self.key(tokens), len(tokens)
         if key in self._entries or end < (self.config.min_tokens if self.config else 0):
             return None  # already kept (another session recorded it meanwhile), or too short
-        fit = self.ledger.fit(self.ledger.recorded(session, end), list(self._entries), self.caps.entries,
-                              self.caps.cells, self._pins)
+        # an entry whose tokens begin these is kept whole by the new one (a restore takes any first n of an entry)
+        contained = [k for k, e in self._entries.items() if self.caps.partial and k not in self._pins
+                     and len(e.tokens) < end and np.array_equal(e.tokens, tokens[:len(e.tokens)])]
+        for old in contained:
+            del self._entries[old]
+            self.ledger.evict(old)
+            evict.append(old)
+        self.counters["superseded"] += len(contained)
+        fit = self.ledger.fit(end, list(self._entries), self.caps.entries, self.caps.cells, self._pins)
         if fit is None:
             self.counters["unfit"] += 1
             return None
@@ -254,13 +260,13 @@ class PrefixIndex:
         if seq.prefix.restore is not None:
             self._unpin(seq.prefix.restore.key)
             seq.prefix.restore = None
-        runs = self.ledger.sessions.get(seq.session_id)
+        holds = self.ledger.holds(seq.session_id)
         n = len(seq.prompt) + len(seq.generated) - 1
-        if keep and self.caps is not None and n > len(seq.prompt) and runs and runs[-1][2] == n and not seq.in_flight:
+        if keep and self.caps is not None and n > len(seq.prompt) and holds == n and not seq.in_flight:
             self._to_keep.append((seq.session_id, np.concatenate([seq.prompt, np.asarray(seq.generated[:-1], np.int32)]),
                                   "reply"))
-        elif (seq.cancelled and seq.prefilling and self.caps is not None and not seq.in_flight and runs
-              and runs[-1][2] == seq.prefilled > seq.prefix.matched):
+        elif (seq.cancelled and seq.prefilling and self.caps is not None and not seq.in_flight
+              and holds == seq.prefilled > seq.prefix.matched):
             self._to_keep.append((seq.session_id, seq.fill[:seq.prefilled].copy(), "abandoned"))
 
     def take_kept(self) -> tuple[tuple[KeptPrefix, ...], tuple[int, ...]]:

@@ -64,10 +64,13 @@ class StageIdentity(msgspec.Struct, frozen=True):
 
 class CacheCaps(msgspec.Struct, frozen=True):
     """What the prefix caches of a stage and every stage after it can hold, together: the fewest
-    KV cells and entries any of them keeps, and the KV bytes of one cell summed over them."""
+    KV cells and entries any of them keeps, the KV bytes of one cell summed over them, and whether
+    a restore may take any first positions of an entry (with sliding-window layers, whose kept state
+    holds only the entry's last window, only all of it or all but its last position)."""
     cells: U63
     entries: U63
     cell_bytes: U63
+    partial: bool = True
 
 
 class PrefixRef(msgspec.Struct, frozen=True):

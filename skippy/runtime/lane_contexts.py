@@ -11,21 +11,20 @@ kernel); a window whose last ubatch would be one row over a KV of more than `SPL
 one throwaway row after it (causally invisible, trimmed right after). Logits stay in each lane's
 context, so rows of all windows can be sampled after the batch.
 
-The prefix cache runs unchanged on top (`KvSequences`): an entry is the lane's sequence state as bytes
-(`llama_state_seq_get_data`), restored into an emptied lane, where llama.cpp lays the cells out from
-cell 0 in position order — the layout a prefill gives, with the same bits.
+The prefix cache runs unchanged on top (`KvSequences`, from `EntryStates`): an entry is the lane's sequence
+state as bytes, restored into an emptied lane, where llama.cpp lays the cells out from cell 0 in position
+order — the layout a prefill gives, with the same bits.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-import llama_cpp as L
 import numpy as np
 
 from skippy.runtime.capture import NativeCapture, PythonCapture
+from skippy.runtime.entry_states import EntryStates
 from skippy.runtime.llama_api import BatchBuffers, ContextParams, LlamaContext
 from skippy.runtime.llama_model import LlamaModel
 from skippy.runtime.windows import DecodeResult, SessionWindow
@@ -34,7 +33,7 @@ DETERMINISTIC_UBATCH = 32  # < 64 rows: llama.cpp's CPU flash attention tiles at
 SPLIT_KV_SAFE = 192  # llama.cpp pads n_kv to 256 cells; one query row over >= 512 of them splits the KV (ops.cpp:9490)
 
 
-class LaneContexts:
+class LaneContexts(EntryStates):
     """One context per lane, each with one sequence (0); prefix cache entries are sequence-state bytes.
 
     Sequence ids follow the shared-context layout: lanes 0..lane_count-1, entries from lane_count."""
@@ -45,48 +44,12 @@ class LaneContexts:
         per_lane = replace(params, n_ctx=ctx_size + 1, n_seq_max=1, n_batch=params.n_batch + 1,
                            n_ubatch=self.n_ubatch, n_outputs_max=min(params.n_outputs_max, params.n_batch))
         hook = () if capture is None else (capture.callback, capture.user_data)
-        self.lane_count = lane_count
         self.capture = capture
         self.contexts = [LlamaContext(model, per_lane, *hook) for _ in range(lane_count)]
+        super().__init__(lane_count, lambda lane: (self.contexts[lane], 0))
         self.n_vocab = model.n_vocab
         self._buffers = BatchBuffers(per_lane.n_batch, 1)
-        self._entries: dict[int, tuple[bytes, int]] = {}  # entry sequence -> (state bytes, positions kept)
         self._outputs: dict[int, tuple[LlamaContext, int]] = {}  # batch row -> (its lane's context, output index)
-
-    # -- KvSequences (the prefix cache's view) ----------------------------------------------------
-    def seq_pos_max(self, seq: int) -> int:
-        if seq < self.lane_count:
-            return self.contexts[seq].seq_pos_max(0)
-        entry = self._entries.get(seq)
-        return -1 if entry is None else entry[1] - 1
-
-    def seq_rm(self, seq: int, p0: int) -> None:
-        if seq < self.lane_count:
-            self.contexts[seq].seq_rm(0, p0)
-        elif p0 <= 0:
-            self._entries.pop(seq, None)
-        elif seq in self._entries:
-            data, n = self._entries[seq]
-            self._entries[seq] = (data, min(n, p0))
-
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        """Record (lane -> entry) or restore (entry -> an emptied lane) positions [0, p1)."""
-        if p0 != 0 or (src < self.lane_count) == (dst < self.lane_count):
-            raise RuntimeError(f"deterministic KV: copy {src} -> {dst} [{p0}, {p1}) is not a record or a restore")
-        if src < self.lane_count:
-            ctx = self.contexts[src]
-            size = L.llama_state_seq_get_size(ctx.ptr, 0)
-            data = (ctypes.c_uint8 * size)()
-            written = L.llama_state_seq_get_data(ctx.ptr, data, size, 0)
-            self._entries[dst] = (bytes(data[:written]), p1)
-            return
-        blob, n = self._entries[src]
-        ctx = self.contexts[dst]
-        ctx.seq_rm(0, 0)
-        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if L.llama_state_seq_set_data(ctx.ptr, buffer, len(blob), 0) == 0:
-            raise RuntimeError(f"llama.cpp refused to restore prefix entry {src} into lane {dst}")
-        ctx.seq_rm(0, min(n, p1))
 
     # -- decode ------------------------------------------------------------------------------------
     def decode(self, windows: Sequence[SessionWindow], hidden: np.ndarray | None, lane_of: Callable[[int], int],
@@ -146,4 +109,4 @@ class LaneContexts:
     def close(self) -> None:
         for ctx in self.contexts:
             ctx.close()
-        self._entries.clear()
+        self.clear_entries()

@@ -1,16 +1,17 @@
-"""A stage's prefix cache: prompt prefixes kept in the KV cache as llama.cpp sequences of their own.
+"""A stage's prefix cache: prompt prefixes kept as copies of a lane's llama.cpp sequence state.
 
 Stage 0 decides what to keep (`skippy.driver.prefix_index`); the windows of a batch tell every
 stage what to restore, evict and record (`Window.restore/evict/record`), and every stage applies
-the same operations in the same order. An entry is a llama.cpp sequence id after the lanes
-(`n_seq_max` = lanes + max_entries). Recording is `llama_memory_seq_cp(lane -> entry, [0, n))`,
-restoring `seq_rm(lane)` then `seq_cp(entry -> lane, [0, n))`: with the unified KV cache both share
-cells instead of copying them (`kv_ledger` counts them). The context has `ctx_size x lane_count`
-extra cells for entries, so entries never starve the lanes.
+the same operations in the same order. An entry is a sequence number after the lanes' whose KV is kept
+outside the KV pool, as the lane's sequence state (skippy.runtime.entry_states): recording is
+`seq_cp(lane -> entry, [0, n))`, a copy out; restoring `seq_rm(lane)` then `seq_cp(entry -> lane, [0, n))`,
+a copy into new cells of the lane (`kv_ledger` counts both). So entries never take the lanes' cells, nor
+lengthen the KV every decode attends over.
 
-An entry is only restored whole and only recorded at the end of a window: llama.cpp's
-sliding-window cache may reuse a cell that only an entry holds once the entry's window no longer
-reaches it, so only the positions the entry's last window reaches are sure to be kept.
+An entry is recorded at the end of a window, when the lane holds exactly the positions it keeps. A restore
+may take an entry's first positions only, except with sliding-window layers: llama.cpp's sequence state keeps
+only the positions their window still reaches from the entry's last one, so such an entry is restored whole or
+all but its last position (`partial` False in the stage's `CacheCaps`).
 
 A stage that lacks an entry it is told to restore (it restarted, or its bounds are smaller than the
 ones stage 0 knows) drops that window and the session's later windows until stage 0 restarts the
@@ -87,7 +88,7 @@ def chain_caps(own: CacheCaps | None, downstream: CacheCaps | None, has_downstre
     if downstream is None:
         return None
     return CacheCaps(min(own.cells, downstream.cells), min(own.entries, downstream.entries),
-                     own.cell_bytes + downstream.cell_bytes)
+                     own.cell_bytes + downstream.cell_bytes, own.partial and downstream.partial)
 
 
 @dataclass
@@ -102,9 +103,10 @@ class PrefixCacheStats:
 
 class PrefixCache:
     def __init__(self, kv: KvSequences, lanes: Mapping[int, int], first_seq: int, max_entries: int, max_cells: int,
-                 cell_bytes: int) -> None:
+                 cell_bytes: int, partial: bool = True) -> None:
         self.kv, self.lanes = kv, lanes  # lanes: the runtime's session -> lane sequence
         self.max_entries, self.max_cells, self.cell_bytes = max_entries, max_cells, cell_bytes
+        self.partial = partial  # False: sliding-window layers keep only an entry's last window, so restore it whole
         self._free = list(range(first_seq + max_entries - 1, first_seq - 1, -1))
         self._entries: OrderedDict[int, tuple[int, int]] = OrderedDict()  # key -> (sequence, n_tokens); LRU first
         self._waiting: set[int] = set()  # sessions that missed a restore: dropped until restarted at 0
@@ -114,7 +116,7 @@ class PrefixCache:
 
     @property
     def caps(self) -> CacheCaps:
-        return CacheCaps(self.max_cells, self.max_entries, self.cell_bytes)
+        return CacheCaps(self.max_cells, self.max_entries, self.cell_bytes, self.partial)
 
     @property
     def entries(self) -> int:
@@ -132,7 +134,9 @@ class PrefixCache:
 
     def has(self, ref: PrefixRef) -> bool:
         entry = self._entries.get(ref.key)
-        return entry is not None and entry[1] >= ref.n_tokens  # a restore may take the first n of an entry
+        # a restore may take the first n of an entry; with sliding-window layers, which kept only the last window's
+        # positions, all of it or all but its last position (whose window the kept positions still cover)
+        return entry is not None and entry[1] >= ref.n_tokens >= (0 if self.partial else entry[1] - 1)
 
     # -- a batch: restores before the decode, evictions and records after it ---------------------
     def restore(self, windows: Sequence[SessionWindow], lane_for: Callable[[int], int]) -> list[int]:
@@ -188,11 +192,10 @@ class PrefixCache:
             self.stats.evictions += self._evict(key)
 
     def _record(self, session: int, ref: PrefixRef) -> None:
-        self._evict(ref.key)  # recorded again: the new cells replace the old
+        self._evict(ref.key)  # recorded again: the new copy replaces the old
         if fault_active("prefix.record"):  # tests: a stage that lost its entries
             return
-        evict = self.ledger.fit(self.ledger.recorded(session, ref.n_tokens), list(self._entries),
-                                self.max_entries, self.max_cells)
+        evict = self.ledger.fit(ref.n_tokens, list(self._entries), self.max_entries, self.max_cells)
         if evict is None:
             self.stats.unfit += 1
             return

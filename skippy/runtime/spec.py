@@ -42,7 +42,7 @@ class RuntimeSpec:
     source_sha256: str | None = None  # the full model's expected digest (checked at load)
     source_bytes: int | None = None  # the full model's expected size (checked at load)
     prefix_entries: int = 0  # prefix cache entries (kv_cache.max_entries); 0 = no prefix cache
-    prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = the whole pool
+    prefix_max_bytes: int = 0  # their KV bytes at most (kv_cache.max_bytes); 0 = the pool's
     deterministic: bool = False  # a row's result independent of its batch (skippy.runtime.lane_contexts)
     mtp: str = "disabled"  # final stage: "integrated" (the slice's NextN block) | "external" | "disabled"
     mtp_draft_model: str | Path | None = None  # "external": the MTP-only GGUF (skippy.runtime.mtp)

@@ -21,11 +21,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
+import llama_cpp as L
 import numpy as np
 
 from skippy.protocol import TokenLogprob
 from skippy.runtime.capture import eval_capture
 from skippy.runtime.context_size import sized_spec
+from skippy.runtime.entry_states import EntryStates
 from skippy.runtime.errors import RuntimeUsageError
 from skippy.runtime.families import FAMILIES
 from skippy.runtime.lane_contexts import LaneContexts
@@ -71,7 +73,7 @@ class StageRuntime:
         self.model = LlamaModel(artifact.load_path, load=load, load_mtp=wants_mtp and spec.mtp == "integrated")
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
-        self.params = context_params(spec, self.is_final, self.family.recurrent, prefix_entries)
+        self.params = context_params(spec, self.is_final, self.family.recurrent)
         # The real last layer of a non-final slice; the stop block after it never runs.
         self._capture_hook = None if self.is_final else eval_capture(f"l_out-{spec.layer_end - spec.layer_start - 1}".encode())
         self.eval_callback = "none" if self._capture_hook is None else self._capture_hook.kind
@@ -80,7 +82,8 @@ class StageRuntime:
         self.lanes = LaneContexts(self.model, self.params, spec.lane_count, spec.ctx_size, hook) if spec.deterministic else None
         hook_args = (hook.callback, hook.user_data) if hook else ()
         self._shared = None if self.lanes else LlamaContext(self.model, self.params, *hook_args)
-        self.kv: KvSequences = self.lanes or self.ctx
+        # prefix cache entries as sequence-state bytes, outside the pool (skippy.runtime.entry_states)
+        self.kv: KvSequences = self.lanes or self._shared_lanes(spec.lane_count)
         # native MTP drafting (skippy.runtime.mtp); `mtp_off` says why a final stage asked for it runs without
         self.mtp: MtpDrafter | None = None
         self.mtp_off = ""
@@ -96,9 +99,15 @@ class StageRuntime:
         self.prefix: PrefixCache | None = None
         if prefix_entries:
             cell_bytes = kv_cell_bytes(artifact.load_path, spec.cache_type_k, spec.cache_type_v)
-            pool = spec.kv_pool_cells  # entries share the pool with the lanes; stage 0 evicts them under pressure
-            cells = min(pool, spec.prefix_max_bytes // cell_bytes) if spec.prefix_max_bytes else pool
-            self.prefix = PrefixCache(self.kv, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes)
+            # entries are kept outside the pool: by default in at most as many cells' bytes as the pool has
+            cells = spec.prefix_max_bytes // cell_bytes if spec.prefix_max_bytes else spec.kv_pool_cells
+            sliding = L.llama_model_n_swa(self.model.ptr) > 0  # its kept state: the last window's positions only
+            self.prefix = PrefixCache(self.kv, self._lanes, spec.lane_count, prefix_entries, cells, cell_bytes,
+                                      partial=not sliding)
+
+    def _shared_lanes(self, lane_count: int) -> EntryStates:
+        shared = self.ctx
+        return EntryStates(lane_count, lambda lane: (shared, lane))
 
     @property
     def ctx(self) -> LlamaContext:

@@ -65,12 +65,33 @@ def served(index: PrefixIndex, tokens: np.ndarray) -> Sequence:
     return seq
 
 
-def test_records_at_the_end_and_at_grid_points_and_chunks_end_there() -> None:
+def test_records_at_the_end_which_serves_every_shorter_prefix() -> None:
     index = PrefixIndex(CONFIG, "model|topo", CAPS)
+    seq = admitted(index, prompt(100))
+    assert seq.prefix.status == "miss" and seq.prefix.points == (100,)
+    assert prefill(index, seq) == [[(100, 100)]]
+    assert index.snapshot()["entries"] == 1 and index.cells == 100
+    other = admitted(index, np.concatenate([seq.prompt[:40], prompt(30, seed=5)]))
+    assert (other.prefix.status, other.prefix.matched) == ("hit", 40)  # the first 40 positions of the entry
+
+
+def test_whole_entries_only_record_at_grid_points_and_chunks_end_there() -> None:
+    index = PrefixIndex(CONFIG, "model|topo", CacheCaps(cells=1000, entries=8, cell_bytes=100, partial=False))
     seq = admitted(index, prompt(100))
     assert seq.prefix.status == "miss" and seq.prefix.points == (32, 64, 100)  # grid points a stride below the end
     assert prefill(index, seq) == [[(32, 32)], [(64, 64)], [(100, 100)]]
-    assert index.snapshot()["entries"] == 3 and index.cells == 100  # one session's cells, shared
+    assert index.snapshot()["entries"] == 3 and index.cells == 196  # a copy each
+    other = admitted(index, np.concatenate([seq.prompt[:40], prompt(30, seed=5)]))
+    assert (other.prefix.status, other.prefix.matched) == ("hit", 32)  # the whole 32-token entry, not 40 of 64
+
+
+def test_a_longer_entry_supersedes_the_ones_it_begins_with() -> None:
+    index = PrefixIndex(CONFIG, "model|topo", CAPS)
+    first = prompt(100)
+    served(index, first)
+    follow = admitted(index, np.concatenate([first, prompt(30, seed=1)]))
+    prefill(index, follow)
+    assert index.snapshot()["entries"] == 1 and index.snapshot()["superseded"] == 1 and index.cells == 130
 
 
 def test_a_longer_prompt_restores_the_longest_whole_entry() -> None:
@@ -134,12 +155,13 @@ def test_chain_miss_restarts_at_zero_and_forgets_the_entries_on_every_stage() ->
     first = prompt(64)
     served(index, first)
     follow = admitted(index, np.concatenate([first, prompt(40, seed=2)]))
-    index.window_ops(plan_iteration([follow], 10_000, 1))
+    first_ops = index.window_ops(plan_iteration([follow], 10_000, 1))
+    assert first_ops[0].evict == (index.key(first),)  # superseded by the longer entry the window records
     index.chain_miss(follow)
     assert (follow.prefilled, follow.attempt, follow.prefix.status, follow.prefix.matched) == (0, 1, "chain_miss", 0)
-    assert follow.prefix.points == (64, 104)  # recorded again from 0, the forgotten entries too (32 is kept)
+    assert follow.prefix.points == (104,)  # recorded again from 0
     again = index.window_ops(plan_iteration([follow], 10_000, 1))
-    assert set(again[0].evict) == {index.key(first), index.key(follow.prompt)}  # restored; recorded
+    assert set(again[0].evict) == {index.key(follow.prompt)}  # the entry it recorded, forgotten on every stage
     assert again[0].restore is None and follow.prefix.stats(0, 0, 0).chain_misses == 1
 
 
@@ -154,7 +176,8 @@ def test_a_finished_request_keeps_its_prompt_and_reply_at_release() -> None:
     index.finish(seq, keep=True)
     kept, evict = index.take_kept()
     tokens = np.concatenate([seq.prompt, [7, 8, 9]]).astype(np.int32)
-    assert kept == (KeptPrefix(seq.session_id, PrefixRef(index.key(tokens), 103)),) and evict == ()
+    assert kept == (KeptPrefix(seq.session_id, PrefixRef(index.key(tokens), 103)),)
+    assert evict == (index.key(seq.prompt),)  # the prompt's entry: the reply's begins with it
     assert index.cells == 103
     follow = admitted(index, np.concatenate([tokens, [10], prompt(20, seed=5)]))
     assert (follow.prefix.matched, follow.prefix.hit_kind) == (103, "reply")

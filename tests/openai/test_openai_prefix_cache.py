@@ -95,8 +95,10 @@ def test_gemma_chat_answers_as_without_the_cache(start_up: Callable[..., Any], g
     """A restored prefix changes how the prompt is batched, and llama.cpp is not batch-invariant, so the
     answers must agree wherever the cache-off run's top-2 margin is clear (exactness itself is the
     pipeline tests' replay)."""
-    # skippy up's defaults on Gemma, one KV pool size for both (its cells' layout is part of what is computed)
-    gemma = (gemma_path, "--split", "9", "--lane-count", "4", "--ctx-size", "1024", "--kv-pool-cells", "8192")
+    # skippy up's defaults on Gemma, one KV pool size for both (its cells' layout is part of what is computed) and
+    # fixed prefill chunks (the adaptive ramp sizes them by measured speed, so a loaded machine would batch differently)
+    gemma = (gemma_path, "--split", "9", "--lane-count", "4", "--ctx-size", "1024", "--kv-pool-cells", "8192",
+             "--openai-prefill-chunk-policy", "fixed")
     with start_up("up-gemma-prefix", *gemma) as server:
         cached = gemma_conversation(server)
     with start_up("up-gemma-no-prefix", *gemma, "--no-prefix-cache") as server:

@@ -63,6 +63,7 @@ class Pipeline:
         self.lane_count = lane_count
         self.ctx_size = ctx_size
         self.kv_pool_cells = int((extra or {}).get("kv_pool_cells", 0))  # type: ignore[call-overload]
+        self.kv_cache: dict[str, Any] = dict((extra or {}).get("kv_cache") or {})  # type: ignore[call-overload]
         self.n_layer = n_layer_of(model)
         self.topology, self.configs = write_local_topology(
             directory, model, self.n_layer, self.splits, lane_count=lane_count, ctx_size=ctx_size,
@@ -109,10 +110,13 @@ class Pipeline:
         return parse_serving_args(["--config", str(self.configs[0]), "--topology", str(self.topology), *flags])
 
     def reference_spec(self) -> RuntimeSpec:
-        """The unsplit model as every stage runs it (lanes, context, KV pool, default n_batch, threads)."""
+        """The unsplit model as every stage runs it (lanes, context, KV pool, prefix cache bounds, default n_batch,
+        threads)."""
+        records = self.kv_cache.get("mode") in ("record", "lookup-record")
         return RuntimeSpec(model_path=resolve_model_path(self.model), layer_start=0, layer_end=0,
                            ctx_size=self.ctx_size, lane_count=self.lane_count, kv_pool_cells=self.kv_pool_cells,
-                           n_threads=N_THREADS)
+                           n_threads=N_THREADS, prefix_entries=int(self.kv_cache.get("max_entries", 0)) if records else 0,
+                           prefix_max_bytes=int(self.kv_cache.get("max_bytes", 0)))
 
     def reference_chain(self) -> LocalChain:
         return LocalChain(self.reference_spec())

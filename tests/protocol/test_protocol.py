@@ -76,7 +76,7 @@ EXAMPLES: dict[str, Message] = {
     "error": ErrorReport("n_embd", "bad width", "s1", 2, (7, 9)),
     "error_bare": ErrorReport(ErrorCode.BATCH_FAILED, "boom", "s2"),
     "heartbeat": Heartbeat("s1"),
-    "ready_cache": Ready(IDENTITY, CacheCaps(4096, 16, 18432)),
+    "ready_cache": Ready(IDENTITY, CacheCaps(4096, 16, 18432, False)),
     "batch_prefix_cache": Batch(4, (Window(7, 64, 2, (1,), restore=PrefixRef(2**63 - 1, 64), record=(PrefixRef(5, 66),)),
                                     Window(9, 12, 1, (0,), evict=(5, 6))), missed=(3,)),
     "predictions_missed": Predictions(4, (SessionPrediction(9, (1,)),), (TIMING,), missed=(7,)),
@@ -463,7 +463,7 @@ def test_every_field_at_every_edge_value_decodes_or_is_refused_by_path(name: str
 F16_EXACT = np.arange(3 * 8, dtype=np.float32).reshape(3, 8)
 EVERY_FIELD: list[Message] = [
     Hello(IDENTITY, "tcp://127.0.0.1:5555"),
-    Ready(IDENTITY, CacheCaps(4096, 16, 18432)),
+    Ready(IDENTITY, CacheCaps(4096, 16, 18432, False)),
     Batch(5, (Window(7, 64, 3, (0, 1, 2), (11, 12), 4, PrefixRef(5, 64), (PrefixRef(6, 67),), (3,),
                      input_tokens=(4, 11, 12), mtp_draft_max=2),), F16_EXACT,
           (TIMING,), WireDtype.F16, (2,)),

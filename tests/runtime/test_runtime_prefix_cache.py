@@ -1,8 +1,8 @@
 """A stage's prefix cache on real llama.cpp (tiny gemma3: sliding-window layers) and the cell ledger.
 
-Recording keeps a session's first n positions as an entry (a llama.cpp sequence of its own); a new
-session restores it and prefills only the rest. The ledger counts shared cells once, and its count
-per cell agrees with what llama.cpp serialises for a sequence. A restore of a missing entry drops
+Recording keeps a copy of a session's first n positions as an entry (its llama.cpp sequence state,
+outside the KV pool); a new session restores it and prefills only the rest. The ledger counts each
+entry's own cells, and its count per cell agrees with what llama.cpp serialises for a sequence. A restore of a missing entry drops
 the window and the session's later windows until it restarts at position 0.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from runtime_helpers import prompt_tokens, tiny_spec
 
 from skippy.protocol import PrefixRef
-from skippy.runtime.kv_ledger import CellLedger, count_cells
+from skippy.runtime.kv_ledger import CellLedger
 from skippy.runtime.stage_runtime import StageRuntime
 from skippy.runtime.windows import SessionWindow
 
@@ -39,32 +39,31 @@ def cached(tiny_model: Callable[..., Path], open_stage: Callable[..., StageRunti
 
 
 # -- the ledger (no llama.cpp) ---------------------------------------------------------------------
-def test_ledger_counts_shared_cells_once() -> None:
+def test_ledger_counts_each_entry_as_its_own_copy() -> None:
     ledger = CellLedger()
     ledger.write(1, 0, 80)
     ledger.record(1, key=10, n_tokens=64)
     ledger.record(1, key=11, n_tokens=80)
-    assert ledger.cells() == 80  # two entries of one session's cells
+    assert ledger.cells() == 144  # two copies of one session's positions
     ledger.restore(2, key=11, n_tokens=80)
     ledger.write(2, 80, 20)
+    assert ledger.holds(2) == 100
     ledger.record(2, key=12, n_tokens=100)
-    assert ledger.cells() == 100  # the restored 80 cells again, and 20 new ones
+    assert ledger.cells() == 244
     ledger.release(1)
     ledger.release(2)
-    assert ledger.cells() == 100  # entries outlive their sessions
+    assert ledger.cells() == 244 and ledger.holds(1) == 0  # entries outlive their sessions
     ledger.evict(11)
     ledger.evict(12)
     assert ledger.cells() == 64
 
 
-def test_ledger_new_cells_after_a_trim() -> None:
+def test_ledger_a_window_trims_the_session_first() -> None:
     ledger = CellLedger()
     ledger.write(1, 0, 50)
     ledger.record(1, key=1, n_tokens=50)
-    ledger.write(1, 40, 20)  # positions 40.. written again: new cells; the entry keeps the old ones
-    ledger.record(1, key=2, n_tokens=60)
-    assert ledger.cells() == 70
-    assert count_cells([(0, 0, 10), (0, 5, 20), (1, 0, 10)]) == 30
+    ledger.write(1, 40, 3)  # a verify window again at 40: the session now ends at 43
+    assert ledger.holds(1) == 43 and ledger.cells() == 50
 
 
 def test_ledger_fit_evicts_least_recent_and_never_a_pinned_entry() -> None:
@@ -72,8 +71,7 @@ def test_ledger_fit_evicts_least_recent_and_never_a_pinned_entry() -> None:
     for session, key in ((1, 1), (2, 2), (3, 3)):
         ledger.write(session, 0, 40)
         ledger.record(session, key, 40)
-    ledger.write(4, 0, 40)
-    candidate = ledger.recorded(4, 40)
+    candidate = 40
     assert ledger.fit(candidate, [1, 2, 3], max_entries=8, max_cells=160) == []
     assert ledger.fit(candidate, [1, 2, 3], max_entries=8, max_cells=120) == [1]
     assert ledger.fit(candidate, [1, 2, 3], max_entries=8, max_cells=120, pinned={1}) == [2]
@@ -90,7 +88,17 @@ def test_restored_prefix_continues_like_the_session_that_recorded_it(cached: Sta
     restored = cached.decode([tokens_window(2, 80, 20, outputs=True, restore=PrefixRef(7, 80))])
     assert cached.session_length(2) == 100 and not restored.missed
     np.testing.assert_allclose(logits_of(cached, restored.output_rows[0]), original, rtol=0, atol=1e-4)
-    assert cached.prefix.stats.restores == 1 and cached.prefix.cells == 80  # shared with session 2, not copied
+    assert cached.prefix.stats.restores == 1 and cached.prefix.cells == 80  # the entry is still whole
+
+
+def test_entries_hold_no_cells_of_the_kv_pool(cached: StageRuntime) -> None:
+    empty = L.llama_state_get_size(cached.ctx.ptr)  # the whole context's state: it grows with the cells in use
+    cached.decode([tokens_window(1, 0, 80, record=(PrefixRef(7, 80),))])
+    assert L.llama_state_get_size(cached.ctx.ptr) > empty
+    cached.release_session(1)
+    assert cached.prefix is not None and cached.prefix.entries == 1
+    # no cell is in use: a later decode attends over its own cells, not over the entry's
+    assert L.llama_state_get_size(cached.ctx.ptr) == empty
 
 
 def test_two_sessions_restore_one_entry_in_one_batch(cached: StageRuntime) -> None:
@@ -159,3 +167,22 @@ def test_cell_bytes_match_what_llama_cpp_keeps_per_position(cached: StageRuntime
     grown = L.llama_state_seq_get_size(cached.ctx.ptr, 0) - before
     assert cached.prefix is not None
     assert 0 <= grown - cached.prefix.cell_bytes <= 24  # + position and sequence ids, per cache (base, sliding)
+
+
+def test_a_restore_takes_the_first_positions_of_a_longer_entry(tiny_model: Callable[..., Path],
+                                                               open_stage: Callable[..., StageRuntime]) -> None:
+    cached = open_stage(tiny_spec(tiny_model("llama"), layer_end=6, lane_count=2, prefix_entries=3))
+    assert cached.prefix is not None and cached.prefix.caps.partial
+    cached.decode([tokens_window(1, 0, 90, record=(PrefixRef(7, 90),))])
+    original = logits_of(cached, cached.decode([tokens_window(1, 60, 10, outputs=True)]).output_rows[0])
+    cached.release_session(1)
+    restored = cached.decode([tokens_window(2, 60, 10, outputs=True, restore=PrefixRef(7, 60))])
+    assert cached.session_length(2) == 70 and not restored.missed
+    np.testing.assert_allclose(logits_of(cached, restored.output_rows[0]), original, rtol=0, atol=1e-4)
+
+
+def test_sliding_window_entries_are_restored_whole_only(cached: StageRuntime) -> None:
+    cached.decode([tokens_window(1, 0, 90, record=(PrefixRef(7, 90),))])
+    cached.release_session(1)
+    assert cached.prefix is not None and not cached.prefix.caps.partial  # gemma3: its state keeps the last window
+    assert cached.prefix.has(PrefixRef(7, 90)) and not cached.prefix.has(PrefixRef(7, 60))
