@@ -4,7 +4,8 @@
   `stage_params.py`: its context parameters (KV cells, batch sizes, output rows); `context_size.py`: a
   session's context and the lanes' KV pool, by default from the model and memory; `windows.py`: the value
   types of a decode call; `lane_contexts.py`: `--deterministic`, one context per lane.
-- `prefix_cache.py` and `kv_ledger.py`: kept prompt prefixes and the KV cells they hold.
+- `prefix_cache.py` and `kv_ledger.py`: kept prompt prefixes and the KV cells they hold; `entry_states.py`: the
+  entries themselves, copies of a lane's sequence state kept outside the KV pool.
 - `llama_backend.py` (process-wide state and log lines), `llama_model.py` (weights), `llama_api.py`
   (contexts, batches), `capture.py` (the compiled eval callback of a non-final stage, from capture.c),
   `resident.py` (dropping the mapped pages of a loaded slice, so a stage's RSS is what it touches).
