@@ -14,8 +14,8 @@ waits for one within the same deadline.
 A stream whose first token has not come within the SSE ping interval (a long prompt prefilling, or
 waiting for a lane) starts anyway and carries `: ping` comments while silent (skippy.http.sse.with_pings);
 an error after that arrives as an error event. With `return_progress: true` (llama-server's field) a
-stream carries `prompt_progress` chunks (`total`, `cache`, `processed`, `time_ms`) as stage 0 gets each
-prefill chunk back through every stage.
+stream carries `prompt_progress` chunks (`total`, `cache`, `processed`, `time_ms`, and `stages`: each stage's
+prefill tokens/s) as stage 0 gets each prefill chunk back through every stage.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from skippy.adapter.chat_template import ChatTemplate
 from skippy.adapter.context_errors import prompt_error
@@ -280,7 +278,7 @@ class Generation:
                 n_tokens += piece.n_tokens
                 stats = piece.stats or stats
                 if piece.progress is not None:
-                    yield sse_event(shape.progress_chunk(msgspec.structs.asdict(piece.progress)))
+                    yield sse_event(shape.progress_chunk(piece.progress))
                 if piece.text or piece.entries or piece.calls:
                     calls = [c.to_json() for c in piece.calls]
                     text = piece.text if piece.text or not calls else None

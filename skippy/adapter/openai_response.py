@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from skippy.protocol import TokenLogprob
+from skippy.protocol import PromptProgress, TokenLogprob
 from skippy.protocol.stats import RequestStats
 
 OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
@@ -86,10 +86,14 @@ class ResponseShape:
             choice["text"] = text or ""
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [choice]}
 
-    def progress_chunk(self, progress: dict[str, Any]) -> dict[str, Any]:
-        """llama-server's `return_progress` event: an empty delta carrying `prompt_progress`."""
+    def progress_chunk(self, progress: PromptProgress) -> dict[str, Any]:
+        """llama-server's `return_progress` event: an empty delta carrying `prompt_progress` (llama-server's keys,
+        plus `stages`: each stage's prefill tokens/s on the batches carrying this prompt)."""
         chunk = self.chunk("" if self.kind != "chat" else None, role=self.kind == "chat")
-        return {**chunk, "prompt_progress": progress}
+        fields: dict[str, Any] = {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
+                                  "time_ms": progress.time_ms}
+        fields["stages"] = {s.stage_id: {"tokens_per_s": s.tokens_per_s} for s in progress.stages}
+        return {**chunk, "prompt_progress": fields}
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
         return {**self._envelope(CHUNK_OBJECT[self.kind]), "choices": [], "usage": usage}

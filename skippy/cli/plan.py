@@ -30,7 +30,7 @@ from skippy.config.errors import ConfigError
 from skippy.launcher import default_kv_cache
 from skippy.plan.hosts import Host, hosts_from_flags, load_hosts, netns_hosts
 from skippy.plan.memory import ServingShape
-from skippy.plan.objective import AGENT_PROMPT_TOKENS, AGENT_REPLY_TOKENS, OBJECTIVES, Objective
+from skippy.plan.objective import AGENT_PROMPT_TOKENS, AGENT_REPLY_TOKENS, DEFAULT_OBJECTIVE, OBJECTIVES, Objective
 from skippy.plan.plan import LEVELS, Plan, make_plan
 from skippy.plan.write import write_plan
 from skippy.remote.host_costs import hosts_calibrated_there
@@ -51,9 +51,10 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan-concurrency", type=int, default=None, metavar="C",
                    help="streams the split is chosen for (default: the lane count)")
     p.add_argument("--plan-for", choices=OBJECTIVES, default=None,
-                   help="what the split is chosen for: decode (default: the most tok/s at --plan-concurrency), prefill"
-                        " (the shortest prefill of a --plan-prompt-tokens prompt, its chunks pipelined) or mixed (an"
-                        " agent's request: that prefill plus --plan-reply-tokens tokens)")
+                   help="what the split is chosen for: mixed (default: an agent's request, the prefill of a"
+                        " --plan-prompt-tokens prompt plus --plan-reply-tokens tokens at --plan-concurrency), decode"
+                        " (the most tok/s at --plan-concurrency) or prefill (the shortest prefill of that prompt, its"
+                        " chunks pipelined)")
     p.add_argument("--plan-prompt-tokens", type=int, default=None, metavar="N",
                    help=f"--plan-for prefill|mixed: the prompt's tokens (default {AGENT_PROMPT_TOKENS})")
     p.add_argument("--plan-reply-tokens", type=int, default=None, metavar="N",
@@ -101,7 +102,7 @@ def plan_for(args: argparse.Namespace, *, stages: int | None = None, latency: bo
 def objective_of(args: argparse.Namespace) -> Objective:
     """`--plan-for` and its workload (skippy.plan.objective)."""
     prompt, reply = args.plan_prompt_tokens, args.plan_reply_tokens
-    return Objective(args.plan_for or "decode", AGENT_PROMPT_TOKENS if prompt is None else prompt,
+    return Objective(args.plan_for or DEFAULT_OBJECTIVE, AGENT_PROMPT_TOKENS if prompt is None else prompt,
                      AGENT_REPLY_TOKENS if reply is None else reply)
 
 

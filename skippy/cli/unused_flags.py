@@ -11,7 +11,7 @@ The plan flags (`PLAN_FLAGS`) act only on a plan. Of them, `--host-mem-mb`, `--l
 describe hosts made from `--stage-cpus` (or the one host of plain `skippy plan`): a hosts file and a namespace
 host set give their own memory and links, and one host has no link. `skippy plan --latency` plans for one stream,
 so `--plan-concurrency` has no effect there. `--plan-prompt-tokens` is read only by `--plan-for prefill|mixed`,
-`--plan-reply-tokens` only by `--plan-for mixed`.
+`--plan-reply-tokens` only by `--plan-for mixed` (the default).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from skippy.config.errors import ConfigError
+from skippy.plan.objective import DEFAULT_OBJECTIVE
 
 __all__ = ["StoreGiven", "hosts_given", "refuse_unused_plan_flags", "refuse_unused_up_flags"]
 
@@ -100,9 +101,9 @@ def refuse_unused_up_flags(args: argparse.Namespace) -> None:
 
 def _refuse_unused_workload_flags(args: argparse.Namespace) -> None:
     """The workload flags the objective (`--plan-for`) would not read."""
-    objective = getattr(args, "plan_for", None) or "decode"
+    objective = getattr(args, "plan_for", None) or DEFAULT_OBJECTIVE
     if objective == "decode":
-        _refuse(args, ["--plan-prompt-tokens"], "without --plan-for prefill or mixed (decode rounds have no prompt)")
+        _refuse(args, ["--plan-prompt-tokens"], "with --plan-for decode (decode rounds have no prompt)")
     if objective != "mixed":
         _refuse(args, ["--plan-reply-tokens"], f"with --plan-for {objective} (only mixed counts an answer)")
 

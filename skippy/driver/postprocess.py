@@ -17,7 +17,7 @@ from skippy.driver.batches import InFlight
 from skippy.driver.prefill import ChunkObservation
 from skippy.driver.scheduler import PlannedWindow
 from skippy.driver.sequence import SeqState, Sequence
-from skippy.protocol import FinishReason, Predictions, PromptProgress, TokenEvents, TokenLogprob
+from skippy.protocol import FinishReason, Predictions, PromptProgress, StagePrefillRate, TokenEvents, TokenLogprob
 
 
 @dataclass
@@ -78,6 +78,7 @@ def postprocess(entry: InFlight, msg: Predictions, ctx_size: int) -> list[Outcom
         seq.add_timings(msg.timings)
         if pw.is_prefill:
             seq.planner.observe(observation)
+            seq.add_prefill(len(pw.tokens), msg.timings)
         if seq.state is SeqState.FINISHED or seq.paused:
             continue  # back after its request ended, or paused (a stage died: replayed, or ended there if cancelled)
         if seq.cancelled:  # it ends once none of its windows is in flight: every stage then holds what it was sent
@@ -118,8 +119,9 @@ def progress_event(pw: PlannedWindow) -> TokenEvents:
     seq = pw.seq
     started = seq.admitted_at if seq.admitted_at is not None else seq.submitted_at
     processed = min(len(seq.prompt), pw.pos_start + len(pw.tokens))
+    stages = tuple(StagePrefillRate(stage, round(rate, 3)) for stage, rate in seq.prefill_rates().items())
     return TokenEvents(seq.request_id, (), progress=PromptProgress(len(seq.prompt), seq.prefix.matched, processed,
-                                                                 round((time.perf_counter() - started) * 1000, 3)))
+                                                                 round((time.perf_counter() - started) * 1000, 3), stages))
 
 
 def _commit_window(pw: PlannedWindow, got: Seq[int] | None, lps: Seq[TokenLogprob], ctx_size: int) -> Outcome:

@@ -89,6 +89,9 @@ class Sequence:
     admitted_at: float | None = None
     first_token_at: float | None = None
     stage_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> compute/credit_wait
+    # prefill positions back through every stage, and each stage's compute (ms) on the batches that carried them
+    prefill_rows: int = 0
+    prefill_stage_ms: dict[str, float] = field(default_factory=dict)
     # pipelined verify windows: drafts proposed beyond the windows in flight, and where they start
     chain: list[int] = field(default_factory=list)  # chain[0] guesses the last window's bonus token
     chain_pos: int = 0
@@ -149,6 +152,16 @@ class Sequence:
             acc = self.stage_ms.setdefault(t.stage_id, {"compute_ms": 0.0, "credit_wait_ms": 0.0})
             acc["compute_ms"] += t.compute_ms
             acc["credit_wait_ms"] += t.credit_wait_ms
+
+    def add_prefill(self, rows: int, timings: tuple[StageTiming, ...]) -> None:
+        """A batch carrying `rows` of this prompt's prefill came back: its full compute counts on every stage."""
+        self.prefill_rows += rows
+        for t in timings:
+            self.prefill_stage_ms[t.stage_id] = self.prefill_stage_ms.get(t.stage_id, 0.0) + t.compute_ms
+
+    def prefill_rates(self) -> dict[str, float]:
+        """Each stage's prefill tokens/s on the batches that carried this prompt (stages with compute so far)."""
+        return {stage: self.prefill_rows / (ms / 1e3) for stage, ms in self.prefill_stage_ms.items() if ms > 0}
 
     def summary(self, reason: FinishReason, error: str | None) -> dict[str, Any]:
         """The `request_done` log line's fields."""

@@ -2,7 +2,8 @@
 
 The driver is where the pipeline's timings meet: every batch comes back with each stage's compute
 and credit wait (`StageTiming`), so `skippy_pipeline_stage_compute_seconds_total{stage_id}` shows
-every stage's utilisation from stage 0 alone. Stage 0's own batches feed the same `StageMetrics`
+every stage's utilisation from stage 0 alone, and `skippy_pipeline_stage_prefill_compute_seconds_total{stage_id}`
+(its compute on batches carrying prefill rows) its prefill tokens/s. Stage 0's own batches feed the same `StageMetrics`
 as every other stage. `DriverTelemetry` is built from the driver's parts (its identity, its
 `SequenceTable`, its `BatchLauncher` with the batches in flight and the downstream link, a getter of
 their limit), never from the driver itself. Hooks: `iteration` when a batch's predictions are back (and its debug log
@@ -76,6 +77,9 @@ class DriverTelemetry:
                                 registry=registry)
         self.stage_compute = Counter("skippy_pipeline_stage_compute_seconds", "each stage's compute, from batch timings",
                                      ["stage_id"], registry=registry)
+        self.stage_prefill_compute = Counter(
+            "skippy_pipeline_stage_prefill_compute_seconds", "each stage's compute on batches carrying prefill rows "
+            "(skippy_driver_prefill_tokens_total over it: the stage's prefill tokens/s)", ["stage_id"], registry=registry)
         self.stage_wait = Counter("skippy_pipeline_stage_credit_wait_seconds", "each stage's credit waits, from batch timings",
                                   ["stage_id"], registry=registry)
         self.waiting_refused = Counter("skippy_driver_waiting_refused", "requests refused with queue_full: stage 0's "
@@ -119,6 +123,8 @@ class DriverTelemetry:
             self.prefill_tokens.inc(prefill)
         for t in msg.timings:
             self.stage_compute.labels(t.stage_id).inc(t.compute_ms / 1e3)
+            if prefill:
+                self.stage_prefill_compute.labels(t.stage_id).inc(t.compute_ms / 1e3)
             if t.credit_wait_ms > 0:
                 self.stage_wait.labels(t.stage_id).inc(t.credit_wait_ms / 1e3)
         for a, b in zip(msg.timings, msg.timings[1:]):

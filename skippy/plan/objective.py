@@ -1,11 +1,11 @@
 """What a split is chosen for (`--plan-for`): decode rounds, a long prompt's prefill, or both, as an agent has them.
 
-- `decode` (the default): the shortest round at the target concurrency, i.e. the most tok/s there
+- `decode`: the shortest round at the target concurrency, i.e. the most tok/s there
   (skippy.plan.predict.predict);
 - `prefill`: the shortest prefill of one `--plan-prompt-tokens` prompt, its chunks pipelined down the stages
   (skippy.plan.predict.prefill_ms): the stages' layer work balanced, the head (one row) nearly free;
-- `mixed`: an agent's request, a long prompt and a short answer: that prompt's prefill plus
-  `--plan-reply-tokens` rounds at the target concurrency.
+- `mixed` (the default of `skippy plan` and `skippy up`): an agent's request, a long prompt and a short answer:
+  that prompt's prefill plus `--plan-reply-tokens` rounds at the target concurrency.
 
 A score is milliseconds, lower is better. Replicas (one whole-model pipeline per host) run a prompt on one host,
 so their prefill is one host's.
@@ -20,9 +20,10 @@ from skippy.config.errors import ConfigError
 from skippy.plan.costs import DEFAULT_OVERHEADS, Overheads
 from skippy.plan.predict import StageCost, predict, predict_replicas, prefill_ms
 
-__all__ = ["DECODE", "OBJECTIVES", "Objective"]
+__all__ = ["DECODE", "DEFAULT_OBJECTIVE", "OBJECTIVES", "Objective"]
 
 OBJECTIVES = ("decode", "prefill", "mixed")
+DEFAULT_OBJECTIVE = "mixed"  # `skippy plan` and `skippy up`: people run agents (long prompts, short answers)
 AGENT_PROMPT_TOKENS = 8192  # an agent's request: a coding agent's first request is 6k-20k tokens...
 AGENT_REPLY_TOKENS = 256  # ...and its answer short
 

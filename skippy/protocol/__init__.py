@@ -62,6 +62,7 @@ from skippy.protocol.messages import (
     SessionPrediction,
     SetWire,
     StageIdentity,
+    StagePrefillRate,
     StageTiming,
     Status,
     StatusQuery,
@@ -78,7 +79,7 @@ __all__ = [
     "MAX_HEADER_BYTES", "MAX_ROWS", "MAX_SESSIONS_PER_MESSAGE", "MAX_WINDOWS", "PROTOCOL_VERSION", "Batch", "CacheCaps",
     "Cancel", "ConfigureSession", "Credit", "ErrorCode", "ErrorReport", "EventBatch", "FinishReason", "Heartbeat", "Hello",
     "KeptPrefix", "Message", "MessageKind", "Predictions", "PrefixRef", "PromptProgress", "ProtocolError", "Ready",
-    "ReleaseSessions", "ResumePoint", "SessionPrediction", "SetWire", "StageIdentity", "StageTiming", "Status",
-    "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
+    "ReleaseSessions", "ResumePoint", "SessionPrediction", "SetWire", "StageIdentity", "StagePrefillRate", "StageTiming",
+    "Status", "StatusQuery", "Submit", "TokenEvents", "TokenLogprob", "Window", "WireDtype", "WireVerdict", "decode", "encode",
     "event_message", "events_of",
 ]

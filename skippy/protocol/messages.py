@@ -44,6 +44,7 @@ from skippy.protocol.requests import (  # noqa: F401 - re-exported
     EventBatch,
     PromptProgress,
     ResumePoint,
+    StagePrefillRate,
     Status,
     StatusQuery,
     Submit,

@@ -12,18 +12,28 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from skippy.protocol.base import MAX_SESSIONS_PER_MESSAGE, ContextTokens, Logprobs, MessageBase, Tokens
+from skippy.protocol.base import MAX_SESSIONS_PER_MESSAGE, MAX_TIMINGS, ContextTokens, Logprobs, MessageBase, Tokens
 from skippy.protocol.kinds import U63, ErrorCode, FinishReason, Finite, MessageKind, WireDtype
 from skippy.protocol.stats import RequestStats
 
 
+class StagePrefillRate(msgspec.Struct, frozen=True):
+    """One stage's prefill rate for a prompt: the prompt's positions prefilled so far over that stage's compute
+    seconds on the batches carrying them (a batch shared with other requests counts in full: it is the stage's rate
+    on batches carrying this prompt)."""
+    stage_id: str
+    tokens_per_s: Finite
+
+
 class PromptProgress(msgspec.Struct, frozen=True):
     """A prompt's prefill so far (llama-server's `prompt_progress`): ``processed`` of ``total`` positions have come
-    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission."""
+    back through every stage, ``cache`` of them restored from the prefix cache; ``time_ms`` since admission;
+    ``stages``: each stage's prefill rate on this prompt, in pipeline order."""
     total: U63
     cache: U63
     processed: U63
     time_ms: Finite
+    stages: Annotated[tuple[StagePrefillRate, ...], Meta(max_length=MAX_TIMINGS)] = ()
 
 
 class ResumePoint(msgspec.Struct, frozen=True):

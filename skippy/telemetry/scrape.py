@@ -5,7 +5,9 @@ answer), with the run's API key as a Bearer token when there is one; `summarise`
 samples of every process into the numbers the dashboard shows. Counters stay cumulative (the page
 computes rates between two polls); gauges are as read.
 Each stage's utilisation comes from its own `skippy_stage_compute_seconds` when its process is
-scraped, else from the driver's view of it (`skippy_pipeline_stage_compute_seconds_total`). The
+scraped, else from the driver's view of it (`skippy_pipeline_stage_compute_seconds_total`). Its prefill rate:
+the driver's prompt tokens (`prefill_tokens`, the same for every stage) over the stage's compute on the batches
+that carried them (`prefill_compute_seconds`). The
 adapter's request count leaves out the dashboard's own routes (its page polls every second).
 Speculation: each running session's k and alpha (stage 0's `skippy_speculative_session_*`), and the
 adapter's llama-server counters: verify windows and accepted drafts per position (rate = accepted at
@@ -94,6 +96,9 @@ def _stages(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
                                                      direction=direction)
         else:
             stage = {"compute_seconds": _total(samples, "skippy_pipeline_stage_compute_seconds_total", stage_id=stage_id)}
+        stage["prefill_compute_seconds"] = _total(samples, "skippy_pipeline_stage_prefill_compute_seconds_total",
+                                                  stage_id=stage_id)
+        stage["prefill_tokens"] = _total(samples, DRIVER["prefill_tokens"])
         stage["scraped"] = float(stage_id in own)
         stages[stage_id] = stage
     return stages

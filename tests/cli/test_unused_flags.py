@@ -20,7 +20,7 @@ NO_HOSTS = ("without hosts to plan for (--stage-cpus, --hosts or --netns): one h
 HOSTS_FILE = "with --hosts (the hosts file gives each host's memory and links); drop one"
 NETNS = "with --netns (the namespace host set gives each host's memory and links); drop one"
 ONE_HOST = "with one host: one stage has no link (--stage-cpus with two CPU sets or more makes a host of each)"
-DECODE = "without --plan-for prefill or mixed (decode rounds have no prompt)"
+DECODE = "with --plan-for decode (decode rounds have no prompt)"
 
 UP_REFUSED = {
     "topology-split": (["--topology", "t.json", "--split", "3"], "--split", TOPOLOGY.format("the split")),
@@ -57,7 +57,8 @@ UP_REFUSED = {
     "one-cpu-set-link": (["--stage-cpus", "0", "--link-delay-ms", "5"], "--link-delay-ms", ONE_HOST),
     "split-plan-for": (["--split", "3", "--stage-cpus", "0,1", "--plan-for", "prefill"], "--plan-for", NOT_PLANNED_SPLIT),
     "no-hosts-plan-for": (["--plan-for", "mixed"], "--plan-for", NO_HOSTS),
-    "decode-prompt-tokens": (["--stage-cpus", "0,1", "--plan-prompt-tokens", "4096"], "--plan-prompt-tokens", DECODE),
+    "decode-prompt-tokens": (["--stage-cpus", "0,1", "--plan-for", "decode", "--plan-prompt-tokens", "4096"],
+                             "--plan-prompt-tokens", DECODE),
     "prefill-reply-tokens": (["--stage-cpus", "0,1", "--plan-for", "prefill", "--plan-reply-tokens", "64"],
                              "--plan-reply-tokens", "with --plan-for prefill (only mixed counts an answer)"),
 }
@@ -82,7 +83,7 @@ PLAN_REFUSED = {
     "netns-link-mbps": (["--netns", "sk", "--link-mbps", "100"], "--link-mbps", NETNS),
     "latency-prefill": (["--latency", "--plan-for", "prefill"], "--latency",
                         "with --plan-for prefill (a prompt's prefill has no stream count); drop one"),
-    "decode-prompt-tokens": (["--plan-prompt-tokens", "4096"], "--plan-prompt-tokens", DECODE),
+    "decode-prompt-tokens": (["--plan-for", "decode", "--plan-prompt-tokens", "4096"], "--plan-prompt-tokens", DECODE),
 }
 
 

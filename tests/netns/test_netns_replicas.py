@@ -34,7 +34,7 @@ def test_netns_hosts_each_holding_the_model_serve_a_replica_each(netns_hosts: Ma
     insecure = ["--insecure-links"] if flag_owner("--insecure-links") is not None else []
     with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--netns", hosts.prefix, "--stage-cpus",
                                                       cpus, "--lane-count", "2", "--ctx-size", "128",
-                                                      *insecure]) as server:
+                                                      "--plan-for", "decode", *insecure]) as server:
         body = {"model": server.model_id, "prompt": "hello", "max_tokens": 24, "ignore_eos": True}
         with ThreadPoolExecutor(4) as pool:
             replies = list(pool.map(lambda _: server.request("POST", "/v1/completions", body, timeout=120), range(4)))

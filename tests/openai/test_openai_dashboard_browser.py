@@ -36,6 +36,11 @@ def test_dashboard_numbers_change_under_load(start_up: Callable[..., Any], tiny_
         idle = {key: number(browser, key) for key in ("completion-tokens", "tok-s", "requests-total")}
         assert idle["tok-s"] == 0.0 and idle["completion-tokens"] == 0.0
         assert {text_of(browser, "stages").split("\n")[i].split()[0] for i in (1, 2)} == {"stage0", "stage1"}
+        assert [number(browser, f"stage-{s}-prefill") for s in ("stage0", "stage1")] == [0.0, 0.0]  # no prompt yet
+        long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
+        reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": long_prompt, "max_tokens": 2})
+        assert reply.status == 200, reply.body[:300]
+        wait.until(lambda d: number(d, "stage-stage0-prefill") > 0 and number(d, "stage-stage1-prefill") > 0)
         with load(base, server.model_id, streams=2) as finished:
             wait.until(lambda d: number(d, "tok-s") > 0 and number(d, "completion-tokens") > idle["completion-tokens"]
                        and number(d, "stage-stage1-util") > 0 and number(d, "stage-stage0-util") > 0)

@@ -186,6 +186,9 @@ def test_return_progress_reports_each_prefill_chunk_before_the_first_token(route
     assert len(progress) == -(-total // CHUNK), progress  # one report per chunk
     assert [p["processed"] for p in progress] == [min(total, CHUNK * (i + 1)) for i in range(len(progress))]
     assert all(p["total"] == total and p["cache"] == 0 and p["time_ms"] >= 0 for p in progress)
+    for p in progress:  # each stage's prefill rate on the batches that carried this prompt, in pipeline order
+        assert list(p["stages"]) == ["stage0", "stage1"], p
+        assert all(rate["tokens_per_s"] > 0 for rate in p["stages"].values()), p
     first_text = next(i for i, e in enumerate(events) if isinstance(e, dict) and e.get("choices")
                       and e["choices"][0]["delta"].get("content"))
     last_progress = max(i for i, e in enumerate(events) if isinstance(e, dict) and "prompt_progress" in e)

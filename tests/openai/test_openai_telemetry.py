@@ -111,6 +111,8 @@ def test_every_process_serves_its_metrics_and_runs_at_the_given_level(traced: Sk
     assert value(stage0, "skippy_driver_prefill_tokens_total") > 0
     assert value(stage0, "skippy_stage_activation_bytes_total", stage_id="stage0", direction="out") > 0
     assert value(stage0, "skippy_pipeline_stage_compute_seconds_total", stage_id="stage1") > 0  # the driver's view
+    assert 0 < value(stage0, "skippy_pipeline_stage_prefill_compute_seconds_total", stage_id="stage1") \
+        <= value(stage0, "skippy_pipeline_stage_compute_seconds_total", stage_id="stage1")
     assert value(stage0, "skippy_driver_micro_batches_limit") == 1
     assert value(broker, "skippy_broker_admitted_total") >= 1 and value(broker, "skippy_broker_concurrency") == 2
     assert value(broker, "skippy_broker_requests_total", outcome="length") >= 1
@@ -131,6 +133,9 @@ def test_dashboard_is_served_with_the_whole_pipeline(traced: SkippyServer) -> No
     assert {p["process"] for p in data["processes"] if p["up"]} == PROCESSES
     assert set(data["stages"]) == {"stage0", "stage1"} and all(s["scraped"] for s in data["stages"].values())
     assert data["adapter"]["completion_tokens"] >= 4 and data["driver"]["decode_tokens"] >= 4
+    for stage in data["stages"].values():  # each stage's compute on batches carrying prompt tokens: its prefill rate
+        assert stage["prefill_tokens"] == data["driver"]["prefill_tokens"] > 0
+        assert 0 < stage["prefill_compute_seconds"]
     assert data["wire"]["used"] == "q8" and data["wire"]["asked"] == "auto" and data["wire"]["agreement"]["q8"] >= 0.9
 
 

@@ -98,7 +98,7 @@ def test_replicas_do_not_serve_a_prefill_plan_and_the_report_says_what_it_is_for
 
 def test_the_flags_make_the_objective_and_bad_values_are_refused_by_name() -> None:
     parse = build_parser().parse_args
-    assert objective_of(parse(["plan", "--stage-cpus", "0,1"])) == Objective()
+    assert objective_of(parse(["plan", "--stage-cpus", "0,1"])) == Objective("mixed")  # an agent's request by default
     assert objective_of(parse(["plan", "--stage-cpus", "0,1", "--plan-for", "mixed", "--plan-prompt-tokens", "20000",
                                "--plan-reply-tokens", "64"])) == Objective("mixed", 20000, 64)
     for flag in ("--plan-prompt-tokens", "--plan-reply-tokens"):

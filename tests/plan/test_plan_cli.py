@@ -72,7 +72,7 @@ def test_a_table_measured_on_another_machine_is_not_used(model: Path, skippy_cac
 def test_plan_writes_a_topology_that_check_config_accepts(model: Path, skippy_cache_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan"
     done = skippy("plan", "--model", str(model), "--stage-cpus", STAGE_CPUS, "--lane-count", "2", "--ctx-size", "128",
-                  "--stages", "2", "--out", str(out), cache=skippy_cache_dir)
+                  "--stages", "2", "--plan-for", "decode", "--out", str(out), cache=skippy_cache_dir)
     assert done.returncode == 0, done.stderr
     assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in done.stdout
     assert "c=16: TPOT ms, tok/s" in done.stdout and "split into 2" in done.stdout
@@ -91,8 +91,10 @@ def test_plan_for_a_prompt_says_so_and_predicts_its_prefill(model: Path, skippy_
     assert done.returncode == 0, done.stderr
     assert "plan, chosen for the shortest prefill of a 2048-token prompt: " in done.stdout
     assert "predicted prefill of a 2048-token prompt: this plan " in done.stdout
-    decode = skippy("plan", *shape, cache=skippy_cache_dir)
+    decode = skippy("plan", *shape, "--plan-for", "decode", cache=skippy_cache_dir)
     assert "plan, chosen for the most tok/s at 2 stream(s): " in decode.stdout and "predicted prefill" not in decode.stdout
+    agent = skippy("plan", *shape, cache=skippy_cache_dir)  # the default: an agent's long prompt and short answer
+    assert "plan, chosen for an agent's request: a 8192-token prompt's prefill + 256 tokens at 2 stream(s): " in agent.stdout
 
 
 def test_a_budget_below_the_model_is_refused_naming_it(model: Path, skippy_cache_dir: Path) -> None:
@@ -109,7 +111,7 @@ def test_up_with_stage_cpus_and_no_split_serves_the_plan(model: Path, skippy_cac
         assert reply.status == 200, reply.body
         assert reply.json()["usage"]["completion_tokens"] == 4
     err = (tmp_path / "up.stderr").read_text()
-    assert "plan, chosen for the most tok/s at 2 stream(s): 2 stage(s)" in err
+    assert "plan, chosen for an agent's request: a 8192-token prompt's prefill + 256 tokens at 2 stream(s): 2 stage(s)" in err
     assert "one host (no --split" not in err  # hosts were given: no one-host note
     topology = json.loads((tmp_path / "run" / "topology" / "topology.json").read_text())
     assert len(topology["stages"]) == 2 and topology["topology_id"] == "plan"
@@ -175,7 +177,8 @@ def test_up_refuses_replicas_whose_stage_ids_collide(model: Path, skippy_cache_d
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="replicas need two CPUs that no other replica uses")
 def test_plan_weighs_replicas_unless_told_not_to(model: Path, skippy_cache_dir: Path) -> None:
-    shape = ["--model", str(model), "--stage-cpus", STAGE_CPUS, "--lane-count", "2", "--ctx-size", "128"]
+    shape = ["--model", str(model), "--stage-cpus", STAGE_CPUS, "--lane-count", "2", "--ctx-size", "128", "--plan-for",
+             "decode"]
     assert "2 replicas of 1 stage" in skippy("plan", *shape, cache=skippy_cache_dir).stdout
     split = skippy("plan", *shape, "--no-replicas", cache=skippy_cache_dir)
     assert split.returncode == 0, split.stderr
@@ -187,7 +190,8 @@ def test_up_with_stage_cpus_serves_replicas_when_the_plan_says_so(model: Path, s
                                                                    tmp_path: Path) -> None:
     """Every core holds the tiny model: at 2 streams a replica per core beats one core, and no split beats them."""
     with launch_up(tmp_path, skippy_cache_dir, None, ["--model", str(model), "--stage-cpus", STAGE_CPUS,
-                                                      "--lane-count", "2", "--ctx-size", "128"]) as server:
+                                                      "--lane-count", "2", "--ctx-size", "128", "--plan-for",
+                                                      "decode"]) as server:
         reply = server.request("POST", "/v1/completions", {"model": server.model_id, "prompt": "hi", "max_tokens": 3,
                                                            "ignore_eos": True})
         assert reply.status == 200, reply.body

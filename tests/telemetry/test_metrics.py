@@ -150,6 +150,9 @@ def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
         '# TYPE skippy_pipeline_stage_compute_seconds counter\n'
         'skippy_pipeline_stage_compute_seconds_total{stage_id="stage0"} 0.01\n'
         'skippy_pipeline_stage_compute_seconds_total{stage_id="stage1"} 0.5\n'
+        '# TYPE skippy_pipeline_stage_prefill_compute_seconds counter\n'
+        'skippy_pipeline_stage_prefill_compute_seconds_total{stage_id="stage1"} 0.25\n'
+        '# TYPE skippy_driver_prefill_tokens counter\nskippy_driver_prefill_tokens_total 100\n'
         '# TYPE skippy_driver_sessions_running gauge\nskippy_driver_sessions_running 2\n')
     adapter = ('# TYPE skippy_completion_tokens counter\nskippy_completion_tokens_total 12\n'
                '# TYPE skippy_http_requests counter\nskippy_http_requests_total{route="/v1/completions",status="200"} 3\n'
@@ -160,7 +163,9 @@ def test_summary_merges_processes_and_falls_back_to_the_drivers_view() -> None:
     assert summary["driver"]["running"] == 2 and summary["broker"] is None
     assert summary["stages"]["stage0"]["compute_seconds"] == pytest.approx(0.01)
     assert summary["stages"]["stage0"]["scraped"] == 1 and summary["stages"]["stage0"]["bytes_out"] == 1024
-    assert summary["stages"]["stage1"] == {"compute_seconds": 0.5, "scraped": 0.0}  # not scraped: the driver's view
+    assert summary["stages"]["stage1"] == {"compute_seconds": 0.5, "prefill_compute_seconds": 0.25, "prefill_tokens": 100,
+                                           "scraped": 0.0}  # not scraped: the driver's view
+    assert summary["stages"]["stage0"]["prefill_compute_seconds"] == 0 and summary["stages"]["stage0"]["prefill_tokens"] == 100
     assert [p["up"] for p in summary["processes"]] == [True, True, False]
 
 

@@ -6,7 +6,7 @@ const HISTORY = 120;
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 const params = new URLSearchParams(window.location.search);
 const interval = Math.max(100, Number(params.get("interval")) || 1000);
-const history = { util: {}, toks: [], inFlight: [], queue: [] };
+const history = { util: {}, toks: [], inFlight: [], queue: [], prefill: {} };
 let previous = null;
 let updates = 0;
 
@@ -74,6 +74,14 @@ function legend(element, series) {
   element.innerHTML = series.map((s) => `<span style="--c:${s.color}">${s.name}</span>`).join("");
 }
 
+// prompt tokens / the stage's compute on the batches that carried them, between two polls; the last such
+// window's rate stays shown while no prompt runs (prefill comes in bursts)
+function prefillRate(id, s, before) {
+  const seconds = before ? s.prefill_compute_seconds - before.prefill_compute_seconds : 0;
+  if (seconds > 0) history.prefill[id] = (s.prefill_tokens - before.prefill_tokens) / seconds;
+  return history.prefill[id];
+}
+
 function renderStages(data, dt) {
   const body = $("stages").querySelector("tbody");
   const rows = [];
@@ -86,6 +94,7 @@ function renderStages(data, dt) {
     const scraped = s.scraped > 0;
     const perBatch = scraped && s.batches > 0 ? s.rows / s.batches : null;
     rows.push(`<tr><td style="color:${COLORS[i % COLORS.length]}">${id}</td><td id="stage-${id}-util">${fmt(util * 100, 1)}%</td>`
+      + `<td id="stage-${id}-prefill">${fmt(prefillRate(id, s, before), 1)}</td>`
       + `<td>${scraped ? s.batches : "–"}</td><td>${fmt(perBatch, 1)}</td><td>${scraped ? s.queue_depth : "–"}</td>`
       + `<td>${scraped ? s.kv_cells : "–"}</td><td>${scraped ? s.sessions : "–"}</td>`
       + `<td>${scraped ? bytes(s.bytes_in) : "–"}</td><td>${scraped ? bytes(s.bytes_out) : "–"}</td>`
