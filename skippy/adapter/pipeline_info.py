@@ -42,17 +42,20 @@ class StageRange:
         return {"stage_id": self.stage_id, "layer_start": self.layer_start, "layer_end": self.layer_end}
 
 
-def stage_ranges(topology: Path | None) -> list[StageRange]:
-    """Each stage's layer range from the run's topology (none without one)."""
-    if topology is None:
-        return []
-    stages = StageTopology.load(topology).stages
-    return [StageRange(s.stage_id, s.layer_start, s.layer_end) for s in sorted(stages, key=lambda s: s.stage_index)]
+def stage_ranges(topology: Path | None) -> Callable[[], list[StageRange]]:
+    """Each stage's layer range as the run's topology says now (none without one): read at each request, since a
+    re-plan after a host is lost writes a new topology over the run's."""
+    def read() -> list[StageRange]:
+        if topology is None:
+            return []
+        stages = StageTopology.load(topology).stages
+        return [StageRange(s.stage_id, s.layer_start, s.layer_end) for s in sorted(stages, key=lambda s: s.stage_index)]
+    return read
 
 
 class PipelineInfo:
     def __init__(self, generation: Generation, status: Callable[[], Awaitable[Status]], model_path: Path | None,
-                 stages: list[StageRange]) -> None:
+                 stages: Callable[[], list[StageRange]]) -> None:
         self.generation = generation
         self.status = status
         self.model_path = model_path
@@ -98,13 +101,13 @@ class PipelineInfo:
             "eos_token": self._token_text(L.llama_vocab_eos(vocab.vocab)),
             "modalities": {"vision": False, "audio": False},
             "infill": not gen.fim.missing(),
-            "stages": [s.to_json() for s in self.stages],
+            "stages": [s.to_json() for s in self.stages()],
         })
 
     async def slots(self, _: Request) -> Response:
         status = await self._status()
         if status is None:
             raise HttpError(503, "no pipeline is ready", type="service_unavailable", code="unavailable")
-        stages = [s.to_json() for s in self.stages]
+        stages = [s.to_json() for s in self.stages()]
         return json_response([{"id": lane, "n_ctx": status.ctx_size, "is_processing": lane < status.running,
                                "stages": stages} for lane in range(status.lane_count)])

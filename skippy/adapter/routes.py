@@ -49,7 +49,7 @@ from skippy.runtime.tokenizer import Tokenizer
 class OpenAIAdapter:
     def __init__(self, broker: PipelineClient, tokenizer: Tokenizer, template: ChatTemplate, model_id: str,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, cors: CorsPolicy | None = None, api_key: str | None = None,
-                 metrics_targets: Path | None = None, stages: list[StageRange] | None = None,
+                 metrics_targets: Path | None = None, stages: Callable[[], list[StageRange]] | None = None,
                  ping_interval_s: float | None = DEFAULT_PING_INTERVAL_S, model_card: dict[str, float] | None = None,
                  resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, strict_request_fields: bool = False) -> None:
         """`metrics_targets`: the run's metrics-targets.json, every process /dashboard shows (None: this one);
@@ -74,7 +74,7 @@ class OpenAIAdapter:
                                    self.status, model_sampling_defaults(tokenizer.model, model_card),
                                    ping_interval_s)
         self.prompts = PromptRoutes(self.generate, self.status)
-        self.info = PipelineInfo(self.generate, self.status, tokenizer.model.path, stages or [])
+        self.info = PipelineInfo(self.generate, self.status, tokenizer.model.path, stages or list)
         self.dashboard = Dashboard(self.metrics_page, metrics_targets, api_key=api_key)
         self.responses_api = ResponsesApi(self.generate)
         self.messages_api = MessagesApi(self.generate)

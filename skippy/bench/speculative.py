@@ -143,7 +143,8 @@ class Bench:
 
     def use(self, mode: str) -> Speculation | None:
         """Switch the driver's speculation (between waves only: no request is live)."""
-        previous, self.driver.speculation = self.driver.speculation, self.modes[mode]
+        previous = self.driver.speculation
+        self.driver.use_speculation(self.modes[mode])
         if previous is not None:
             previous.release(list(previous.sessions))  # sessions whose release went to the next mode
         return self.driver.speculation

@@ -158,6 +158,11 @@ class Driver:
         self.log.info("pipeline_ready", stages=len(self.liveness.last_seen) + 1, max_iterations_in_flight=self.max_iterations,
                       wire=verdict_fields(self.wire_verdict))
 
+    def use_speculation(self, speculation: Speculation | None) -> None:
+        """Draft with `speculation` from now on (between requests: a benchmark's modes); delivery and releases too."""
+        self.speculation = self.delivery.speculation = self.releases.speculation = speculation
+        self.launcher.mtp_draft_max = speculation.mtp_draft_max if speculation is not None else 0
+
     async def close(self) -> None:
         """Cancel what is live, release sessions downstream, and close sockets, thread and context,
         whichever of these steps fails."""

@@ -171,3 +171,16 @@ def test_a_round_keeps_c_requests_in_flight_and_sends_the_next_as_one_finishes()
     results, peak, started = asyncio.run(main())
     assert peak == 2 and started == ["0", "1", "2", "3", "4"]
     assert [t.tokens for t in results] == [[0], [1], [2], [3], [4]]  # in prompt order
+
+
+def test_a_model_drafting_for_itself_is_accepted_across_waves(tmp_path: Path) -> None:
+    """The driver's delivery and releases follow the mode in use: the draft model sees every committed token (a model
+    drafting greedily for itself agrees with itself) and its lanes come back after each wave (two waves per mode, more
+    sessions than the 4 lanes)."""
+    done = _bench(["--concurrency", "2", "--delays-ms", "0", "--requests", "8", "--max-tokens", "12", "--workloads",
+                   "prose", "--peers", "none", "--out-dir", str(tmp_path), *ONE_STAGE, "--draft-model", "smollm2-135m"], 300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (cell,) = json.loads((tmp_path / "bench-speculative.json").read_text())["cells"]
+    assert cell["n"] == 8
+    totals = cell["modes"]["draft-model"]["totals"]
+    assert totals["proposed"] > 0 and totals["accepted"] >= 0.8 * totals["proposed"], totals

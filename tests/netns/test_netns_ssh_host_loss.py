@@ -106,6 +106,10 @@ def plan_of(server: SkippyServer) -> list[dict[str, object]]:
     return list(json.loads((server.run_dir / "topology" / "plan.json").read_text())["stages"])
 
 
+def props_ranges(server: SkippyServer) -> list[tuple[object, object]]:
+    return [(s["layer_start"], s["layer_end"]) for s in server.request("GET", "/props").json()["stages"]]
+
+
 def metric_line(server: SkippyServer, prefix: str) -> str:
     text = server.request("GET", "/metrics").body.decode()
     return next((line for line in text.splitlines() if line.startswith(prefix)), "")
@@ -131,6 +135,7 @@ def test_a_host_cut_off_is_dropped_and_the_model_replanned_over_the_two_left(
         with launch_up(fresh(tmp_path / "up"), skippy_cache_dir, None, [*SHAPE, "--hosts", str(hosts_file)]) as server:
             undisturbed = [s.text for s in finish(*start_streams(server))]
             before = plan_of(server)
+            assert props_ranges(server) == [(s["layer_start"], s["layer_end"]) for s in before]
             lost_name = str(before[cut_stage]["host"])
             lost = next(h for i, h in enumerate(hosts) if f"h{i + 1}" == lost_name)
             streams, threads = start_streams(server)
@@ -143,6 +148,7 @@ def test_a_host_cut_off_is_dropped_and_the_model_replanned_over_the_two_left(
                 assert stream.finish == "length" and stream.text == expected, (stream.prompt, stream.text, expected)
             after = plan_of(server)
             assert len(after) == 2 and lost_name not in {s["host"] for s in after}, after
+            assert props_ranges(server) == [(s["layer_start"], s["layer_end"]) for s in after]  # /props: the new plan
             assert metric_line(server, "skippy_replans_total") == "skippy_replans_total 1.0"
             assert metric_line(server, f'skippy_host_dropped{{host="{lost_name}"}}').endswith(" 1.0")
             assert float(metric_line(server, "skippy_http_resumed_total").split()[-1]) >= len(PROMPTS)
