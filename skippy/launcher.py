@@ -91,8 +91,8 @@ def write_local_topology(
 
 
 def default_kv_cache(lane_count: int) -> dict[str, object]:
-    """`skippy up`'s prefix cache: 4 entries per lane (each is a llama.cpp sequence, which reserves a row of
-    logits), in the lanes' KV pool (max_bytes 0), every other `kv_cache` field at its default."""
+    """`skippy up`'s prefix cache: 4 entries per lane, kept outside the lanes' KV pool in at most as many bytes as the
+    pool's (max_bytes 0), every other `kv_cache` field at its default."""
     return {"mode": "lookup-record", "max_entries": 4 * lane_count, "max_bytes": 0}
 
 

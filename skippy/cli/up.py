@@ -6,9 +6,10 @@ http://127.0.0.1:9337: with hosts given (`--stage-cpus LIST`: one stage per CPU 
 or `--netns PREFIX`: as many as pay) at the split `skippy plan` picks for them (skippy.plan, its report on
 stderr), else at `--split`, else as the plan for one host: the model whole in one stage (with a link flag,
 `--downstream-wire-delay-ms` and the like, the layers halved: 12 of the default's 24, 9 of Gemma's 18); with the prefix cache on
-(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, in the lanes' KV pool (max_bytes
-0), each request's context the model's trained one and the pool a context per lane, both bounded by memory
-(`--ctx-size`, `--kv-pool-cells`: skippy.runtime.context_size, decided here once for every stage). With
+(`--no-prefix-cache` turns it off): `kv_cache` mode lookup-record, 4 entries per lane, outside the lanes' KV pool in
+at most its bytes (max_bytes 0), each request's context the model's trained one and the pool a context per lane,
+both bounded by memory (`--ctx-size`, `--kv-pool-cells`: skippy.runtime.context_size, decided here once for every
+stage). With
 `--topology`, that topology's stage configs
 (<stage_id>.json beside it); `--topology` repeated serves each as a replica, a pipeline of its own behind the
 one broker (its least-loaded routing spreads the streams), as a replicated plan does: `skippy plan` weighs

@@ -120,7 +120,8 @@ class ServingShape:
 
     lane_count: int = 4
     ctx_size: int = 512
-    prefix_cache: bool = True  # `skippy up`'s default: 4 entries per lane, in the lanes' KV pool
+    prefix_cache: bool = True  # `skippy up`'s default: 4 entries per lane, kept beside the pool (their copies fill as
+    # they are recorded, up to the pool's bytes: not predicted here)
     kv_scale: float = 1.0  # KV bytes relative to f16 K and V (q8_0: ~0.53)
     kv_pool_cells: int = 0  # the KV cells every lane shares (0: a context per lane)
 
