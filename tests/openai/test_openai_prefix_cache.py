@@ -95,10 +95,11 @@ def test_gemma_chat_answers_as_without_the_cache(start_up: Callable[..., Any], g
     """A restored prefix changes how the prompt is batched, and llama.cpp is not batch-invariant, so the
     answers must agree wherever the cache-off run's top-2 margin is clear (exactness itself is the
     pipeline tests' replay)."""
-    # skippy up's defaults on Gemma, one KV pool size for both (its cells' layout is part of what is computed) and
-    # fixed prefill chunks (the adaptive ramp sizes them by measured speed, so a loaded machine would batch differently)
+    # skippy up's defaults on Gemma, one KV pool size for both (its cells' layout is part of what is computed), fixed
+    # prefill chunks and no speculation (the adaptive ramp sizes chunks, and the speculation policy verify windows, by
+    # measured speed: a loaded machine would batch the two servers differently before any prefix is restored)
     gemma = (gemma_path, "--split", "9", "--lane-count", "4", "--ctx-size", "1024", "--kv-pool-cells", "8192",
-             "--openai-prefill-chunk-policy", "fixed")
+             "--openai-prefill-chunk-policy", "fixed", "--no-speculative")
     with start_up("up-gemma-prefix", *gemma) as server:
         cached = gemma_conversation(server)
     with start_up("up-gemma-no-prefix", *gemma, "--no-prefix-cache") as server:
