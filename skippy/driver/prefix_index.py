@@ -5,12 +5,12 @@ Stage 0 is the authority; the stages only follow (`skippy.runtime.prefix_cache`)
 last prompt token must run to give the first token) and at least `min_tokens` long. The session then
 starts at that position and its first window restores the entry's first positions on every stage. `admit`
 also picks where the prompt is recorded: at its end, which serves every prompt sharing a prefix with it; where
-a stage has sliding-window layers, whose entries are restored whole or but the last position (`CacheCaps.partial`),
-also at up to
-`shared_prefix_record_limit` multiples of `shared_prefix_stride_tokens` at least one stride below it (prompts
-sharing a system prefix hit those; a conversation's next turn hits the end, so no point near it splits its
-prefill); the scheduler ends prefill chunks there (an entry is recorded at the end of a window). An entry
-whose tokens begin a new one's is superseded by it (restores may take its first positions). When a batch is launched,
+a stage has sliding-window layers, whose entries are restored whole or all but the last position
+(`CacheCaps.partial`), also at up to `shared_prefix_record_limit` multiples of `shared_prefix_stride_tokens` at
+least one stride below it (prompts sharing a system prefix hit those; a conversation's next turn hits the end, so
+no point near it splits its prefill); the scheduler ends prefill chunks there (an entry is recorded at the end of
+a window). An entry whose tokens begin a new one's is superseded by it (restores may take its first positions).
+When a batch is launched,
 `window_ops` turns this into each window's restore / evict / record, in the order the stages apply
 them, keeping the entries within the bounds every stage announced (`CacheCaps`: the fewest cells
 and entries of any stage, cells counted by a `CellLedger` fed the same operations). The least recently

@@ -32,10 +32,6 @@ class EntryStates:
         self._lane_context = lane_context  # lane -> (the context holding it, its sequence id there)
         self._entries: dict[int, tuple[np.ndarray, int]] = {}  # entry sequence -> (state bytes, positions kept)
 
-    def entry_bytes(self) -> int:
-        """Bytes the entries' states hold now."""
-        return sum(data.nbytes for data, _ in self._entries.values())
-
     # -- KvSequences ---------------------------------------------------------------------------------
     def seq_pos_max(self, seq: int) -> int:
         if seq < self.lane_count:
@@ -63,7 +59,7 @@ class EntryStates:
             return
         data, n = self._entries[src]
         ctx, lane_seq = self._lane_context(dst)
-        ctx.seq_rm(lane_seq, 0)
+        # llama.cpp empties the lane first (state_read_meta: seq_rm of the destination)
         if L.llama_state_seq_set_data(ctx.ptr, data.ctypes.data_as(_BYTES), data.nbytes, lane_seq) == 0:
             raise RuntimeError(f"llama.cpp refused to restore prefix entry {src} into lane {dst}")
         if min(n, p1) <= ctx.seq_pos_max(lane_seq):
