@@ -35,6 +35,10 @@ The kinds (`skippy bench KIND --help` for the flags), each with its modules:
   which tests/openai's client tests share): Codex CLI and Claude Code against plain `skippy up`, each one's wall
   time to its first answer, first request's prompt and cached tokens and TTFT, with a cold then a warm prefix cache.
 
+- `hosts` (`hosts.py`; `hosts_measure.py` the measurements, `hosts_rpc.py` llama.cpp's RPC split, the peer): one model
+  across namespace hosts reached only over SSH (root): skippy against llama.cpp's RPC split over the same hosts,
+  time to ready, bytes each host received, tok/s, a long prompt's TTFT, and streams in flight when a host is cut off.
+
 `cpu_time.py`: the CPU time a server's processes spend per output token, by role (the http and plan benches).
 
 Outside the verb: `python -m skippy.bench.mtp` (`mtp.py`: plain greedy vs verifying native-MTP drafts,
@@ -53,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         agent_first_answer,
         codec,
         deterministic,
+        hosts,
         http,
         pipeline,
         plan,
@@ -67,5 +72,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (not tests): ratios measured side by side in one run")
     kinds = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for module in (runtime, pipeline, http, plan, prefill, soak, speculative, prefix_cache, telemetry, codec,
-                   deterministic, agent_first_answer):
+                   deterministic, agent_first_answer, hosts):
         module.add_to(kinds)

@@ -3,7 +3,8 @@
 The same llama.cpp commit as the installed llama-cpp-python (its sdist, `pip download --no-binary`), the same
 flags as `scripts/setup` uses for the wheel: Release, `-DGGML_NATIVE=ON`, shared libraries, OpenMP, the user's
 `CMAKE_ARGS`, and on x86-64 `-mno-amx-int8 -mno-amx-tile -mno-amx-bf16` (llama.cpp's AMX kernels crash on Q4_K). Only the
-`llama-server` target is built (`-j2`), without the web UI (no npm, no download at build time) or OpenSSL.
+`llama-server` and `ggml-rpc-server` targets are built (`-j2`; the RPC backend on, for the split-across-hosts peer),
+without the web UI (no npm, no download at build time) or OpenSSL.
 The build lives in `~/.cache/skippy/llama-server-<version>-<key>` (or `$SKIPPY_CACHE_DIR`), keyed like
 `scripts/setup` keys its wheel (version, CMake flags, this CPU's feature flags); a `built` stamp marks a
 finished build, which every later run reuses (the unpacked sources are then removed). Progress (`[n/N]`
@@ -30,7 +31,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["LlamaServerBuildError", "build_dir", "cmake_args", "ensure_llama_server_binary", "llama_server_version"]
+__all__ = ["LlamaServerBuildError", "build_dir", "cmake_args", "ensure_llama_server_binary", "ensure_rpc_server_binary",
+           "llama_server_version"]
 
 NO_AMX = "-mno-amx-int8 -mno-amx-tile -mno-amx-bf16"
 # llama.cpp's CMake options (vendor/llama.cpp/CMakeLists.txt, tools/ui/CMakeLists.txt) for a server-only build
@@ -38,7 +40,9 @@ SERVER_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",
     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_RPC=ON",
 )
+TARGETS = ("llama-server", "ggml-rpc-server")
 _STEP = re.compile(rb"^\[(\d+)/(\d+)\]")
 
 
@@ -138,13 +142,13 @@ def ensure_llama_server_binary() -> Path:
     """The cached `llama-server` for this version, flags and CPU; built first if there is none (minutes)."""
     root = build_dir()
     binary, stamp = root / "build" / "bin" / "llama-server", root / "built"
-    if stamp.exists() and binary.exists():
+    if stamp.exists() and all((root / "build" / "bin" / t).exists() for t in TARGETS):
         return binary
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise LlamaServerBuildError(f"building llama-server needs `{tool}` on PATH")
     with _locked(root):
-        if stamp.exists() and binary.exists():
+        if stamp.exists() and all((root / "build" / "bin" / t).exists() for t in TARGETS):
             return binary
         log = root / "build.log"
         log.write_text("")
@@ -152,13 +156,20 @@ def ensure_llama_server_binary() -> Path:
         source = _sources(root, log)
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         _run("configure (cmake)", ["cmake", "-S", str(source), "-B", str(root / "build"), *generator, *cmake_args()], log)
-        _run("compile target llama-server (-j2)",
-             ["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j", "2"], log)
-        if not binary.exists():
-            raise LlamaServerBuildError(f"the build finished but {binary} is missing (log {log})")
+        _run(f"compile targets {', '.join(TARGETS)} (-j2)",
+             ["cmake", "--build", str(root / "build"), "--target", *TARGETS, "-j", "2"], log)
+        for target in TARGETS:
+            if not (root / "build" / "bin" / target).exists():
+                raise LlamaServerBuildError(f"the build finished but {root / 'build' / 'bin' / target} is missing "
+                                            f"(log {log})")
         stamp.write_text(shlex.join(cmake_args()) + "\n")
         shutil.rmtree(root / "src", ignore_errors=True)  # 200+ MB; the shared libraries live in build/bin
     return binary
+
+
+def ensure_rpc_server_binary() -> Path:
+    """llama.cpp's `ggml-rpc-server` (a host's share of an RPC split), built beside `llama-server`."""
+    return ensure_llama_server_binary().parent / "ggml-rpc-server"
 
 
 def llama_server_version(binary: Path | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,3 +46,9 @@ def netem_available() -> bool:
         return run("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", check=False).returncode == 0
     finally:
         run("ip", "netns", "del", probe, check=False)
+
+
+def received_bytes(namespace: str) -> int:
+    """Bytes namespace `namespace` has received on all its links but loopback (its kernel's counters)."""
+    links = json.loads(run("ip", "-n", namespace, "-j", "-s", "link", "show").stdout or "[]")
+    return sum(int(link.get("stats64", {}).get("rx", {}).get("bytes", 0)) for link in links if link.get("ifname") != "lo")

@@ -10,8 +10,9 @@ for hours) or a signal comes, the stage gets SIGTERM, then SIGKILL after `STOP_G
 SIGTERM if this process dies (PR_SET_PDEATHSIG). It exits with the stage's exit status (128 + N for signal N) and
 removes DIR (the secret key with it).
 
-`receive PATH SHA256 SIZE` writes stdin to PATH atomically, only when exactly SIZE bytes with that sha256 came (a
-slice shipped into the host's cache: skippy.remote.shipping).
+`receive PATH SHA256 SIZE [--data START:END,...]` writes stdin to PATH atomically, only when exactly SIZE bytes with
+that sha256 came (a slice shipped into the host's cache: skippy.remote.shipping); with `--data`, stdin carries only
+those byte ranges of the file, in order, and the rest is zeros, left as holes.
 
 `calibrate MODEL SHA256 CACHE_DIR [--refresh]` gives the model's cost table measured on this host
 (skippy.plan.calibrate, cached under CACHE_DIR by the model's digest, the llama.cpp build and the machine) as one JSON
@@ -121,17 +122,38 @@ def launch(directory: Path) -> int:
     return code if code >= 0 else 128 - code
 
 
-def receive(path: Path, sha256: str, size: int) -> int:
+def _zeros(digest: Any, length: int) -> None:
+    block = bytes(min(length, 1 << 20))
+    while length > 0:
+        digest.update(block[:length])
+        length -= len(block)
+
+
+def receive(path: Path, sha256: str, size: int, data: list[tuple[int, int]] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    digest, got = hashlib.sha256(), 0
+    digest, got, short = hashlib.sha256(), 0, False
     try:
         with partial.open("wb") as out:
-            while chunk := sys.stdin.buffer.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-                got += len(chunk)
-        if got != size or digest.hexdigest() != sha256:
+            for start, end in data if data is not None else [(0, size)]:
+                if start > out.tell():
+                    _zeros(digest, start - out.tell())
+                    out.seek(start)
+                left = end - start if data is not None else None
+                while left is None or left > 0:
+                    chunk = sys.stdin.buffer.read(1 << 20 if left is None else min(left, 1 << 20))
+                    if not chunk:
+                        short = left is not None
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+                    got += len(chunk)
+                    left = None if left is None else left - len(chunk)
+            if data is not None and not short and size > out.tell():
+                _zeros(digest, size - out.tell())
+            out.truncate(size if data is not None else out.tell())
+        total = size if data is not None and not short else got
+        if total != size or digest.hexdigest() != sha256 or sys.stdin.buffer.read(1):
             print(f"{path.name}: received {got} bytes with sha256 {digest.hexdigest()[:16]}, expected {size} bytes"
                   f" with {sha256[:16]}; not kept", file=sys.stderr)
             return 1
@@ -139,6 +161,10 @@ def receive(path: Path, sha256: str, size: int) -> int:
     finally:
         partial.unlink(missing_ok=True)
     return 0
+
+
+def _ranges(text: str) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(",") if part)]
 
 
 def calibrate(model: Path, sha256: str, cache_dir: str, refresh: bool) -> int:
@@ -165,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path", type=Path)
     p.add_argument("sha256")
     p.add_argument("size", type=int)
+    p.add_argument("--data", type=_ranges, default=None, help="the byte ranges stdin carries (START:END,...)")
     p = sub.add_parser("calibrate")
     p.add_argument("model", type=Path)
     p.add_argument("sha256")
@@ -175,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return launch(args.directory)
     if args.command == "calibrate":
         return calibrate(args.model.expanduser(), args.sha256, args.cache_dir, args.refresh)
-    return receive(args.path, args.sha256, args.size)
+    return receive(args.path, args.sha256, args.size, args.data)
 
 
 if __name__ == "__main__":

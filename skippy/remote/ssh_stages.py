@@ -136,8 +136,8 @@ class SshStages:
             self.say(f"{host.name} has {what} in its cache: nothing sent")
             return
         seconds = send_slice(host.ssh, label, piece, cache)  # type: ignore[arg-type]  # an SSH host
-        self.say(f"sent {what} to {host.name}: {piece.size / 1e6:.1f} MB of the {self.model.stat().st_size / 1e6:.1f}"
-                 f" MB model in {seconds:.1f} s")
+        self.say(f"sent {what} to {host.name}: {piece.data_bytes / 1e6:.1f} MB of the"
+                 f" {self.model.stat().st_size / 1e6:.1f} MB model in {seconds:.1f} s")
         have[piece.cache_name] = piece.size
 
     def _write_spec(self, stage: RemoteStage, cache: str, model_digest: str, piece: SliceFile | None) -> None:

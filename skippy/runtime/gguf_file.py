@@ -9,6 +9,7 @@ Here metadata values are kept as raw byte spans, decoded on request, and tensor 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,11 +176,12 @@ def pack_entry(key: str, vtype: int, value: object, elem_type: int | None = None
 def write_gguf(
     out: BinaryIO,
     entries: list[bytes],
-    tensors: list[tuple[str, TensorInfo, memoryview]],
+    tensors: list[tuple[str, TensorInfo, memoryview | None]],
     alignment: int,
     progress: object = None,
 ) -> None:
-    """Write a GGUF v3 file: encoded metadata entries, then (new name, info, bytes) tensors in order."""
+    """Write a GGUF v3 file: encoded metadata entries, then (new name, info, bytes) tensors in order. A tensor whose
+    bytes are None is all zeros, left as a hole (`out` is seekable; on most filesystems the file is then sparse)."""
     header = bytearray(GGUF_MAGIC + struct.pack("<IQQ", 3, len(tensors), len(entries)))
     for entry in entries:
         header += entry
@@ -189,11 +191,15 @@ def write_gguf(
         offset = _align(offset + info.nbytes, alignment)
     header += b"\0" * (_align(len(header), alignment) - len(header))
     out.write(header)
-    total = sum(len(data) for _, _, data in tensors)
+    total = sum(info.nbytes for _, info, _ in tensors)
     done = 0
-    for _, _, data in tensors:
-        out.write(data)
-        out.write(b"\0" * (_align(len(data), alignment) - len(data)))
-        done += len(data)
+    for _, info, data in tensors:
+        if data is None:
+            out.seek(_align(info.nbytes, alignment), os.SEEK_CUR)
+        else:
+            out.write(data)
+            out.write(b"\0" * (_align(len(data), alignment) - len(data)))
+        done += info.nbytes
         if callable(progress):
             progress(done, total)
+    out.truncate()

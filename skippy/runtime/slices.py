@@ -15,6 +15,12 @@ not flagged as outputs inside the last block of a graph; with the stop block app
 block computes every row, the runtime reads its `l_out` and stops the graph there, so the stop block
 and the vocabulary projection never run and no `n_rows x n_vocab` logits buffer is needed.
 
+The embedding and output tensors a stage never reads are written as zeros, left as holes (`unused_tensors`): a
+later slice's token embedding (its input is a hidden state; kept where the final slice's output is the tied
+embedding or its NextN blocks embed the drafted token) and a non-final slice's output matrix (its graph stops before
+the head). On disk the file is sparse, and shipping sends only its data (skippy.remote.shipping); llama.cpp maps
+them and never touches those pages. `skippy.slice.zeroed` names them.
+
 NextN (MTP) blocks (`{arch}.nextn_predict_layers`, counted in llama.cpp's block_count after the trunk) belong
 to no stage's trunk range: `ModelInfo.n_layer` is the trunk, and the final slice carries the NextN blocks
 after its own (renumbered, `nextn_predict_layers` kept), so its stage can draft from them (docs/mtp.md);
@@ -130,7 +136,7 @@ def slice_cache_dir() -> Path:
 
 def slice_path(digest: str, layer_start: int, layer_end: int, final: bool) -> Path:
     tail = "final" if final else "stop"
-    return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}.gguf"
+    return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}.lean.gguf"
 
 
 def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: list[bytes]) -> list[bytes]:
@@ -165,6 +171,19 @@ def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: l
     return entries + extra
 
 
+EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
+
+
+def unused_tensors(names: set[str], info: ModelInfo, layer_start: int, final: bool) -> set[str]:
+    """The non-block tensors of `names` that the slice's stage never reads (written as zeros)."""
+    unused = set()
+    if not final and OUTPUT in names:
+        unused.add(OUTPUT)
+    if layer_start > 0 and (not final or (OUTPUT in names and info.n_nextn == 0)):
+        unused.add(EMBEDDING)
+    return unused & names
+
+
 def write_slice(
     source: Path,
     dest: Path,
@@ -184,13 +203,15 @@ def write_slice(
     layers = list(range(layer_start, layer_end)) + tail
     gguf = GGUFFile(source)
     by_block: dict[int, list[tuple[str, TensorInfo]]] = {}
-    plan = []  # (new name, info, bytes): non-block tensors first, then owned blocks renumbered
+    plan: list[tuple[str, TensorInfo, memoryview | None]] = []  # (new name, info, bytes or None: zeros): non-block
+    # tensors first, then owned blocks renumbered
+    zeroed = unused_tensors({t.name for t in gguf.tensors}, info, layer_start, final)
     for t in gguf.tensors:
         m = _BLOCK.match(t.name)
         if m:
             by_block.setdefault(int(m.group(1)), []).append((m.group(2), t))
         else:
-            plan.append((t.name, t, gguf.tensor_bytes(t)))
+            plan.append((t.name, t, None if t.name in zeroed else gguf.tensor_bytes(t)))
     for new_index, il in enumerate(layers):
         plan.extend((f"blk.{new_index}.{suffix}", t, gguf.tensor_bytes(t)) for suffix, t in by_block.get(il, []))
     identity = [
@@ -199,6 +220,7 @@ def write_slice(
         pack_entry("skippy.slice.stop_block", BOOL, not final),
         pack_entry("skippy.slice.source_digest", STRING, digest),
         pack_entry("skippy.slice.source_n_layer", UINT32, info.n_layer),
+        pack_entry("skippy.slice.zeroed", STRING, ",".join(sorted(zeroed))),
     ]
     entries = _slice_metadata(gguf, info, layers, identity)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,7 @@ def test_a_finished_build_is_reused_without_running_anything(cache: Path, monkey
     binary = build.build_dir() / "build" / "bin" / "llama-server"
     binary.parent.mkdir(parents=True)
     binary.write_text("")
+    (binary.parent / "ggml-rpc-server").write_text("")
     (build.build_dir() / "built").write_text("flags\n")
 
     def no_run(*args: object, **kwargs: object) -> None:
@@ -57,6 +58,7 @@ def test_a_finished_build_is_reused_without_running_anything(cache: Path, monkey
 
     monkeypatch.setattr(build.subprocess, "Popen", no_run)
     assert build.ensure_llama_server_binary() == binary
+    assert build.ensure_rpc_server_binary() == binary.parent / "ggml-rpc-server"
 
 
 def test_a_failed_step_is_named_with_the_tail_of_its_log(cache: Path, tmp_path: Path,

@@ -17,9 +17,6 @@ lanes x 256 needs ~222 MiB whole; each host's budget is 160 MiB, so one host can
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -28,9 +25,7 @@ from pathlib import Path
 import openai
 import pytest
 from netns_helpers import MakeHosts
-from sshd_helpers import SshHost, namespace_processes, sshd_hosts, stage_processes, wait_empty
-
-from skippy.netns import HostSet
+from sshd_helpers import SshHost, cut_off, sshd_hosts, stage_processes, wait_empty
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai"))
 from up_helpers import SkippyServer, launch_up  # noqa: E402  (tests/openai is not a package)
@@ -88,18 +83,6 @@ def finish(streams: list[Stream], threads: list[threading.Thread]) -> list[Strea
 def write_hosts(path: Path, hosts: list[SshHost]) -> Path:
     path.write_text(json.dumps({"hosts": [{**h.entry(f"h{i + 1}"), "mem_mb": BUDGET_MB} for i, h in enumerate(hosts)]}))
     return path
-
-
-def cut_off(host_set: HostSet, host: SshHost) -> None:
-    """The host's link down, then every process in its namespace killed (its sshd too): it is gone."""
-    k = [namespace for namespace, _ in host_set.hosts].index(host.namespace) + 1
-    subprocess.run(["ip", "link", "set", f"{host_set.prefix}-v{k}", "down"], check=True)
-    for line in namespace_processes(host.namespace):
-        try:
-            os.kill(int(line.split(" ", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    host.sshd.wait(30)
 
 
 def plan_of(server: SkippyServer) -> list[dict[str, object]]:

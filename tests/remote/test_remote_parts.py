@@ -25,7 +25,9 @@ from skippy.launcher import StageProcesses, write_local_topology
 from skippy.plan.hosts import load_hosts
 from skippy.remote.relay import header
 from skippy.remote.ssh import SSH_FAILED, failure, ssh_argv
-from skippy.runtime.slices import read_model_info
+from skippy.remote.shipping import data_ranges
+from skippy.runtime.gguf_file import GGUFFile
+from skippy.runtime.slices import read_model_info, write_slice
 from skippy.transport.curve_keys import add_link_keys
 
 STOP_TIMEOUT_S = 30.0
@@ -74,9 +76,9 @@ def test_ssh_runs_in_batch_mode_refusing_unknown_host_keys(tmp_path: Path) -> No
     assert "set ssh.python" in failure("host a", host.ssh, 127, "bash: python3: command not found")
 
 
-def receive(path: Path, data: bytes, sha256: str, size: int) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "skippy.remote.host_agent", "receive", str(path), sha256, str(size)],
-                          input=data, capture_output=True, timeout=60)
+def receive(path: Path, data: bytes, sha256: str, size: int, *flags: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "skippy.remote.host_agent", "receive", str(path), sha256, str(size),
+                           *flags], input=data, capture_output=True, timeout=60)
 
 
 def test_a_slice_is_kept_only_when_it_arrives_whole(tmp_path: Path) -> None:
@@ -87,6 +89,28 @@ def test_a_slice_is_kept_only_when_it_arrives_whole(tmp_path: Path) -> None:
     assert cut.returncode == 1 and b"not kept" in cut.stderr and not dest.exists()
     assert list(dest.parent.iterdir()) == []  # no partial file left
     assert receive(dest, data, good, len(data)).returncode == 0 and dest.read_bytes() == data
+
+
+def test_a_sparse_slice_travels_as_its_data_ranges_and_arrives_equal(tiny_model: Callable[..., Path],
+                                                                     tmp_path: Path) -> None:
+    """The unused tensors of a slice are holes: only the ranges between them are sent, the receiver leaves holes
+    again, and the file it keeps has the sha256 of the whole one."""
+    model = tiny_model("llama")
+    path = write_slice(model, tmp_path / "s.gguf", 2, 4, final=False)  # neither the embedding nor the head is read
+    zeroed = str(GGUFFile(path).get("skippy.slice.zeroed")).split(",")
+    assert zeroed == ["output.weight", "token_embd.weight"] or zeroed == ["token_embd.weight"], zeroed
+    ranges = data_ranges(path)
+    whole = path.read_bytes()
+    sent = b"".join(whole[a:b] for a, b in ranges)
+    if sum(b - a for a, b in ranges) == len(whole):
+        pytest.skip(f"{tmp_path}'s filesystem reports no holes (SEEK_HOLE)")
+    digest, flags = hashlib.sha256(whole).hexdigest(), ("--data", ",".join(f"{a}:{b}" for a, b in ranges))
+    dest = tmp_path / "cache" / "slices" / path.name
+    assert receive(dest, sent[:-1], digest, len(whole), *flags).returncode == 1 and not dest.exists()
+    assert receive(dest, sent + b"x", digest, len(whole), *flags).returncode == 1 and not dest.exists()
+    done = receive(dest, sent, digest, len(whole), *flags)
+    assert done.returncode == 0, done.stderr
+    assert dest.read_bytes() == whole and data_ranges(dest) == ranges
 
 
 def test_the_relay_sends_only_its_stages_secret_key_and_the_forwarded_environment(tmp_path: Path) -> None:

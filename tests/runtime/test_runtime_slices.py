@@ -35,7 +35,7 @@ def test_ensure_slice_writes_once_then_reuses(own_cache: Path, tiny_model: Calla
     path = tiny_model("qwen3")
     first = ensure_slice(path, 2, 4, final=False)
     assert first.parent == own_cache == slice_cache_dir()
-    assert first.name == f"{file_digest(path)[:16]}-2-4-stop.gguf"
+    assert first.name == f"{file_digest(path)[:16]}-2-4-stop.lean.gguf"
     mtime = first.stat().st_mtime_ns
 
     def no_rewrite(*args: object, **kwargs: object) -> Path:
@@ -49,7 +49,7 @@ def test_ensure_slice_writes_once_then_reuses(own_cache: Path, tiny_model: Calla
     with pytest.raises(AssertionError, match="rewrote"):
         ensure_slice(path, 2, 4, final=True)
     monkeypatch.setattr(slices, "write_slice", original)
-    assert ensure_slice(path, 2, 4, final=True).name.endswith("-2-4-final.gguf")
+    assert ensure_slice(path, 2, 4, final=True).name.endswith("-2-4-final.lean.gguf")
     assert sorted(p.name for p in own_cache.glob("*.gguf")) == sorted([first.name, first.name.replace("stop", "final")])
     assert not list(own_cache.glob("*.tmp"))  # written atomically, nothing left behind
 
@@ -144,7 +144,15 @@ def test_slice_metadata_and_tensors(family: str, start: int, end: int, final: bo
                 assert bytes(sl.tensor_bytes(t)) == bytes(src.tensor_bytes(src_blocks[old][suffix])), (new, suffix)
         src_rest = {t.name: bytes(src.tensor_bytes(t)) for t in src.tensors if not t.name.startswith("blk.")}
         sl_rest = {t.name: bytes(sl.tensor_bytes(t)) for t in sl.tensors if not t.name.startswith("blk.")}
-        assert sl_rest == src_rest  # embeddings, output norm (and head) kept
+        tied = "output.weight" not in src_rest
+        unused = {"output.weight"} if not final else set()  # a non-final stage stops before the head
+        if start and (not final or (not tied and not info.n_nextn)):  # a later stage's input is a hidden state
+            unused.add("token_embd.weight")
+        unused &= set(src_rest)
+        assert sl.get("skippy.slice.zeroed") == ",".join(sorted(unused))
+        assert sl_rest.keys() == src_rest.keys()
+        for name, data in sl_rest.items():  # what the stage reads kept, the rest zeros (a hole on disk)
+            assert data == (bytes(len(src_rest[name])) if name in unused else src_rest[name]), name
 
         if not FAMILY_SPECS[family].sliding_window:
             assert sl.get(pattern) is None
