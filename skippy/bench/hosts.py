@@ -67,9 +67,9 @@ def _metric(server: Server, name: str) -> float:
 
 
 def _host_set(n: int, args: argparse.Namespace, mem_mb: float) -> HostSet:
-    prefix = f"skbh{n}"
+    prefix = f"{args.prefix}{n}"
     down(prefix)
-    return up(n, LinkConditions(delay_ms=args.delay_ms), prefix=prefix, subnet=f"10.77.{240 + n}", mem_mb=mem_mb)
+    return up(n, LinkConditions(delay_ms=args.delay_ms), prefix=prefix, subnet=f"{args.subnet}.{n}", mem_mb=mem_mb)
 
 
 def _skippy_runs(args: argparse.Namespace, model: Path, hosts: HostSet, ssh: list[SshHost], mem_mb: float,
@@ -105,7 +105,7 @@ def _skippy_runs(args: argparse.Namespace, model: Path, hosts: HostSet, ssh: lis
             namespace = ssh[int(lost.removeprefix("h")) - 1].namespace
             row["host_loss"] = {"host": lost, **hosts_measure.host_loss(
                 server, lambda: cut_off(hosts, namespace), min(LOSS_STREAMS, args.lanes), MAX_TOKENS,
-                lambda: _metric(server, "skippy_replans_total") >= 1)}
+                lambda: _metric(server, "skippy_replans_total") >= 1, args.loss_timeout_s)}
             _say(f"skippy host loss: {row['host_loss']}")
     finally:
         stop(server)
@@ -129,7 +129,7 @@ def _rpc_run(args: argparse.Namespace, model: Path, hosts: HostSet, ranges: list
         if not args.no_host_loss and len(ranges) > 1:
             row["host_loss"] = {"host": f"h{len(ranges)}", **hosts_measure.host_loss(
                 split.server, lambda: cut_off(hosts, hosts.namespace(len(ranges))), min(LOSS_STREAMS, args.lanes),
-                MAX_TOKENS)}
+                MAX_TOKENS, timeout_s=args.loss_timeout_s)}
             _say(f"llama.cpp RPC host loss: {row['host_loss']}")
     finally:
         stop_rpc_split(split)
@@ -162,14 +162,14 @@ def _loss_text(loss: dict[str, Any] | None) -> str:
     if not loss:
         return "-"
     text = f"{loss['host']} cut: {loss['finished']}/{loss['streams']} finished"
-    if loss["resumed"]:
+    if loss["finished"]:
         text += f", paused {loss['pause_median_s']} s (max {loss['pause_max_s']})"
     if loss.get("replanned_s") is not None:
         text += f", re-planned at {loss['replanned_s']} s"
     if loss["failed"]:
-        text += f"; {loss['failed']} failed: {'; '.join(loss['errors'])[:160]}"
+        text += f"; {loss['failed']} failed {loss['failed_at_s']} s after the cut: {loss['errors'][0].split(':')[0][:100]}"
     if loss["hung"]:
-        text += f"; {loss['hung']} hung ({hosts_measure.LOSS_TIMEOUT_S:g} s)"
+        text += f"; {loss['hung']} hung (no byte in {loss['timeout_s']:g} s)"
     return text
 
 
@@ -227,6 +227,10 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", choices=("llama-rpc", "none"), default="llama-rpc", help="compare with llama.cpp's RPC"
                                                                                       " split (default) or nothing")
     p.add_argument("--no-host-loss", action="store_true", help="skip cutting a host off mid-stream")
+    p.add_argument("--loss-timeout-s", type=float, default=hosts_measure.LOSS_TIMEOUT_S,
+                   help="after a host is cut, how long streams may go without a byte before they count as hung")
+    p.add_argument("--prefix", default="skbh", help="host sets' name prefix (+ the host count; default skbh)")
+    p.add_argument("--subnet", default="10.78", help="host sets' subnets: SUBNET.N.0/24 for N hosts (default 10.78)")
     p.add_argument("--skippy-flags", default="", help="more flags for every skippy up")
     p.add_argument("--json", default=str(DOCS / "bench-hosts.json"), help="where the JSON goes ('-': nowhere)")
     p.set_defaults(run=run_hosts_bench)

@@ -29,6 +29,7 @@ class StreamRecord:
     times: list[float] = field(default_factory=list)  # monotonic arrival of each content chunk
     error: str | None = None
     finish: str | None = None
+    ended: float | None = None  # monotonic time the stream ended (finished, failed or cut)
 
 
 def post_json(server: Server, path: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
@@ -76,7 +77,8 @@ async def _stream(server: Server, body: dict[str, Any], record: StreamRecord) ->
                 continue
             event = json.loads(line[5:])
             if "error" in event:
-                record.error = json.dumps(event["error"])[:300]
+                error = event["error"]
+                record.error = str(error.get("message", error) if isinstance(error, dict) else error)[:300]
                 return
             choice = (event.get("choices") or [{}])[0]
             if choice.get("text"):
@@ -85,6 +87,7 @@ async def _stream(server: Server, body: dict[str, Any], record: StreamRecord) ->
     except (OSError, asyncio.IncompleteReadError, ValueError) as error:
         record.error = record.error or f"{type(error).__name__}: {error}"
     finally:
+        record.ended = time.monotonic()
         writer.close()
 
 
@@ -115,7 +118,7 @@ def _pause_after(times: list[float], cut_at: float) -> float | None:
 
 
 def host_loss(server: Server, cut: Callable[[], None], streams: int, max_tokens: int,
-              replanned: Callable[[], bool] | None = None) -> dict[str, Any]:
+              replanned: Callable[[], bool] | None = None, timeout_s: float = LOSS_TIMEOUT_S) -> dict[str, Any]:
     """`streams` streams of `max_tokens` tokens (no more than the server runs at once, so all are under way); once
     each has a token, `cut()` takes a host away. Per stream: the pause (its longest wait for a token after the cut,
     the cut included), and whether it finished or failed; `replanned` (polled) says when a re-plan was counted."""
@@ -125,9 +128,9 @@ def host_loss(server: Server, cut: Callable[[], None], streams: int, max_tokens:
                 "temperature": 0, "ignore_eos": True} for _ in records]
     tasks = [loop.create_task(_stream(server, body, record)) for body, record in zip(bodies_, records)]
     runner = threading.Thread(target=loop.run_until_complete,
-                              args=(asyncio.wait_for(asyncio.gather(*tasks), LOSS_TIMEOUT_S),), daemon=True)
+                              args=(asyncio.wait_for(asyncio.gather(*tasks), timeout_s),), daemon=True)
     runner.start()
-    deadline = time.monotonic() + LOSS_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not all(r.times or r.error for r in records) and time.monotonic() < deadline:
         time.sleep(0.05)  # poll interval: every stream has begun
     cut_at = time.monotonic()
@@ -142,9 +145,11 @@ def host_loss(server: Server, cut: Callable[[], None], streams: int, max_tokens:
     done = sum(r.error is None and len(r.times) > 0 and r.finish == "length" for r in records)
     errors = sorted({r.error for r in records if r.error})
     hung = sum(r.error is None and r.finish is None for r in records)
-    return {"streams": streams, "finished": done, "failed": streams - done - hung, "hung": hung,
+    return {"streams": streams, "timeout_s": timeout_s, "finished": done, "failed": streams - done - hung, "hung": hung,
             "errors": errors[:3], "resumed": len(resumed),
             "pause_median_s": round(statistics.median(resumed), 1) if resumed else None,
             "pause_max_s": round(max(resumed), 1) if resumed else None,
             "replanned_s": round(replanned_at, 1) if replanned_at is not None else None,
+            "failed_at_s": round(max(r.ended for r in records if r.error and r.ended) - cut_at, 1)
+            if any(r.error and r.ended for r in records) else None,
             "ended_s": round(max((r.times[-1] for r in records if r.times), default=cut_at) - cut_at, 1)}

@@ -2,8 +2,9 @@
 
 Before stage 0 serves requests, it sends windows of 1..max_rows rows (logits on every row, as a
 verify window has) through the real pipeline on a reserved session, and reads each stage's compute
-ms from the timings the batch collects on its way. C(rows) is the median over `repeats` sweeps of
-the summed compute; the wire's share (hops x delay) is measured live, not here, so a changed wire
+ms from the timings the batch collects on its way. C(rows) is the median over up to `repeats` sweeps of
+the summed compute (a sweep after the first only while they fit in SWEEPS_BUDGET_S: one sweep of a 1.5B model on a
+2-vCPU host took 5 s, three held its stage 0 16 s from ready; served batches refine the table afterwards); the wire's share (hops x delay) is measured live, not here, so a changed wire
 condition does not make the table stale. The reserved session is released on every stage after.
 Calibration is given the parts it drives, not the driver: the `BatchLauncher` (whose `round_trip`
 hands each sweep's predictions back here rather than to the driver), the serving options, the
@@ -13,6 +14,7 @@ vocabulary size and a callable that releases sessions on every stage.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -31,6 +33,7 @@ from skippy.runtime.sampling import SamplingParams
 
 CALIBRATION_SESSION = 2**62  # a session id no request gets (request sessions count up from 1)
 
+SWEEPS_BUDGET_S = 6.0  # startup time the sweeps may take: the first always runs, the others while they fit
 BATCH_ROWS_MAX = 32  # 8 sessions' windows of 4 rows: beyond it extra rows cost about what they may win (on CPU)
 Release = Callable[[tuple[int, ...]], Awaitable[None]]  # forget these sessions on every stage
 
@@ -65,13 +68,16 @@ async def calibrate_speculation(speculation: Speculation, launcher: BatchLaunche
 
 async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, n_vocab: int, release: Release,
                          max_rows: int, repeats: int = 3, timeout_s: float = 60.0,
-                         extra_rows: tuple[int, ...] | list[int] = ()) -> list[float]:
+                         extra_rows: tuple[int, ...] | list[int] = (), budget_s: float = SWEEPS_BUDGET_S) -> list[float]:
     """[0.0, C(1), .., C(max_rows)] and C at `extra_rows` (NaN between): ms the stages spend computing one decode
-    of that many rows."""
+    of that many rows. Up to `repeats` sweeps, a later one only while it fits in `budget_s` with those before it
+    (a large model's sweep on a slow host takes seconds; the table then follows the served batches)."""
     seq = calibration_sequence(prefill)
     measured: list[float] = []
+    started, done = time.monotonic(), 0
     try:
-        for _ in range(repeats):  # the sweep order calibrate_cost uses, measured ahead (the pipeline is async)
+        while done < repeats and (done == 0 or (time.monotonic() - started) * (done + 1) / done <= budget_s):
+            done += 1  # the sweep order calibrate_cost uses
             for rows in sweep_rows(max_rows, extra_rows):
                 tokens = np.arange(rows, dtype=np.int32) % max(n_vocab, 1)
                 window = PlannedWindow(seq, 0, tokens, tuple(range(rows)))
@@ -83,4 +89,4 @@ async def calibrate_rows(launcher: BatchLauncher, prefill: PrefillChunkOptions, 
     finally:
         await release((CALIBRATION_SESSION,))
     samples = iter(measured)
-    return calibrate_cost(lambda _rows: next(samples), max_rows, repeats, extra_rows)
+    return calibrate_cost(lambda _rows: next(samples), max_rows, done, extra_rows)

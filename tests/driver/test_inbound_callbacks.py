@@ -105,3 +105,25 @@ def test_calibration_takes_parts_and_releases_its_session() -> None:
     cost = asyncio.run(calibrate_rows(launcher, PrefillChunkOptions(), 32, release, max_rows=3, repeats=1))
     assert np.allclose(cost, [0.0, 2.0, 4.0, 6.0])
     assert released == [(CALIBRATION_SESSION,)] and not launcher.inflight
+
+
+class CountingWorker(FakeWorker):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def compute(self, windows: list[Any], hidden: Any = None, verify: Any = ()) -> Computed:
+        self.calls += 1
+        return await super().compute(windows, hidden, verify)
+
+
+async def _no_release(session_ids: tuple[int, ...]) -> None:
+    pass
+
+
+@pytest.mark.parametrize(("budget_s", "sweeps"), [(0.0, 1), (60.0, 3)])
+def test_calibration_sweeps_again_only_within_its_time_budget(budget_s: float, sweeps: int) -> None:
+    worker = CountingWorker()
+    launcher = BatchLauncher(worker, None, "stage0")  # type: ignore[arg-type]
+    cost = asyncio.run(calibrate_rows(launcher, PrefillChunkOptions(), 32, _no_release, max_rows=3, repeats=3,
+                                      budget_s=budget_s))
+    assert worker.calls == 3 * sweeps and np.allclose(cost, [0.0, 2.0, 4.0, 6.0])
