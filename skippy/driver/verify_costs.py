@@ -1,14 +1,14 @@
 """Calibrating the pipeline's cost of a decode with r rows (for the cost-model verify window).
 
-Before stage 0 serves requests, it sends windows of 1..max_rows rows (logits on every row, as a
-verify window has) through the real pipeline on a reserved session, and reads each stage's compute
-ms from the timings the batch collects on its way. C(rows) is the median over up to `repeats` sweeps of
-the summed compute (a sweep after the first only while they fit in SWEEPS_BUDGET_S: one sweep of a 1.5B model on a
-2-vCPU host took 5 s, three held its stage 0 16 s from ready; served batches refine the table afterwards); the wire's share (hops x delay) is measured live, not here, so a changed wire
-condition does not make the table stale. The reserved session is released on every stage after.
-Calibration is given the parts it drives, not the driver: the `BatchLauncher` (whose `round_trip`
-hands each sweep's predictions back here rather than to the driver), the serving options, the
-vocabulary size and a callable that releases sessions on every stage.
+Before stage 0 serves requests, it sends windows of 1..max_rows rows (logits on every row, as a verify window has)
+through the real pipeline on a reserved session, and reads each stage's compute ms from the timings the batch
+collects on its way. C(rows) is the median over up to `repeats` sweeps of the summed compute (a sweep after the
+first only while they fit in SWEEPS_BUDGET_S: one sweep of a 1.5B model on a 2-vCPU host took 5 s, three held its
+stage 0 16 s from ready; served batches refine the table afterwards); the wire's share (hops x delay) is measured
+live, not here, so a changed wire condition does not make the table stale. The reserved session is released on every
+stage after. Calibration is given the parts it drives, not the driver: the `BatchLauncher` (whose `round_trip` hands
+each sweep's predictions back here rather than to the driver), the serving options, the vocabulary size and a
+callable that releases sessions on every stage.
 """
 
 from __future__ import annotations

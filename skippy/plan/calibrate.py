@@ -9,7 +9,9 @@ decode steps at that concurrency have (the final stage also samples each row, gr
 does), and the KV holds as many sessions again (a serving stage's prefix-cache entries); medians of at
 least 5, more until MIN_TIMED_S of decoding per row count is timed (so a burst of other work or a clock
 change does not decide the table), after a warm-up. Then per layer = (A - B) / (L - 2), spread over the layers by their
-weight bytes, the head = C - one layer, the embedding = B - one layer. Cached as JSON under
+weight bytes, the head = C - one layer, the embedding = B - one layer. A model's skeleton (its tensors zeros, what an
+SSH host is sent to time it: skippy.runtime.slices) computes as fast as the model; its A is [0, 8) (L - 2 becomes 7),
+so a host with memory for a stage can hold it. Cached as JSON under
 `<cache dir>/plan/` (`$SKIPPY_CACHE_DIR` or ~/.cache/skippy), keyed by the model's digest, the CPU set, the
 llama.cpp build and this machine (`machine_fingerprint`: CPU model and flags, and the boot): a cache dir
 carried to another machine, or kept across a reboot onto other hardware, is measured again (seen: a table
@@ -34,7 +36,10 @@ import numpy as np
 from skippy.plan.costs import ROWS, ComputeCosts
 from skippy.plan.memory import read_model_facts
 from skippy.runtime.errors import ModelError
-from skippy.runtime.slices import file_digest, slice_cache_dir
+from skippy.runtime.gguf_file import GGUFFile
+from skippy.runtime.slices import file_digest, is_skeleton, slice_cache_dir
+
+SKELETON_BODY_LAYERS = 8  # a skeleton is timed on its first layers: a host is measured within its memory
 
 __all__ = ["calibrated_costs", "cost_cache_path", "machine_fingerprint", "measure_costs"]
 
@@ -130,10 +135,16 @@ def measure_costs(model: Path, cpus: str = "all") -> ComputeCosts:
     n = facts.n_layer
     if n < 3:
         raise ModelError(f"{model.name} has {n} layers; calibration needs at least 3")
-    body = _runtime_ms(model, 0, n - 1, final=False)
+    gguf = GGUFFile(model)
+    try:
+        skeleton = is_skeleton(gguf)
+    finally:
+        gguf.close()
+    body_end = min(n - 1, SKELETON_BODY_LAYERS) if skeleton else n - 1
+    body = _runtime_ms(model, 0, body_end, final=False)
     one = _runtime_ms(model, 0, 1, final=False)
     last = _runtime_ms(model, n - 1, n, final=True)
-    per_layer = [max(0.0, (a - b) / (n - 2)) for a, b in zip(body, one)]
+    per_layer = [max(0.0, (a - b) / (body_end - 1)) for a, b in zip(body, one)]
     mean_bytes = sum(facts.layer_bytes) / n
     layer_ms = tuple(tuple(p * facts.layer_bytes[i] / mean_bytes for p in per_layer) for i in range(n))
     return ComputeCosts(rows=ROWS, layer_ms=layer_ms, embed_ms=tuple(max(0.0, b - p) for b, p in zip(one, per_layer)),

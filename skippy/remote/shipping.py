@@ -19,7 +19,7 @@ from skippy.config.ssh_target import SshTarget
 from skippy.remote.ssh import run_remote
 from skippy.runtime.slices import ensure_slice, file_digest
 
-__all__ = ["SliceFile", "data_ranges", "send_slice", "stage_slice"]
+__all__ = ["SliceFile", "data_ranges", "send_slice", "slice_file", "stage_slice"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,14 @@ def data_ranges(path: Path) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
+def slice_file(path: Path) -> SliceFile:
+    """A file of this machine's slice cache, as it is sent (its name there, digest, size and data ranges)."""
+    return SliceFile(f"slices/{path.name}", path, file_digest(path), path.stat().st_size, data_ranges(path))
+
+
 def stage_slice(model: Path, layer_start: int, layer_end: int, n_layer: int) -> SliceFile:
     """The slice of `[layer_start, layer_end)` in this machine's slice cache (written on first use)."""
-    path = ensure_slice(model, layer_start, layer_end, final=layer_end == n_layer)
-    return SliceFile(f"slices/{path.name}", path, file_digest(path), path.stat().st_size, data_ranges(path))
+    return slice_file(ensure_slice(model, layer_start, layer_end, final=layer_end == n_layer))
 
 
 def send_slice(target: SshTarget, label: str, piece: SliceFile, remote_cache: str) -> float:

@@ -1,11 +1,12 @@
 """The system OpenSSH client, as skippy reaches a host: batch mode, strict host keys, one-line failures.
 
-`ssh_argv` is the command line for a remote command: `-T` (no terminal), `BatchMode=yes` (never a prompt:
-the user's agent or the named identity file, else a refusal), `StrictHostKeyChecking=yes` (a host key that
-is not in known_hosts is refused, never added), keepalives that end the session within ~6 s of the host
-going silent (every 2 s, 3 missed: a lost host's requests pause meanwhile), a 5 s connect timeout, and the target's port, identity file and known_hosts file. `run_remote` runs one remote command
-to its end and turns SSH's own failures (exit 255: unknown host key, login refused, no route) and a missing
-interpreter (127) into one line naming the host (`RemoteError`).
+`ssh_argv` is the command line for a remote command: `-T` (no terminal), `BatchMode=yes` (never a prompt: the user's
+agent or the named identity file, else a refusal), `StrictHostKeyChecking=yes` (a host key that is not in
+known_hosts is refused, never added), keepalives that end the session within ~6 s of the host going silent (every 2
+s, 3 missed: a lost host's requests pause meanwhile), a 5 s connect timeout, and the target's port, identity file
+and known_hosts file. `run_remote` runs one remote command to its end and turns SSH's own failures (exit 255:
+unknown host key, login refused, no route) and a missing interpreter (127) into one line naming the host
+(`RemoteError`).
 """
 
 from __future__ import annotations

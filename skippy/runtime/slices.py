@@ -19,7 +19,8 @@ The embedding and output tensors a stage never reads are written as zeros, left 
 later slice's token embedding (its input is a hidden state; kept where the final slice's output is the tied
 embedding or its NextN blocks embed the drafted token) and a non-final slice's output matrix (its graph stops before
 the head). On disk the file is sparse, and shipping sends only its data (skippy.remote.shipping); llama.cpp maps
-them and never touches those pages. `skippy.slice.zeroed` names them.
+them and never touches those pages. `skippy.slice.zeroed` names them. A model's *skeleton* (`write_skeleton`) has
+every tensor zeros: a host times the model on it (skippy.plan.calibrate) without being sent the weights.
 
 NextN (MTP) blocks (`{arch}.nextn_predict_layers`, counted in llama.cpp's block_count after the trunk) belong
 to no stage's trunk range: `ModelInfo.n_layer` is the trunk, and the final slice carries the NextN blocks
@@ -205,7 +206,8 @@ def write_slice(
     by_block: dict[int, list[tuple[str, TensorInfo]]] = {}
     plan: list[tuple[str, TensorInfo, memoryview | None]] = []  # (new name, info, bytes or None: zeros): non-block
     # tensors first, then owned blocks renumbered
-    zeroed = unused_tensors({t.name for t in gguf.tensors}, info, layer_start, final)
+    zeroed = ({t.name for t in gguf.tensors} if is_skeleton(gguf)
+              else unused_tensors({t.name for t in gguf.tensors}, info, layer_start, final))
     for t in gguf.tensors:
         m = _BLOCK.match(t.name)
         if m:
@@ -213,7 +215,8 @@ def write_slice(
         else:
             plan.append((t.name, t, None if t.name in zeroed else gguf.tensor_bytes(t)))
     for new_index, il in enumerate(layers):
-        plan.extend((f"blk.{new_index}.{suffix}", t, gguf.tensor_bytes(t)) for suffix, t in by_block.get(il, []))
+        plan.extend((f"blk.{new_index}.{suffix}", t, None if t.name in zeroed else gguf.tensor_bytes(t))
+                    for suffix, t in by_block.get(il, []))
     identity = [
         pack_entry("skippy.slice.layer_start", UINT32, layer_start),
         pack_entry("skippy.slice.layer_end", UINT32, layer_end),
@@ -234,6 +237,40 @@ def write_slice(
         gguf.close()
         Path(tmp_name).unlink(missing_ok=True)
     return dest
+
+
+SKELETON_KEY = "skippy.skeleton"
+
+
+def is_skeleton(gguf: GGUFFile) -> bool:
+    return bool(gguf.get(SKELETON_KEY))
+
+
+def write_skeleton(source: Path, dest: Path, digest: str | None = None) -> Path:
+    """The model's *skeleton*: all its metadata and tensors, every tensor zeros (a sparse file of the header's size
+    on disk). It computes as fast as the model (llama.cpp's CPU kernels do not look at values), so a host can time
+    the model without being sent it (skippy.remote.host_costs); its slices are skeletons too."""
+    gguf = GGUFFile(source)
+    entries = [gguf.raw_entry(key) for key in gguf.kv if key != SKELETON_KEY]
+    entries.append(pack_entry(SKELETON_KEY, STRING, digest or file_digest(source)))
+    plan: list[tuple[str, TensorInfo, memoryview | None]] = [(t.name, t, None) for t in gguf.tensors]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=dest.name, suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write_gguf(out, entries, plan, gguf.alignment)
+        os.replace(tmp_name, dest)
+    finally:
+        gguf.close()
+        Path(tmp_name).unlink(missing_ok=True)
+    return dest
+
+
+def ensure_skeleton(source: Path) -> Path:
+    """The cached skeleton of this model (written on first use)."""
+    digest = file_digest(source)
+    dest = slice_cache_dir() / f"{digest[:16]}-skeleton.gguf"
+    return dest if dest.is_file() else write_skeleton(source, dest, digest)
 
 
 def stderr_progress(label: str) -> Progress:

@@ -1,10 +1,11 @@
-"""`skippy plan --hosts` over SSH hosts: a host that has the model is priced by a cost table measured on it.
+"""`skippy plan --hosts` over SSH hosts: each host is priced by a cost table measured on it.
 
 Two namespace hosts reached only over SSH (sshd_helpers), each with a cache directory of its own. h1 names the model
 at a path it has (`ssh.model_path`: the namespaces share this machine's files); h2 names none. `skippy plan` checks
 h1, runs the calibration there, keeps the table in h1's cache and brings it back into this machine's cost cache; h2
-is priced by this machine's table, said in one line. A second plan measures nothing on h1 (its table is cached there,
-by the model's digest and the llama.cpp build). A `model_path` that is another model is refused in one line naming
+is sent the model's skeleton (its header: every tensor is a hole, so a few MB of a 98 MB model travel) and measured
+on it there. A second plan measures and sends nothing (the tables are cached there, by the digest of what was timed
+and the llama.cpp build). A `model_path` that is another model is refused in one line naming
 the host, and nothing is measured.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from netns_helpers import MakeHosts
 from sshd_helpers import SshHost, sshd_hosts
 
+from skippy.remote.shipping import data_ranges
 from skippy.runtime.models import resolve_model_path
 
 SHAPE = ["--model", "smollm2-135m", "--lane-count", "2", "--ctx-size", "256"]
@@ -49,16 +51,21 @@ def test_a_host_with_the_model_is_priced_by_a_table_measured_there(
         first = plan(hosts_file, skippy_cache_dir)
         assert first.returncode == 0, first.stderr
         assert "h1: cost table measured there" in first.stderr, first.stderr
-        assert "h2: priced with this machine's cost table" in first.stderr, first.stderr
-        measured = tables(hosts[0])
-        assert len(measured) == 1 and not tables(hosts[1]), (measured, tables(hosts[1]))
+        assert "h2: cost table measured there (on SmolLM2-135M-Instruct.Q4_1.gguf's skeleton" in first.stderr, first.stderr
+        measured, measured2 = tables(hosts[0]), tables(hosts[1])
+        assert len(measured) == 1 and len(measured2) == 1, (measured, measured2)
         assert [p.name for p in (skippy_cache_dir / "plan").glob("h1-*.json")] == [f"h1-{next(iter(measured))}"]
+        assert [p.name for p in (skippy_cache_dir / "plan").glob("h2-*.json")] == [f"h2-{next(iter(measured2))}"]
+        [skeleton] = (hosts[1].cache_dir / "slices").glob("*-skeleton.gguf")
+        assert skeleton.stat().st_size == model.stat().st_size
+        assert sum(end - start for start, end in data_ranges(skeleton)) < model.stat().st_size / 10  # holes
         assert "split into 2" in first.stdout, first.stdout
 
         again = plan(hosts_file, skippy_cache_dir)
         assert again.returncode == 0, again.stderr
-        assert "h1: cost table cached there" in again.stderr and "measured there" not in again.stderr, again.stderr
-        assert tables(hosts[0]) == measured
+        assert "h1: cost table cached there" in again.stderr and "h2: cost table cached there" in again.stderr
+        assert "measured there" not in again.stderr, again.stderr
+        assert tables(hosts[0]) == measured and tables(hosts[1]) == measured2
 
         other = resolve_model_path("gemma3-270m")
         refused = plan(write_hosts(tmp_path / "other.json", hosts, other), skippy_cache_dir)

@@ -27,6 +27,9 @@ from skippy.plan import calibrate
 from skippy.plan.calibrate import calibrated_costs, cost_cache_path
 from skippy.plan.costs import ROWS
 from skippy.plan.hosts import hosts_from_flags
+from skippy.remote.shipping import data_ranges
+from skippy.runtime.gguf_file import GGUFFile
+from skippy.runtime.slices import ensure_skeleton, ensure_slice, file_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai"))
 from up_helpers import launch_up  # noqa: E402  (tests/openai is not a package)
@@ -276,3 +279,33 @@ def test_up_refuses_a_split_outside_the_model_naming_it(model: Path, skippy_cach
     assert f"--split must be rising layer numbers between 1 and 5 separated by commas (the model has 6 layers), or" \
            f" none for one stage; got '{split}'" in done.stderr
     assert not list((tmp_path / "run").glob("*.log")), "nothing may start"
+
+
+def test_a_skeleton_is_timed_like_its_model_without_its_weights(model: Path, skippy_cache_dir: Path) -> None:
+    """What an SSH host without the model is sent to calibrate on: the model's metadata and tensor layout, every
+    tensor zeros (holes: only the header is data), and its slices skeletons too; llama.cpp runs it end to end."""
+    skeleton = ensure_skeleton(model)
+    assert ensure_skeleton(model) == skeleton and skeleton.stat().st_size == model.stat().st_size
+    source, copy = GGUFFile(model), GGUFFile(skeleton)
+    try:
+        assert [(t.name, t.dims, t.ggml_type) for t in copy.tensors] == [(t.name, t.dims, t.ggml_type) for t in source.tensors]
+        assert all(not any(copy.tensor_bytes(t)) for t in copy.tensors)
+        assert {k: copy.raw_entry(k) for k in source.kv} == {k: source.raw_entry(k) for k in source.kv}
+        assert copy.get("skippy.skeleton") == file_digest(model)
+        data_start = copy.data_start
+    finally:
+        source.close()
+        copy.close()
+    ranges = data_ranges(skeleton)
+    if ranges and ranges[-1][1] > data_start + 4096:
+        pytest.skip(f"{skeleton.parent}'s filesystem reports no holes (SEEK_HOLE)")
+    piece = ensure_slice(skeleton, 0, 3, final=False)
+    sliced = GGUFFile(piece)
+    try:
+        assert sliced.get("skippy.skeleton") == file_digest(model) and all(not any(sliced.tensor_bytes(t))
+                                                                            for t in sliced.tensors)
+    finally:
+        sliced.close()
+    costs = calibrated_costs(skeleton, str(CPUS[0]))
+    assert costs.n_layer == 6 and all(math.isfinite(ms) and ms >= 0 for ms in (*chain(*costs.layer_ms), *costs.head_ms))
+    assert all(costs.stage_ms(0, 6, rows) > 0 for rows in ROWS)

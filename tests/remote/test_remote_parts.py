@@ -24,8 +24,8 @@ from skippy.config import ConfigError
 from skippy.launcher import StageProcesses, write_local_topology
 from skippy.plan.hosts import load_hosts
 from skippy.remote.relay import header
-from skippy.remote.ssh import SSH_FAILED, failure, ssh_argv
 from skippy.remote.shipping import data_ranges
+from skippy.remote.ssh import SSH_FAILED, failure, ssh_argv
 from skippy.runtime.gguf_file import GGUFFile
 from skippy.runtime.slices import read_model_info, write_slice
 from skippy.transport.curve_keys import add_link_keys
