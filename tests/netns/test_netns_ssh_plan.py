@@ -57,7 +57,7 @@ def test_a_host_with_the_model_is_priced_by_a_table_measured_there(
         assert [p.name for p in (skippy_cache_dir / "plan").glob("h1-*.json")] == [f"h1-{next(iter(measured))}"]
         assert [p.name for p in (skippy_cache_dir / "plan").glob("h2-*.json")] == [f"h2-{next(iter(measured2))}"]
         [skeleton] = (hosts[1].cache_dir / "slices").glob("*-skeleton.gguf")
-        assert skeleton.stat().st_size == model.stat().st_size
+        assert 0 <= skeleton.stat().st_size - model.stat().st_size <= 4096  # the model, one metadata key more
         assert sum(end - start for start, end in data_ranges(skeleton)) < model.stat().st_size / 10  # holes
         assert "split into 2" in first.stdout, first.stdout
 

@@ -285,7 +285,7 @@ def test_a_skeleton_is_timed_like_its_model_without_its_weights(model: Path, ski
     """What an SSH host without the model is sent to calibrate on: the model's metadata and tensor layout, every
     tensor zeros (holes: only the header is data), and its slices skeletons too; llama.cpp runs it end to end."""
     skeleton = ensure_skeleton(model)
-    assert ensure_skeleton(model) == skeleton and skeleton.stat().st_size == model.stat().st_size
+    assert ensure_skeleton(model) == skeleton and 0 <= skeleton.stat().st_size - model.stat().st_size <= 4096
     source, copy = GGUFFile(model), GGUFFile(skeleton)
     try:
         assert [(t.name, t.dims, t.ggml_type) for t in copy.tensors] == [(t.name, t.dims, t.ggml_type) for t in source.tensors]
