@@ -135,9 +135,13 @@ def slice_cache_dir() -> Path:
     return path
 
 
-def slice_path(digest: str, layer_start: int, layer_end: int, final: bool) -> Path:
+SKELETON_SUFFIX = ".skeleton.gguf"  # a skeleton and its slices (a calibration's) are named so, beside the slices
+
+
+def slice_path(digest: str, layer_start: int, layer_end: int, final: bool, skeleton: bool = False) -> Path:
     tail = "final" if final else "stop"
-    return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}.lean.gguf"
+    suffix = SKELETON_SUFFIX if skeleton else ".lean.gguf"
+    return slice_cache_dir() / f"{digest[:16]}-{layer_start}-{layer_end}-{tail}{suffix}"
 
 
 def _slice_metadata(gguf: GGUFFile, info: ModelInfo, layers: list[int], extra: list[bytes]) -> list[bytes]:
@@ -269,7 +273,7 @@ def write_skeleton(source: Path, dest: Path, digest: str | None = None) -> Path:
 def ensure_skeleton(source: Path) -> Path:
     """The cached skeleton of this model (written on first use)."""
     digest = file_digest(source)
-    dest = slice_cache_dir() / f"{digest[:16]}-skeleton.gguf"
+    dest = slice_cache_dir() / f"{digest[:16]}{SKELETON_SUFFIX}"
     return dest if dest.is_file() else write_skeleton(source, dest, digest)
 
 
@@ -293,7 +297,7 @@ def ensure_slice(
 ) -> Path:
     """The cached slice for this model digest and range, written on first use."""
     digest = file_digest(source)
-    dest = slice_path(digest, layer_start, layer_end, final)
+    dest = slice_path(digest, layer_start, layer_end, final, skeleton=source.name.endswith(SKELETON_SUFFIX))
     if not dest.is_file():
         write_slice(source, dest, layer_start, layer_end, final=final, digest=digest, progress=progress)
     return dest

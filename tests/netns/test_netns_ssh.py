@@ -70,7 +70,7 @@ def test_up_over_ssh_ships_each_host_its_slice_and_serves_the_unsplit_text(
             plan = json.loads((server.run_dir / "topology" / "plan.json").read_text())
             assert [s["host"] for s in plan["stages"]] == ["h1", "h2"], plan["stages"]
             for host, stage in zip(hosts, plan["stages"]):
-                slices = list((host.cache_dir / "slices").glob("*.gguf"))
+                slices = list((host.cache_dir / "slices").glob("*.lean.gguf"))  # beside it: the model's skeleton
                 assert len(slices) == 1 and slices[0].stat().st_size < model.stat().st_size, slices
                 assert f"-{stage['layer_start']}-{stage['layer_end']}-" in slices[0].name, slices[0].name
                 [(pid, _)] = stage_processes(host)
