@@ -13,6 +13,8 @@ reach every host. Link conditions apply to what each host sends to the others:
   printed) under the wire;
 - memory (``--mem-mb``): a memory cgroup per host (`cgroups.py`), which the stages started there join.
 
+`sshd.py` runs Debian's OpenSSH server in each host, with keys made for the occasion, and cuts a host off as a
+machine that goes away (the SSH tests and `skippy bench hosts`).
 `hosts.py` creates and removes them and changes conditions live (`commands.py` runs ip / tc and probes
 what the machine can do); `owner.py` finds the namespace that owns
 an address, which is how `skippy up --topology T` starts each stage inside its host
