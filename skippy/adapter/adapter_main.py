@@ -45,7 +45,7 @@ from skippy.runtime.tokenizer import Tokenizer
 from skippy.supervise import ignore_signals, stop_on_signals
 from skippy.telemetry.options import resolve_telemetry
 from skippy.telemetry.process import start_telemetry
-from skippy.telemetry.restart_counts import RestartsCollector, pipeline_gone
+from skippy.telemetry.restart_counts import RestartsCollector, pipeline_gone, read_hosts_state
 from skippy.transport.curve_guard import LinkKeys, secure
 from skippy.transport.curve_keys import load_key_pair
 
@@ -105,6 +105,7 @@ async def serve(args: argparse.Namespace) -> int:
     if args.restarts_file is not None:
         adapter.metrics.registry.register(RestartsCollector(args.restarts_file))
         adapter.resuming.gone = lambda: pipeline_gone(args.restarts_file)
+        adapter.dashboard.hosts = lambda: read_hosts_state(args.restarts_file)
     server = HttpServer(adapter.router(), host, port, limits=args.http_limits, observer=adapter.metrics)
     await server.start()
     dashboard = adapter.dashboard

@@ -8,8 +8,10 @@ micro-batches in flight and queue depths as read. `/dashboard/data` scrapes ever
 in the run's metrics-targets.json (skippy.telemetry.targets), with the API key as a Bearer token
 when there is one (every process of a run guards its /metrics with the same key), and adds the
 adapter's own numbers; reading and summarising the samples is skippy.telemetry.scrape's (shared
-with the benchmarks). Its routes (`routes`) are added by the adapter's router, behind the same key,
-CORS and counting as every other route (skippy.adapter.routes, skippy.http.auth).
+with the benchmarks). With SSH hosts the data also carries `hosts` (`Dashboard.hosts`, the run's record of them:
+each host's state, stages and why it was dropped, and the re-plans), which the page shows as a table. Its routes
+(`routes`) are added by the adapter's router, behind the same key, CORS and counting as every other route
+(skippy.adapter.routes, skippy.http.auth).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from skippy.http.routing import Handler, Request, Response
 from skippy.telemetry.scrape import Sample, parse, scrape, summarise
@@ -47,6 +50,7 @@ class Dashboard:
         self.own_url = own_url
         self.api_key = api_key
         self.files = {path: (_static(name), kind) for path, (name, kind) in _STATIC.items()}
+        self.hosts: Callable[[], dict[str, Any]] = dict  # the run's hosts record ({}: no SSH hosts)
 
     def routes(self) -> Sequence[tuple[str, str, Handler]]:
         """(method, path, handler) of the page, its files and its data."""
@@ -64,5 +68,5 @@ class Dashboard:
         return [own, *((name, url, samples) for (name, url), samples in zip(others, got))]
 
     async def data(self, _request: Request) -> Response:
-        body = json.dumps(summarise(await self.collect())).encode()
+        body = json.dumps({**summarise(await self.collect()), "hosts": self.hosts()}).encode()
         return Response(200, body, [("cache-control", "no-store")])

@@ -9,7 +9,8 @@ lanes x 256 needs ~222 MiB whole; each host's budget is 160 MiB, so one host can
   then reaches the new plan's stage 0 on another host). Its stage's SSH session
   ends (keepalives), the restart finds the host unreachable, the host is dropped, the model re-planned over the two
   left (new layer ranges, their slices sent) and every stream ends with the text of the same requests served
-  undisturbed before the cut. The re-plan is counted on /metrics and restarts.json names the dropped host.
+  undisturbed before the cut. The re-plan is counted on /metrics, restarts.json names the dropped host, and the
+  dashboard shows it (its data, and its page in a headless Chromium where there is one).
 - Two hosts: the host of stage 1 is cut off and the one left cannot hold the model: every stream in flight ends with
   one error naming the lost host, and `skippy up` stops (exit 1) leaving nothing on either host.
 """
@@ -26,6 +27,8 @@ import openai
 import pytest
 from netns_helpers import MakeHosts
 from sshd_helpers import SshHost, cut_off, sshd_hosts, stage_processes, wait_empty
+
+from skippy.testing.browser import chromium_missing, headless_chromium, text_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "openai"))
 from up_helpers import SkippyServer, launch_up  # noqa: E402  (tests/openai is not a package)
@@ -104,6 +107,20 @@ def wait_gone(hosts: list[SshHost]) -> None:
         assert wait_empty(host) == [], host.namespace
 
 
+def dashboard_shows_hosts(server: SkippyServer, lost_name: str) -> None:
+    """The live page's hosts table, in a real headless Chromium where there is one: the lost host dropped."""
+    if chromium_missing() is not None:
+        return
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with headless_chromium() as browser:
+        browser.get(f"{server.base_url.removesuffix('/v1')}/dashboard?interval=200")
+        WebDriverWait(browser, 90, poll_frequency=0.1).until(lambda d: text_of(d, "replans") == "1")
+        row = text_of(browser, f"host-{lost_name}")
+        assert "dropped" in row and "cannot reach it over SSH" in row, row
+        assert text_of(browser, "hosts").count("serving") == 2
+
+
 def fresh(path: Path) -> Path:
     path.mkdir()
     return path
@@ -139,6 +156,8 @@ def test_a_host_cut_off_is_dropped_and_the_model_replanned_over_the_two_left(
             dropped = [h for h in state["hosts"] if h["state"] == "dropped"]
             assert [h["name"] for h in dropped] == [lost_name] and "cannot reach it over SSH" in dropped[0]["reason"]
             assert state["replans"] == 1 and state["failed"] is None
+            assert server.request("GET", "/dashboard/data").json()["hosts"] == state  # what the page shows
+            dashboard_shows_hosts(server, lost_name)
             for stage in after:  # each stage on a host left maps its new range's slice, sent there
                 host = next(h for i, h in enumerate(hosts) if f"h{i + 1}" == stage["host"])
                 [(pid, _)] = stage_processes(host)

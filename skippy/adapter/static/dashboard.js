@@ -111,6 +111,24 @@ function renderProcesses(data) {
     `<tr><td>${p.process}</td><td>${p.url}</td><td class="${p.up ? "" : "down"}">${p.up ? "up" : "not answering"}</td></tr>`).join("");
 }
 
+function text(value) {
+  const span = document.createElement("span");
+  span.textContent = value === null || value === undefined ? "" : String(value);
+  return span.innerHTML;
+}
+
+// SSH hosts (the run's record): state, stages, why a host was dropped; hidden without hosts
+function renderHosts(record) {
+  const hosts = (record && record.hosts) || [];
+  $("hosts-section").hidden = hosts.length === 0;
+  $("replans").textContent = record && record.replans ? record.replans : 0;
+  $("hosts-failed").textContent = record && record.failed ? record.failed : "";
+  $("hosts").querySelector("tbody").innerHTML = hosts.map((h) =>
+    `<tr id="host-${text(h.name)}"><td>${text(h.name)}</td><td>${text(h.address)}</td>`
+    + `<td class="${h.state === "dropped" ? "down" : ""}">${text(h.state)}</td>`
+    + `<td>${text((h.stages || []).join(", "))}</td><td>${text(h.reason)}</td></tr>`).join("");
+}
+
 function renderWire(wire) {
   // the format stage 0 certified at startup: the one used, what was asked, each tried format's argmax agreement
   if (!wire) return;
@@ -166,6 +184,7 @@ function render(data) {
   legend($("legend-depth"), depth);
   renderStages(data, dt);
   renderProcesses(data);
+  renderHosts(data.hosts);
   previous = data;
 }
 
