@@ -2,7 +2,7 @@
 RPC split of the same model over the same hosts, in one run (root; Debian's openssh-server).
 
     skippy bench hosts [--model qwen2.5-coder-1.5b] [--hosts 2,3] [--mem-mb 1100,900] [--delay-ms 20]
-                       [--lanes 8] [--ctx-size 3328] [--levels 1,8] [--prompt-tokens 3072] [--peers llama-rpc|none]
+                       [--lanes 8] [--ctx-size 3328] [--levels 1,8] [--prompt-tokens 3072] [--loss-timeout-s 300]
 
 For each host count: a host set (`skippy.netns`, a memory cgroup of `--mem-mb` each, `--delay-ms` one way between
 hosts; the client and `skippy up` sit in the root namespace, which reaches each host without delay) with an sshd in
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import shlex
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,11 @@ from skippy.netns import HostSet, LinkConditions, down, unavailable_reason, up
 from skippy.netns.commands import received_bytes
 from skippy.netns.sshd import SshHost, cut_off, sshd_hosts, sshd_missing
 from skippy.runtime.models import resolve_model_path
+from skippy.telemetry.scrape import scrape
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 LOSS_STREAMS = 8
+RPC_THREADS = len(os.sched_getaffinity(0))  # what each skippy stage takes on a host: every CPU it has
 MAX_TOKENS = 64
 _SENT = re.compile(r"(sent stage\d+'s slice .*|nothing sent to .*|.* already has .*)")
 
@@ -57,13 +58,9 @@ def _received(hosts: HostSet) -> list[int]:
     return [received_bytes(namespace) for namespace, _ in hosts.hosts]
 
 
-def _metric(server: Server, name: str) -> float:
-    try:
-        with urllib.request.urlopen(f"http://{server.host}:{server.port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
+def _replanned(server: Server) -> bool:
+    samples = scrape(f"http://{server.host}:{server.port}/metrics", 5.0) or []
+    return any(sample.name == "skippy_replans_total" and sample.value >= 1 for sample in samples)
 
 
 def _host_set(n: int, args: argparse.Namespace, mem_mb: float) -> HostSet:
@@ -73,11 +70,11 @@ def _host_set(n: int, args: argparse.Namespace, mem_mb: float) -> HostSet:
 
 
 def _skippy_runs(args: argparse.Namespace, model: Path, hosts: HostSet, ssh: list[SshHost], mem_mb: float,
-                 root: Path) -> tuple[dict[str, Any], list[tuple[int, int]], str]:
+                 root: Path) -> tuple[dict[str, Any], list[tuple[int, int]], int, str]:
     hosts_file = root / "hosts.json"
     hosts_file.write_text(json.dumps({"hosts": [{**h.entry(f"h{i + 1}"), "mem_mb": mem_mb} for i, h in enumerate(ssh)]}))
     flags = ["--model", str(model), "--lane-count", str(args.lanes), "--ctx-size", str(args.ctx_size),
-             "--no-prefix-cache", "--hosts", str(hosts_file), *shlex.split(args.skippy_flags)]
+             "--no-prefix-cache", "--hosts", str(hosts_file)]
     row: dict[str, Any] = {"system": "skippy"}
     before, start = _received(hosts), time.monotonic()
     _say(f"{len(ssh)} hosts: skippy up, host caches empty")
@@ -90,6 +87,8 @@ def _skippy_runs(args: argparse.Namespace, model: Path, hosts: HostSet, ssh: lis
         plan = json.loads((root / "cold" / "run" / "topology" / "plan.json").read_text())["stages"]
         ranges = [(int(s["layer_start"]), int(s["layer_end"])) for s in plan]
         row["split"] = [f"{s['host']}:{s['layer_start']}-{s['layer_end']}" for s in plan]
+        pool = re.search(r"KV pool (\d+) cells", stderr)
+        kv_cells = int(pool.group(1)) if pool else args.lanes * args.ctx_size
         prompt, row["prompt_tokens"] = hosts_measure.long_prompt(server, args.prompt_tokens)
         row["tok_s"] = hosts_measure.rates(server, args.levels, MAX_TOKENS)
         row["ttft_s"] = round(hosts_measure.ttft_s(server, prompt), 2)
@@ -100,16 +99,15 @@ def _skippy_runs(args: argparse.Namespace, model: Path, hosts: HostSet, ssh: lis
     server = start_skippy_up(flags, root / "warm" / "run", "warm")
     try:
         row["ready_warm_s"] = round(time.monotonic() - start, 1)
-        if not args.no_host_loss:
-            lost = str(plan[-1]["host"])
-            namespace = ssh[int(lost.removeprefix("h")) - 1].namespace
-            row["host_loss"] = {"host": lost, **hosts_measure.host_loss(
-                server, lambda: cut_off(hosts, namespace), min(LOSS_STREAMS, args.lanes), MAX_TOKENS,
-                lambda: _metric(server, "skippy_replans_total") >= 1, args.loss_timeout_s)}
-            _say(f"skippy host loss: {row['host_loss']}")
+        lost = str(plan[-1]["host"])
+        namespace = ssh[int(lost.removeprefix("h")) - 1].namespace
+        row["host_loss"] = {"host": lost, **hosts_measure.host_loss(
+            server, lambda: cut_off(hosts, namespace), min(LOSS_STREAMS, args.lanes), MAX_TOKENS,
+            lambda: _replanned(server), args.loss_timeout_s)}
+        _say(f"skippy host loss: {row['host_loss']}")
     finally:
         stop(server)
-    return row, ranges, prompt
+    return row, ranges, kv_cells, prompt
 
 
 def _rpc_run(args: argparse.Namespace, model: Path, hosts: HostSet, ranges: list[tuple[int, int]], kv_cells: int,
@@ -118,7 +116,7 @@ def _rpc_run(args: argparse.Namespace, model: Path, hosts: HostSet, ranges: list
     before, start = _received(hosts), time.monotonic()
     _say(f"{len(ranges)} hosts: llama-server --rpc")
     split = start_rpc_split(hosts, (ensure_llama_server_binary(), ensure_rpc_server_binary()), model, ranges,
-                            args.threads, args.lanes, kv_cells, root)
+                            RPC_THREADS, args.lanes, kv_cells, root)
     try:
         row["ready_cold_s"] = round(time.monotonic() - start, 1)
         row["received_mb"] = [round((b - a) / 1e6, 1) for a, b in zip(before, _received(hosts))]
@@ -126,7 +124,7 @@ def _rpc_run(args: argparse.Namespace, model: Path, hosts: HostSet, ranges: list
         row["tok_s"] = hosts_measure.rates(split.server, args.levels, MAX_TOKENS)
         row["ttft_s"] = round(hosts_measure.ttft_s(split.server, prompt), 2)
         _say(f"llama.cpp RPC: {row}")
-        if not args.no_host_loss and len(ranges) > 1:
+        if len(ranges) > 1:
             row["host_loss"] = {"host": f"h{len(ranges)}", **hosts_measure.host_loss(
                 split.server, lambda: cut_off(hosts, hosts.namespace(len(ranges))), min(LOSS_STREAMS, args.lanes),
                 MAX_TOKENS, timeout_s=args.loss_timeout_s)}
@@ -142,19 +140,15 @@ def _one_count(args: argparse.Namespace, model: Path, n: int, mem_mb: float) -> 
     hosts = _host_set(n, args, mem_mb)
     try:
         with sshd_hosts(hosts, root / "ssh") as ssh:
-            row, ranges, prompt = _skippy_runs(args, model, hosts, ssh, mem_mb, root)
+            row, ranges, kv_cells, prompt = _skippy_runs(args, model, hosts, ssh, mem_mb, root)
     finally:
         down(hosts.prefix)
     rows = [{"hosts": n, "mem_mb": mem_mb, **row}]
-    if args.peers == "llama-rpc":
-        stderr = (root / "cold" / "cold-up.stderr").read_text()
-        pool = re.search(r"KV pool (\d+) cells", stderr)
-        hosts = _host_set(n, args, mem_mb)
-        try:
-            rows.append({"hosts": n, "mem_mb": mem_mb, **_rpc_run(
-                args, model, hosts, ranges, int(pool.group(1)) if pool else args.lanes * args.ctx_size, prompt, root)})
-        finally:
-            down(hosts.prefix)
+    hosts = _host_set(n, args, mem_mb)
+    try:
+        rows.append({"hosts": n, "mem_mb": mem_mb, **_rpc_run(args, model, hosts, ranges, kv_cells, prompt, root)})
+    finally:
+        down(hosts.prefix)
     return rows
 
 
@@ -198,13 +192,12 @@ def run_hosts_bench(args: argparse.Namespace) -> int:
         return 2
     args.levels = [int(x) for x in args.levels.split(",")]
     model = resolve_model_path(args.model)
-    if args.peers == "llama-rpc":
-        ensure_rpc_server_binary()  # built once (minutes) before any host is made
+    ensure_rpc_server_binary()  # built once (minutes) before any host is made
     rows: list[dict[str, Any]] = []
     for n, mem in zip(counts, mems):
         rows += _one_count(args, model, n, mem)
     print(f"{model.name}: namespace hosts reached over SSH on this machine, {args.delay_ms:g} ms one way between hosts;"
-          f" {args.lanes} lanes x {args.ctx_size} context, no prefix cache; {args.threads} threads per host")
+          f" {args.lanes} lanes x {args.ctx_size} context, no prefix cache; {RPC_THREADS} threads per host")
     print(report(rows, args.levels))
     if args.json != "-":
         Path(args.json).write_text(json.dumps({"model": model.name, "delay_ms": args.delay_ms, "rows": rows}, indent=1))
@@ -220,17 +213,11 @@ def add_to(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--delay-ms", type=float, default=20.0, help="one-way delay between hosts (default 20)")
     p.add_argument("--lanes", type=int, default=8, help="skippy --lane-count, llama-server --parallel (default 8)")
     p.add_argument("--ctx-size", type=int, default=3328, help="context per request (default 3328)")
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads per host for the RPC split (skippy's"
-                                                          " stages take every CPU of their host; default 2)")
     p.add_argument("--levels", default="1,8", help="concurrency levels for tok/s (default 1,8)")
     p.add_argument("--prompt-tokens", type=int, default=3072, help="the long prompt's length for TTFT (default 3072)")
-    p.add_argument("--peers", choices=("llama-rpc", "none"), default="llama-rpc", help="compare with llama.cpp's RPC"
-                                                                                      " split (default) or nothing")
-    p.add_argument("--no-host-loss", action="store_true", help="skip cutting a host off mid-stream")
     p.add_argument("--loss-timeout-s", type=float, default=hosts_measure.LOSS_TIMEOUT_S,
                    help="after a host is cut, how long streams may go without a byte before they count as hung")
     p.add_argument("--prefix", default="skbh", help="host sets' name prefix (+ the host count; default skbh)")
     p.add_argument("--subnet", default="10.78", help="host sets' subnets: SUBNET.N.0/24 for N hosts (default 10.78)")
-    p.add_argument("--skippy-flags", default="", help="more flags for every skippy up")
     p.add_argument("--json", default=str(DOCS / "bench-hosts.json"), help="where the JSON goes ('-': nowhere)")
     p.set_defaults(run=run_hosts_bench)

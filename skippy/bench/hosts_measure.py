@@ -6,6 +6,7 @@ resume, and whether they finish or fail (and with what)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import itertools
 import json
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippy.bench.http_load import Server, bodies, run_level
+from skippy.bench.http_load import Server, bodies, run_level, stream_once
 
 __all__ = ["StreamRecord", "host_loss", "long_prompt", "post_json", "rates", "ttft_s"]
 
@@ -92,14 +93,13 @@ async def _stream(server: Server, body: dict[str, Any], record: StreamRecord) ->
 
 
 def ttft_s(server: Server, prompt: str) -> float:
-    """Seconds from sending `prompt` (1 token asked) to its first token."""
-    record = StreamRecord()
-    start = time.monotonic()
-    asyncio.run(_stream(server, {"prompt": f"Note {next(_SEQ)}. {prompt}", "max_tokens": 1, "temperature": 0},
-                        record))
-    if not record.times:
-        raise SystemExit(f"bench: {server.name} gave no token for the long prompt: {record.error}")
-    return record.times[0] - start
+    """Seconds from connecting to send `prompt` (1 token asked) to its first token."""
+    body = json.dumps({"prompt": f"Note {next(_SEQ)}. {prompt}", "max_tokens": 1, "temperature": 0, "stream": True,
+                       **({"model": server.model} if server.model else {})}).encode()
+    sample = asyncio.run(stream_once(server.host, server.port, body))
+    if not sample.tokens:
+        raise SystemExit(f"bench: {server.name} gave no token for the long prompt (HTTP {sample.status})")
+    return sample.ttft
 
 
 def rates(server: Server, levels: list[int], max_tokens: int) -> dict[int, float]:
@@ -123,12 +123,15 @@ def host_loss(server: Server, cut: Callable[[], None], streams: int, max_tokens:
     each has a token, `cut()` takes a host away. Per stream: the pause (its longest wait for a token after the cut,
     the cut included), and whether it finished or failed; `replanned` (polled) says when a re-plan was counted."""
     records = [StreamRecord() for _ in range(streams)]
-    loop = asyncio.new_event_loop()
-    bodies_ = [{"prompt": f"Note {next(_SEQ)}. Write a long story about the sea.", "max_tokens": max_tokens,
-                "temperature": 0, "ignore_eos": True} for _ in records]
-    tasks = [loop.create_task(_stream(server, body, record)) for body, record in zip(bodies_, records)]
-    runner = threading.Thread(target=loop.run_until_complete,
-                              args=(asyncio.wait_for(asyncio.gather(*tasks), timeout_s),), daemon=True)
+
+    async def run_all() -> None:  # streams still open at the timeout are cancelled: they count as hung
+        body = {"prompt": "Write a long story about the sea.", "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        jobs = [_stream(server, {**body, "prompt": f"Note {next(_SEQ)}. {body['prompt']}"}, r) for r in records]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*jobs), timeout_s)
+
+    runner = threading.Thread(target=asyncio.run, args=(run_all(),), daemon=True)
     runner.start()
     deadline = time.monotonic() + timeout_s
     while not all(r.times or r.error for r in records) and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from skippy.bench.http_load import Server
@@ -37,7 +37,7 @@ READY_TIMEOUT_S = 900.0  # the first host sends every offloaded layer over the e
 @dataclass
 class RpcSplit:
     server: Server
-    rpc_servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    rpc_servers: list[subprocess.Popen[bytes]]
 
 
 def rpc_layer_flags(ranges: Sequence[tuple[int, int]]) -> list[str]:
@@ -76,12 +76,13 @@ def start_rpc_split(hosts: HostSet, binaries: tuple[Path, Path], model: Path, ra
     """An RPC server on hosts 2..len(ranges), then llama-server on host 1 split over them; returns once it is
     healthy (SystemExit naming the log when a process exits or the deadline passes)."""
     llama_server, rpc_server = binaries
-    split = RpcSplit(Server("llama.cpp RPC", subprocess.Popen(["true"]), hosts.address(1), HTTP_PORT, None))
+    rpc_servers: list[subprocess.Popen[bytes]] = []
+    server: subprocess.Popen[bytes] | None = None
     try:
         for k in range(2, len(ranges) + 1):
             log = log_dir / f"rpc-server-h{k}.log"
-            split.rpc_servers.append(proc := _in_host(hosts, k, [str(rpc_server), "-H", hosts.address(k), "-p",
-                                                                 str(RPC_PORT), "-t", str(threads)], log))
+            rpc_servers.append(proc := _in_host(hosts, k, [str(rpc_server), "-H", hosts.address(k), "-p",
+                                                           str(RPC_PORT), "-t", str(threads)], log))
             deadline = time.monotonic() + 60
             while not _listening(hosts, k, RPC_PORT):
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -89,24 +90,27 @@ def start_rpc_split(hosts: HostSet, binaries: tuple[Path, Path], model: Path, ra
                 time.sleep(0.2)  # poll interval of a bounded wait
         rpc = ",".join(f"{hosts.address(k)}:{RPC_PORT}" for k in range(2, len(ranges) + 1))
         log = log_dir / "llama-server-rpc.log"
-        split.server.proc = _in_host(hosts, 1, [
+        server = _in_host(hosts, 1, [
             str(llama_server), "-m", str(model), "--host", hosts.address(1), "--port", str(HTTP_PORT),
             *(["--rpc", rpc] if rpc else []), *rpc_layer_flags(ranges), "--parallel", str(slots), "--kv-unified",
             "-c", str(kv_cells), "--cache-ram", "0", "-t", str(threads), "-tb", str(threads)], log)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not _healthy(hosts.address(1), HTTP_PORT):
-            if split.server.proc.poll() is not None or time.monotonic() > deadline:
+            if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"bench: llama-server with --rpc did not get ready (see {log})")
             time.sleep(0.5)  # poll interval of a bounded wait
     except BaseException:
-        stop_rpc_split(split)
+        _stop([*([server] if server is not None else []), *rpc_servers])
         raise
-    return split
+    return RpcSplit(Server("llama.cpp RPC", server, hosts.address(1), HTTP_PORT, None), rpc_servers)
 
 
 def stop_rpc_split(split: RpcSplit) -> None:
-    """SIGTERM every process of the split, then SIGKILL what is left after 30 s."""
-    procs = [split.server.proc, *split.rpc_servers]
+    _stop([split.server.proc, *split.rpc_servers])
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process (group), then SIGKILL what is left after 30 s."""
     for proc in procs:
         if proc.poll() is None:
             _signal_group(proc, signal.SIGTERM)

@@ -130,32 +130,28 @@ def _zeros(digest: Any, length: int) -> None:
 
 
 def receive(path: Path, sha256: str, size: int, data: list[tuple[int, int]] | None = None) -> int:
+    ranges = data if data is not None else [(0, size)]  # without --data, stdin carries the whole file
+    ends = [0, *(x for r in ranges for x in r), size]
+    if any(a > b for a, b in zip(ends, ends[1:])):
+        print(f"{path.name}: data ranges {ranges} are not in order within {size} bytes; not kept", file=sys.stderr)
+        return 1
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    digest, got, short = hashlib.sha256(), 0, False
+    digest, got, expected = hashlib.sha256(), 0, sum(end - start for start, end in ranges)
     try:
         with partial.open("wb") as out:
-            for start, end in data if data is not None else [(0, size)]:
-                if start > out.tell():
-                    _zeros(digest, start - out.tell())
-                    out.seek(start)
-                left = end - start if data is not None else None
-                while left is None or left > 0:
-                    chunk = sys.stdin.buffer.read(1 << 20 if left is None else min(left, 1 << 20))
-                    if not chunk:
-                        short = left is not None
-                        break
+            for start, end in ranges:
+                _zeros(digest, start - out.tell())  # a hole: left unwritten
+                out.seek(start)
+                while out.tell() < end and (chunk := sys.stdin.buffer.read(min(end - out.tell(), 1 << 20))):
                     digest.update(chunk)
                     out.write(chunk)
                     got += len(chunk)
-                    left = None if left is None else left - len(chunk)
-            if data is not None and not short and size > out.tell():
-                _zeros(digest, size - out.tell())
-            out.truncate(size if data is not None else out.tell())
-        total = size if data is not None and not short else got
-        if total != size or digest.hexdigest() != sha256 or sys.stdin.buffer.read(1):
-            print(f"{path.name}: received {got} bytes with sha256 {digest.hexdigest()[:16]}, expected {size} bytes"
-                  f" with {sha256[:16]}; not kept", file=sys.stderr)
+            _zeros(digest, size - out.tell())
+            out.truncate(size)
+        if got != expected or sys.stdin.buffer.read(1) or digest.hexdigest() != sha256:
+            print(f"{path.name}: received {got} bytes of data with sha256 {digest.hexdigest()[:16]}, expected"
+                  f" {expected} of a {size}-byte file with {sha256[:16]}; not kept", file=sys.stderr)
             return 1
         partial.replace(path)
     finally:

@@ -229,18 +229,25 @@ def write_slice(
         pack_entry("skippy.slice.source_n_layer", UINT32, info.n_layer),
         pack_entry("skippy.slice.zeroed", STRING, ",".join(sorted(zeroed))),
     ]
-    entries = _slice_metadata(gguf, info, layers, identity)
+    try:
+        _write_atomically(dest, _slice_metadata(gguf, info, layers, identity), plan, gguf.alignment, progress)
+    finally:
+        del plan  # its views into the source's map, before the map closes
+        gguf.close()
+    return dest
+
+
+def _write_atomically(dest: Path, entries: list[bytes], plan: list[tuple[str, TensorInfo, memoryview | None]],
+                      alignment: int, progress: Progress | None = None) -> None:
+    """write_gguf into a temporary file beside `dest`, then renamed over it."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=dest.name, suffix=".tmp", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            write_gguf(out, entries, plan, gguf.alignment, progress)
+            write_gguf(out, entries, plan, alignment, progress)
         os.replace(tmp_name, dest)
     finally:
-        del plan
-        gguf.close()
         Path(tmp_name).unlink(missing_ok=True)
-    return dest
 
 
 SKELETON_KEY = "skippy.skeleton"
@@ -257,16 +264,10 @@ def write_skeleton(source: Path, dest: Path, digest: str | None = None) -> Path:
     gguf = GGUFFile(source)
     entries = [gguf.raw_entry(key) for key in gguf.kv if key != SKELETON_KEY]
     entries.append(pack_entry(SKELETON_KEY, STRING, digest or file_digest(source)))
-    plan: list[tuple[str, TensorInfo, memoryview | None]] = [(t.name, t, None) for t in gguf.tensors]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=dest.name, suffix=".tmp", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as out:
-            write_gguf(out, entries, plan, gguf.alignment)
-        os.replace(tmp_name, dest)
+        _write_atomically(dest, entries, [(t.name, t, None) for t in gguf.tensors], gguf.alignment)
     finally:
         gguf.close()
-        Path(tmp_name).unlink(missing_ok=True)
     return dest
 
 
